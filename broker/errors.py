@@ -1,0 +1,27 @@
+"""Typed errors shared by every stage; the api maps them to HTTP status codes."""
+
+from __future__ import annotations
+
+
+class KvferryError(Exception):
+    """Base of every error kvferry raises on purpose."""
+
+
+class InvalidRequestError(KvferryError, ValueError):
+    """The request itself is wrong (HTTP 400). `param` names the offending field."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+
+
+class PromptTooLongError(InvalidRequestError):
+    """The prompt (plus requested output) does not fit the model's context or the pool."""
+
+
+class UnknownModelError(InvalidRequestError):
+    """The model named is not one this process can load or serves (HTTP 404 in the API)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, "model")

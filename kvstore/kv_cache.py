@@ -1,0 +1,77 @@
+"""KVCache: the one pool tensor per worker that holds every block's K and V."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True, slots=True)
+class KVLayout:
+    """The shape of one block, identical in every worker serving the same model."""
+
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    block_size: int
+    dtype: torch.dtype
+
+    @property
+    def bytes_per_token(self) -> int:
+        # K and V, every layer: 2 x layers x kv heads x head dim x element size
+        elem = torch.empty((), dtype=self.dtype).element_size()
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * elem
+
+    @property
+    def bytes_per_block(self) -> int:
+        return self.bytes_per_token * self.block_size
+
+    def blocks_for_budget(self, budget_bytes: int) -> int:
+        return budget_bytes // self.bytes_per_block
+
+
+class KVCache:
+    """Storage only: block bookkeeping lives in BlockPool, which never touches this tensor.
+
+    Layout [layers, 2 (k, v), slots, kv_heads, head_dim] with slot = block_id * block_size + offset,
+    so one layer's keys are a flat slot array that a slot mapping can write and a block table can
+    gather, and one block of one layer is a contiguous run of block_size slots.
+    """
+
+    def __init__(self, layout: KVLayout, num_blocks: int, device: torch.device | str) -> None:
+        if num_blocks < 1:
+            raise ValueError(
+                f"the cache budget holds no block: one block needs {layout.bytes_per_block} bytes"
+            )
+        self.layout = layout
+        self.num_blocks = num_blocks
+        self.num_slots = num_blocks * layout.block_size
+        self.tensor = torch.zeros(
+            layout.num_layers,
+            2,
+            self.num_slots,
+            layout.num_kv_heads,
+            layout.head_dim,
+            dtype=layout.dtype,
+            device=device,
+        )
+
+    @classmethod
+    def from_budget(cls, layout: KVLayout, budget_bytes: int, device: torch.device | str) -> KVCache:
+        return cls(layout, layout.blocks_for_budget(budget_bytes), device)
+
+    @property
+    def nbytes(self) -> int:
+        return self.tensor.numel() * self.tensor.element_size()
+
+    def keys(self, layer: int) -> torch.Tensor:
+        return self.tensor[layer, 0]  # [slots, kv_heads, head_dim]
+
+    def values(self, layer: int) -> torch.Tensor:
+        return self.tensor[layer, 1]  # [slots, kv_heads, head_dim]
+
+    def write(self, layer: int, slots: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> None:
+        """key, value: [tokens, kv_heads, head_dim]; slots: [tokens] (int64, on the cache's device)."""
+        self.tensor[layer, 0].index_copy_(0, slots, key)
+        self.tensor[layer, 1].index_copy_(0, slots, value)

@@ -1,0 +1,89 @@
+"""BlockManager: maps sequences onto the block pool (block tables, prefix hits, hash commits)."""
+
+from __future__ import annotations
+
+from kvstore.block import Block
+from kvstore.block_hash import BlockHash, hash_block, hash_blocks, root_hash
+from kvstore.block_pool import BlockPool
+from workers.engine.sequence import Sequence
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class BlockManager:
+    """Bookkeeping only: it never touches tensors. Block ids are meaningful only in this pool."""
+
+    def __init__(self, pool: BlockPool, model_fingerprint: str) -> None:
+        self.pool = pool
+        self.block_size = pool.block_size
+        self.model_fingerprint = model_fingerprint
+        self._roots: dict[str, BlockHash] = {}
+
+    def root(self, cache_salt: str) -> BlockHash:
+        """Parent of a sequence's first block: model weights and tenant salt, so no cross-tenant hit."""
+        if cache_salt not in self._roots:
+            self._roots[cache_salt] = root_hash((self.model_fingerprint, cache_salt))
+        return self._roots[cache_salt]
+
+    def match_prefix(self, seq: Sequence) -> tuple[list[Block], list[BlockHash]]:
+        """Cached full blocks covering seq's prefix; the last token is always computed (its logits)."""
+        if not self.pool.enable_caching:
+            return [], []
+        max_blocks = (seq.num_tokens - 1) // self.block_size
+        tokens = seq.token_ids[: max_blocks * self.block_size]
+        hashes = hash_blocks(tokens, self.block_size, (), parent=self.root(seq.cache_salt))
+        hits = self.pool.match_prefix(hashes, tokens)
+        return hits, hashes[: len(hits)]
+
+    def allocate(self, seq: Sequence, hits: list[Block], hit_hashes: list[BlockHash], num_new: int) -> bool:
+        """Give a waiting seq its hit blocks plus room for num_new tokens; False (no change) if full."""
+        need = cdiv(len(hits) * self.block_size + num_new, self.block_size) - len(hits)
+        revived = sum(1 for b in hits if b.ref_cnt == 0)  # cached-but-free hits leave the free queue
+        if self.pool.num_free_blocks - revived < need:
+            return False
+        self.pool.touch(hits)
+        new = self.pool.allocate(need)
+        assert new is not None
+        seq.block_ids = [b.block_id for b in hits] + [b.block_id for b in new]
+        seq.block_hashes = list(hit_hashes)
+        seq.num_computed_tokens = len(hits) * self.block_size
+        return True
+
+    def blocks_to_append(self, seq: Sequence, num_new: int) -> int:
+        return max(0, cdiv(seq.num_computed_tokens + num_new, self.block_size) - len(seq.block_ids))
+
+    def can_append(self, seq: Sequence, num_new: int) -> bool:
+        return self.pool.num_free_blocks >= self.blocks_to_append(seq, num_new)
+
+    def append(self, seq: Sequence, num_new: int) -> None:
+        need = self.blocks_to_append(seq, num_new)
+        if need:
+            new = self.pool.allocate(need)
+            if new is None:
+                raise RuntimeError("append without can_append")
+            seq.block_ids.extend(b.block_id for b in new)
+
+    def commit(self, seq: Sequence, prev_computed: int) -> None:
+        """After a step computed tokens [prev_computed, seq.num_computed_tokens): fill counts, hashes."""
+        bs = self.block_size
+        for i in range(prev_computed // bs, cdiv(seq.num_computed_tokens, bs)):
+            self.pool.blocks[seq.block_ids[i]].num_tokens = min(bs, seq.num_computed_tokens - i * bs)
+        if not self.pool.enable_caching:
+            return
+        full = seq.num_computed_tokens // bs
+        if full <= len(seq.block_hashes):
+            return
+        tokens = seq.token_ids
+        for i in range(len(seq.block_hashes), full):
+            parent = seq.block_hashes[-1] if seq.block_hashes else self.root(seq.cache_salt)
+            block_tokens = tokens[i * bs : (i + 1) * bs]
+            block_hash = hash_block(parent, block_tokens)
+            self.pool.cache_full_block(self.pool.blocks[seq.block_ids[i]], parent, block_hash, block_tokens)
+            seq.block_hashes.append(block_hash)
+
+    def free(self, seq: Sequence) -> None:
+        self.pool.free([self.pool.blocks[i] for i in seq.block_ids])
+        seq.block_ids = []
+        seq.block_hashes = []

@@ -1,0 +1,46 @@
+"""Detokenizer: output text as tokens arrive, with stop-string detection."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from workers.engine.sequence import Sequence
+
+
+class Detokenizer:
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+
+    def update(self, seq: Sequence) -> str | None:
+        """Refresh seq.output_text (cut before a stop string); returns the stop string hit, if any.
+
+        Text ending in an incomplete UTF-8 character (U+FFFD) is kept back until it completes.
+        """
+        text = self.tokenizer.decode(seq.output_token_ids, skip_special_tokens=True)
+        if text.endswith("\ufffd"):
+            return None
+        stop_hit = None
+        if seq.params.stop:
+            longest = max(len(s) for s in seq.params.stop)
+            search_from = max(0, len(seq.output_text) - longest + 1)
+            best = -1
+            for stop in seq.params.stop:
+                at = text.find(stop, search_from)
+                if at != -1 and (best == -1 or at < best):
+                    best, stop_hit = at, stop
+            if stop_hit is not None:
+                text = text[:best]
+        seq.output_text = text
+        return stop_hit
+
+    @staticmethod
+    def stream_delta(seq: Sequence) -> str:
+        """Text not yet streamed. While running, the tail that could start a stop string waits."""
+        end = len(seq.output_text)
+        if not seq.is_finished and seq.params.stop:
+            end -= max(len(s) for s in seq.params.stop) - 1
+        if end <= seq.num_streamed_chars:
+            return ""
+        delta = seq.output_text[seq.num_streamed_chars : end]
+        seq.num_streamed_chars = end
+        return delta

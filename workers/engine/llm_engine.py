@@ -1,0 +1,241 @@
+"""LLMEngine: scheduler + model runner + block pool. One step = schedule, run, postprocess."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from broker.errors import InvalidRequestError, PromptTooLongError
+from broker.sampling import SamplingParams
+from kvstore.block_pool import BlockPool
+from kvstore.kv_cache import KVCache, KVLayout
+from workers.engine.block_manager import BlockManager, cdiv
+from workers.engine.config import EngineConfig
+from workers.engine.detokenizer import Detokenizer
+from workers.engine.engine_stats import EngineStats, MemoryBreakdown
+from workers.engine.model_loader import LoadedModel, load_model
+from workers.engine.model_runner import ModelRunner
+from workers.engine.request_output import RequestOutput
+from workers.engine.sampler import Sampler
+from workers.engine.scheduler import ScheduledSeq, Scheduler
+from workers.engine.sequence import FinishReason, Sequence
+
+DEFAULT_CACHE_DIR = Path.home() / ".cache" / "kvferry"
+
+
+def kv_layout(loaded: LoadedModel, block_size: int, dtype: torch.dtype) -> KVLayout:
+    cfg = loaded.model.config
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    return KVLayout(
+        num_layers=cfg.num_hidden_layers,
+        num_kv_heads=getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads,
+        head_dim=head_dim,
+        block_size=block_size,
+        dtype=dtype,
+    )
+
+
+class LLMEngine:
+    """Not thread-safe: one thread owns it (EngineLoop does, for concurrent callers)."""
+
+    def __init__(
+        self, config: EngineConfig, loaded: LoadedModel | None = None, cache_dir: Path | None = None
+    ) -> None:
+        if config.torch_threads:
+            torch.set_num_threads(config.torch_threads)
+        self.config = config
+        self.loaded = loaded or load_model(
+            config.model, config.dtype, config.device, cache_dir or DEFAULT_CACHE_DIR
+        )
+        self.tokenizer = self.loaded.tokenizer
+        self.model_id = self.loaded.model_id
+        dtype = next(self.loaded.model.parameters()).dtype
+        device = next(self.loaded.model.parameters()).device
+        self.layout = kv_layout(self.loaded, config.block_size, dtype)
+        self.kv_cache = KVCache.from_budget(self.layout, config.cache_size_bytes, device)
+        self.pool = BlockPool(self.kv_cache.num_blocks, config.block_size, config.enable_prefix_caching)
+        self.block_manager = BlockManager(self.pool, self.loaded.fingerprint)
+        self.scheduler = Scheduler(config, self.block_manager)
+        self.runner = ModelRunner(self.loaded.model, self.kv_cache)
+        self.sampler = Sampler(device)
+        self.detokenizer = Detokenizer(self.tokenizer)
+        self.max_model_len = min(config.max_model_len or self.loaded.max_model_len, self.loaded.max_model_len)
+        self.vocab_size = int(self.loaded.model.config.vocab_size)
+        self._seqs: dict[str, Sequence] = {}
+        self.num_steps = 0
+        self.max_batch_seqs = 0
+        self.max_batch_tokens = 0
+        self.prompt_tokens_computed = 0
+        self.generation_tokens = 0
+
+    # -- requests ---------------------------------------------------------------------------
+
+    def add_request(
+        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, cache_salt: str = ""
+    ) -> None:
+        """Queue a request. Raises InvalidRequestError (nothing queued) when it cannot run."""
+        if request_id in self._seqs:
+            raise InvalidRequestError(f"request id {request_id!r} is already running", "request_id")
+        if not prompt_token_ids:
+            raise InvalidRequestError("the prompt is empty", "prompt")
+        if any(not isinstance(t, int) or t < 0 or t >= self.vocab_size for t in prompt_token_ids):
+            raise InvalidRequestError(
+                f"prompt token ids must be integers in [0, {self.vocab_size})", "prompt"
+            )
+        n = len(prompt_token_ids)
+        room = self.max_model_len - n
+        if room < 1:
+            raise PromptTooLongError(
+                f"the prompt has {n} tokens; the context holds {self.max_model_len} including at least "
+                "one output token",
+                "prompt",
+            )
+        max_tokens = params.max_tokens if params.max_tokens is not None else room
+        if n + max_tokens > self.max_model_len:
+            raise PromptTooLongError(
+                f"prompt ({n} tokens) + max_tokens ({max_tokens}) exceeds the context length "
+                f"({self.max_model_len})",
+                "max_tokens",
+            )
+        if cdiv(n + 1, self.pool.block_size) > self.pool.num_blocks:
+            raise PromptTooLongError(
+                f"the prompt has {n} tokens but the KV pool holds only "
+                f"{self.pool.num_blocks * self.pool.block_size}: raise --cache-size",
+                "prompt",
+            )
+        seq = Sequence(request_id, list(prompt_token_ids), params, max_tokens, cache_salt)
+        self._seqs[request_id] = seq
+        self.scheduler.add(seq)
+
+    def abort_request(self, request_id: str) -> RequestOutput | None:
+        seq = self._seqs.get(request_id)
+        if seq is None:
+            return None
+        return self._finish(seq, "abort", [])
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    # -- the step -----------------------------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        scheduled = self.scheduler.schedule()
+        outputs = [self._finish(seq, "length", []) for seq in self.scheduler.outgrown]
+        self.scheduler.outgrown.clear()
+        if not scheduled:
+            return outputs
+        logits = self.runner.run(scheduled)
+        sampling = [s for s in scheduled if s.samples]
+        tokens = self.sampler.sample(logits, [(s.seq.request_id, s.seq.params) for s in sampling])
+        self._account(scheduled)
+        for item in scheduled:
+            prev = item.seq.num_computed_tokens
+            item.seq.num_computed_tokens += item.num_new_tokens
+            self.block_manager.commit(item.seq, prev)
+        for item, token in zip(sampling, tokens, strict=True):
+            outputs.append(self._append_token(item.seq, token))
+        return outputs
+
+    def _account(self, scheduled: list[ScheduledSeq]) -> None:
+        self.num_steps += 1
+        self.max_batch_seqs = max(self.max_batch_seqs, len(scheduled))
+        num_tokens = sum(s.num_new_tokens for s in scheduled)
+        self.max_batch_tokens = max(self.max_batch_tokens, num_tokens)
+        for s in scheduled:
+            start = s.seq.num_computed_tokens
+            self.prompt_tokens_computed += max(
+                0, min(start + s.num_new_tokens, s.seq.num_prompt_tokens) - start
+            )
+
+    def _append_token(self, seq: Sequence, token: int) -> RequestOutput:
+        seq.output_token_ids.append(token)
+        self.generation_tokens += 1
+        reason: FinishReason | None = None
+        if not seq.params.ignore_eos and token in self.loaded.eos_token_ids:
+            reason, seq.stop_reason = "stop", token
+        stop = self.detokenizer.update(seq)
+        if reason is None and stop is not None:
+            reason, seq.stop_reason = "stop", stop
+        if reason is None and (
+            len(seq.output_token_ids) >= seq.max_tokens or seq.num_tokens >= self.max_model_len
+        ):
+            reason = "length"
+        if reason is not None:
+            return self._finish(seq, reason, [token])
+        return self._output(seq, [token])
+
+    def _finish(self, seq: Sequence, reason: FinishReason, delta: list[int]) -> RequestOutput:
+        seq.finish_reason = reason
+        self.scheduler.finish(seq)
+        self.sampler.forget(seq.request_id)
+        del self._seqs[seq.request_id]
+        return self._output(seq, delta)
+
+    def _output(self, seq: Sequence, delta: list[int]) -> RequestOutput:
+        return RequestOutput(
+            request_id=seq.request_id,
+            delta_token_ids=tuple(delta),
+            delta_text=self.detokenizer.stream_delta(seq),
+            finished=seq.is_finished,
+            finish_reason=seq.finish_reason,
+            token_ids=tuple(seq.output_token_ids),
+            text=seq.output_text,
+            prompt_tokens=seq.num_prompt_tokens,
+            cached_tokens=max(0, seq.num_cached_tokens),
+        )
+
+    # -- convenience and figures --------------------------------------------------------------
+
+    def generate(
+        self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams], cache_salt: str = ""
+    ) -> list[RequestOutput]:
+        """Run prompts to completion, batched together; outputs in prompt order."""
+        per = params if isinstance(params, list) else [params] * len(prompts)
+        ids = [f"generate-{self.num_steps}-{i}" for i in range(len(prompts))]
+        for rid, prompt, p in zip(ids, prompts, per, strict=True):
+            self.add_request(rid, prompt, p, cache_salt)
+        done: dict[str, RequestOutput] = {}
+        while self.has_unfinished():
+            for out in self.step():
+                if out.finished:
+                    done[out.request_id] = out
+        return [done[rid] for rid in ids]
+
+    def memory_breakdown(self) -> MemoryBreakdown:
+        stats = self.pool.stats()
+        per = self.layout.bytes_per_block
+        return MemoryBreakdown(
+            weights_bytes=self.loaded.weights_bytes,
+            pool_bytes=self.kv_cache.nbytes,
+            used_bytes=stats.blocks_used * per,
+            cached_bytes=stats.blocks_cached * per,
+            free_bytes=stats.blocks_free * per,
+        )
+
+    def stats(self) -> EngineStats:
+        return EngineStats(
+            model_id=self.model_id,
+            bytes_per_block=self.layout.bytes_per_block,
+            pool=self.pool.stats(),
+            memory=self.memory_breakdown(),
+            num_steps=self.num_steps,
+            num_preemptions=self.scheduler.num_preemptions,
+            num_running=len(self.scheduler.running),
+            num_waiting=len(self.scheduler.waiting),
+            max_batch_seqs=self.max_batch_seqs,
+            max_batch_tokens=self.max_batch_tokens,
+            prompt_tokens_computed=self.prompt_tokens_computed,
+            generation_tokens=self.generation_tokens,
+        )
+
+    def check_integrity(self) -> None:
+        """Pool invariants, plus: every running sequence's blocks are referenced and sized right."""
+        self.pool.check_integrity()
+        for seq in self.scheduler.running:
+            assert len(seq.block_ids) >= cdiv(seq.num_computed_tokens, self.pool.block_size), seq.request_id
+            assert all(self.pool.blocks[b].ref_cnt > 0 for b in seq.block_ids), seq.request_id
+        for seq in self.scheduler.waiting:
+            assert not seq.block_ids, seq.request_id
+        if not self.has_unfinished():
+            assert self.pool.stats().blocks_used == 0, "blocks leaked after all requests finished"

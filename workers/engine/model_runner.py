@@ -1,0 +1,97 @@
+"""ModelRunner: the device side. Turns a scheduled batch into one forward over the paged pool."""
+
+from __future__ import annotations
+
+import torch
+from transformers import PreTrainedModel
+
+from kvstore.kv_cache import KVCache
+from workers.engine import paged_attention
+from workers.engine.paged_attention import AttentionMetadata, PrefillSegment
+from workers.engine.scheduler import ScheduledSeq
+
+
+class ModelRunner:
+    def __init__(self, model: PreTrainedModel, kv_cache: KVCache) -> None:
+        paged_attention.register()
+        model.set_attn_implementation(paged_attention.ATTN_IMPLEMENTATION)
+        self.model = model
+        self.decoder = getattr(model, model.base_model_prefix)
+        self.kv_cache = kv_cache
+        self.block_size = kv_cache.layout.block_size
+        self.device = kv_cache.tensor.device
+        self._offsets = torch.arange(self.block_size, device=self.device)
+
+    def _slots(self, block_ids: list[int], start: int, end: int) -> torch.Tensor:
+        """Pool slots of positions [start, end) of a sequence with this block table."""
+        first, last = start // self.block_size, (end - 1) // self.block_size + 1
+        table = torch.tensor(block_ids[first:last], device=self.device)
+        slots = (table[:, None] * self.block_size + self._offsets).flatten()  # [blocks * bs]
+        base = first * self.block_size
+        return slots[start - base : end - base]
+
+    @torch.inference_mode()
+    def run(self, batch: list[ScheduledSeq]) -> torch.Tensor:
+        """Forward every scheduled token; returns fp32 logits [sampling seqs, vocab], in batch order
+        of the sequences whose `samples` is True."""
+        # Rows: prefill chunks (>1 token) first, then single-token steps, batched together.
+        prefills = [s for s in batch if s.num_new_tokens > 1]
+        singles = [s for s in batch if s.num_new_tokens == 1]
+        ordered = prefills + singles
+
+        input_ids: list[int] = []
+        positions: list[int] = []
+        slot_parts: list[torch.Tensor] = []
+        segments: list[PrefillSegment] = []
+        sample_rows: dict[int, int] = {}  # id(seq) -> row
+        for item in ordered:
+            seq, n = item.seq, item.num_new_tokens
+            start, end = seq.num_computed_tokens, seq.num_computed_tokens + n
+            row = len(input_ids)
+            input_ids.extend(seq.token_ids[start:end])
+            positions.extend(range(start, end))
+            slot_parts.append(self._slots(seq.block_ids, start, end))
+            if n > 1:
+                segments.append(self._prefill_segment(seq.block_ids, row, start, end))
+            if item.samples:
+                sample_rows[id(seq)] = row + n - 1
+
+        decode_slots = decode_mask = None
+        if singles:
+            lengths = [s.seq.num_computed_tokens + 1 for s in singles]
+            width = max(lengths)
+            decode_slots = torch.stack(
+                [
+                    torch.nn.functional.pad(self._slots(s.seq.block_ids, 0, n), (0, width - n))
+                    for s, n in zip(singles, lengths, strict=True)
+                ]
+            )  # [B, C]
+            lens = torch.tensor(lengths, device=self.device)
+            decode_mask = (torch.arange(width, device=self.device)[None, :] < lens[:, None])[:, None, None, :]
+
+        meta = AttentionMetadata(
+            kv_cache=self.kv_cache,
+            slot_mapping=torch.cat(slot_parts),
+            prefills=tuple(segments),
+            num_prefill_tokens=sum(s.num_new_tokens for s in prefills),
+            decode_slots=decode_slots,
+            decode_mask=decode_mask,
+        )
+        ids = torch.tensor([input_ids], device=self.device)
+        pos = torch.tensor([positions], device=self.device)
+        hidden = self.decoder(
+            input_ids=ids, position_ids=pos, use_cache=False, **{paged_attention.METADATA_KWARG: meta}
+        ).last_hidden_state[0]  # [T, hidden]
+        rows = [sample_rows[id(s.seq)] for s in batch if s.samples]
+        if not rows:
+            return hidden.new_empty(0, 0, dtype=torch.float32)
+        return self.model.lm_head(hidden[rows]).float()  # [N, vocab]
+
+    def _prefill_segment(self, block_ids: list[int], row: int, start: int, end: int) -> PrefillSegment:
+        n = end - start
+        if start == 0:
+            return PrefillSegment(row, n, n, None, None)
+        # Bottom-right causal: query j (position start + j) sees keys [0, start + j].
+        q_pos = torch.arange(start, end, device=self.device)[:, None]
+        k_pos = torch.arange(end, device=self.device)[None, :]
+        return PrefillSegment(row, n, end, self._slots(block_ids, 0, end), k_pos <= q_pos)

@@ -1,0 +1,93 @@
+"""Attention over the paged KV pool, plugged into transformers' attention-function interface.
+
+The model runs as one flattened batch: every scheduled token of every sequence is a position of
+a single row ([1, T]). Each layer's attention call writes the new K/V into the pool through the
+slot mapping, then reads each sequence's context back through its block table. The model file
+stays stock transformers; only the attention function is ours.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from transformers import AttentionInterface
+
+from kvstore.kv_cache import KVCache
+
+ATTN_IMPLEMENTATION = "kvferry_paged"
+METADATA_KWARG = "kvferry_attn"
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillSegment:
+    """A chunk of >1 new tokens of one sequence, at rows [start, start + length) of the batch."""
+
+    start: int
+    length: int
+    context_len: int  # cached prefix + this chunk
+    context_slots: torch.Tensor | None  # [context_len]; None when there is no cached prefix
+    mask: torch.Tensor | None  # [length, context_len] bool, bottom-right causal; None: plain causal
+
+
+@dataclass(frozen=True, slots=True)
+class AttentionMetadata:
+    kv_cache: KVCache
+    slot_mapping: torch.Tensor  # [T]: pool slot of each new token
+    prefills: tuple[PrefillSegment, ...]
+    num_prefill_tokens: int  # rows [0, P) are prefill chunks, rows [P, T) single-token steps
+    decode_slots: torch.Tensor | None  # [B, C] context slots, padded
+    decode_mask: torch.Tensor | None  # [B, 1, 1, C] bool, True where a slot is real
+
+
+def paged_attention_forward(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    meta: AttentionMetadata = kwargs[METADATA_KWARG]
+    layer = int(module.layer_idx)  # type: ignore[arg-type]
+    _, num_heads, num_tokens, head_dim = query.shape  # [1, Hq, T, D]
+    num_kv_heads = key.shape[1]
+    groups = num_heads // num_kv_heads
+
+    meta.kv_cache.write(layer, meta.slot_mapping, key[0].transpose(0, 1), value[0].transpose(0, 1))
+    cache_k, cache_v = meta.kv_cache.keys(layer), meta.kv_cache.values(layer)  # [slots, Hkv, D]
+    out = query.new_empty(num_tokens, num_heads, head_dim)
+
+    for seg in meta.prefills:
+        rows = slice(seg.start, seg.start + seg.length)
+        q = query[:, :, rows]  # [1, Hq, n, D]
+        if seg.context_slots is None:
+            k, v = key[:, :, rows], value[:, :, rows]
+        else:
+            k = cache_k[seg.context_slots].transpose(0, 1).unsqueeze(0)  # [1, Hkv, c, D]
+            v = cache_v[seg.context_slots].transpose(0, 1).unsqueeze(0)
+        o = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=seg.mask, is_causal=seg.mask is None, scale=scaling, enable_gqa=groups > 1
+        )
+        out[rows] = o[0].transpose(0, 1)
+
+    if meta.decode_slots is not None:
+        p = meta.num_prefill_tokens
+        batch = num_tokens - p
+        # One query per sequence: fold the query heads that share a kv head into the query axis,
+        # [B, Hkv, groups, D], so K/V are read once per kv head instead of being repeated.
+        q = query[0, :, p:].transpose(0, 1).reshape(batch, num_kv_heads, groups, head_dim)
+        k = cache_k[meta.decode_slots].transpose(1, 2)  # [B, Hkv, C, D]
+        v = cache_v[meta.decode_slots].transpose(1, 2)
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=meta.decode_mask, scale=scaling)
+        out[p:] = o.reshape(batch, num_heads, head_dim)
+
+    return out.unsqueeze(0), None  # [1, T, Hq, D]
+
+
+def register() -> None:
+    AttentionInterface.register(ATTN_IMPLEMENTATION, paged_attention_forward)

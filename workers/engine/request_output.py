@@ -1,0 +1,25 @@
+"""RequestOutput: what one step says about one request (a delta, and the totals so far)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from workers.engine.sequence import FinishReason
+
+
+@dataclass(frozen=True, slots=True)
+class RequestOutput:
+    request_id: str
+    delta_token_ids: tuple[int, ...]
+    delta_text: str
+    finished: bool
+    finish_reason: FinishReason | None
+    token_ids: tuple[int, ...]  # every output token so far
+    text: str
+    prompt_tokens: int
+    cached_tokens: int  # prompt tokens served from the pool
+    error: str | None = None
+
+    @property
+    def completion_tokens(self) -> int:
+        return len(self.token_ids)

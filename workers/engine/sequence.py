@@ -1,0 +1,65 @@
+"""Sequence: the state of one request inside the engine."""
+
+from __future__ import annotations
+
+import enum
+import itertools
+from dataclasses import dataclass, field
+from typing import Literal
+
+from broker.sampling import SamplingParams
+from kvstore.block_hash import BlockHash
+
+FinishReason = Literal["stop", "length", "abort", "error"]
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+_arrival = itertools.count()
+
+
+@dataclass(eq=False)
+class Sequence:
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    max_tokens: int  # resolved: params.max_tokens or what the context leaves
+    cache_salt: str = ""
+    status: SequenceStatus = SequenceStatus.WAITING
+    output_token_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0  # tokens whose K/V are in the pool
+    block_ids: list[int] = field(default_factory=list)
+    block_hashes: list[BlockHash] = field(default_factory=list)  # of the full, committed blocks
+    num_cached_tokens: int = (
+        -1
+    )  # prompt tokens served from the pool at first admission; -1 = not admitted yet
+    num_preemptions: int = 0
+    finish_reason: FinishReason | None = None
+    stop_reason: str | int | None = None
+    output_text: str = ""
+    num_streamed_chars: int = 0
+    arrival: int = field(default_factory=lambda: next(_arrival))
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        return self.num_tokens - self.num_computed_tokens
