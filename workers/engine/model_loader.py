@@ -150,6 +150,6 @@ def load_model(name: str, dtype: str, device: str, cache_dir: Path) -> LoadedMod
     if config.model_type not in SUPPORTED_MODEL_TYPES:
         raise UnknownModelError(f"architecture {config.model_type!r} of {name!r} is not supported")
     model = AutoModelForCausalLM.from_pretrained(directory, dtype=getattr(torch, dtype))
-    model.to(torch.device(device))
+    model.to(torch.device(device))  # type: ignore[arg-type]  # transformers wraps .to; mypy misreads it
     tokenizer = AutoTokenizer.from_pretrained(directory)
     return wrap_model(model, tokenizer, model_id=name, fingerprint=_dir_fingerprint(directory))
