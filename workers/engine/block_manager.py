@@ -28,14 +28,15 @@ class BlockManager:
         return self._roots[cache_salt]
 
     def match_prefix(self, seq: Sequence) -> tuple[list[Block], list[BlockHash]]:
-        """Cached full blocks covering seq's prefix; the last token is always computed (its logits)."""
+        """Cached full blocks covering seq's prefix, and the hashes of all its full blocks but the
+        one holding the last token (always computed: its logits pick the next token)."""
         if not self.pool.enable_caching:
             return [], []
         max_blocks = (seq.num_tokens - 1) // self.block_size
         tokens = seq.token_ids[: max_blocks * self.block_size]
         hashes = hash_blocks(tokens, self.block_size, (), parent=self.root(seq.cache_salt))
         hits = self.pool.match_prefix(hashes, tokens)
-        return hits, hashes[: len(hits)]
+        return hits, hashes
 
     def allocate(self, seq: Sequence, hits: list[Block], hit_hashes: list[BlockHash], num_new: int) -> bool:
         """Give a waiting seq its hit blocks plus room for num_new tokens; False (no change) if full."""

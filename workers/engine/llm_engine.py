@@ -69,6 +69,11 @@ class LLMEngine:
         self.prompt_tokens_computed = 0
         self.generation_tokens = 0
 
+    @staticmethod
+    def bytes_per_block(loaded: LoadedModel, block_size: int) -> int:
+        dtype = next(loaded.model.parameters()).dtype
+        return kv_layout(loaded, block_size, dtype).bytes_per_block
+
     # -- requests ---------------------------------------------------------------------------
 
     def add_request(

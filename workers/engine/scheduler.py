@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
+from kvstore.block_hash import BlockHash
 from workers.engine.block_manager import BlockManager
 from workers.engine.config import EngineConfig
 from workers.engine.sequence import Sequence, SequenceStatus
@@ -64,22 +65,42 @@ class Scheduler:
             break
 
         # Then new arrivals, unless this step had to preempt (no room to spare).
-        while self.waiting and budget > 0 and not preempted and len(self.running) < self.config.max_num_seqs:
+        if preempted:
+            return scheduled
+        pending = self._pending_prefix_hashes()
+        deferred: list[Sequence] = []
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             seq = self.waiting[0]
             hits, hashes = self.blocks.match_prefix(seq)
+            if len(hashes) > len(hits) and hashes[len(hits)] in pending:
+                # Its next block is being computed right now by another prefill: wait a step and
+                # share it, instead of computing the same prefix twice in parallel.
+                deferred.append(self.waiting.popleft())
+                continue
             hit_tokens = len(hits) * self.blocks.block_size
             n = min(seq.num_tokens - hit_tokens, budget)
-            if not self.blocks.allocate(seq, hits, hashes, n):
+            if not self.blocks.allocate(seq, hits, hashes[: len(hits)], n):
                 break
             if seq.num_cached_tokens < 0:  # first admission: count the prefix query once
                 seq.num_cached_tokens = hit_tokens
                 self.blocks.pool.record_prefix_query(seq.num_prompt_tokens, hit_tokens)
             self.waiting.popleft()
             seq.status = SequenceStatus.RUNNING
+            seq.prefix_hashes = hashes
             self.running.append(seq)
             scheduled.append(ScheduledSeq(seq, n))
             budget -= n
+            pending.update(hashes[len(hits) :])
+        self.waiting.extendleft(reversed(deferred))
         return scheduled
+
+    def _pending_prefix_hashes(self) -> set[BlockHash]:
+        """Hashes of prompt blocks that running prefills will commit but have not yet."""
+        pending: set[BlockHash] = set()
+        for seq in self.running:
+            if seq.num_computed_tokens < seq.num_prompt_tokens:
+                pending.update(seq.prefix_hashes[len(seq.block_hashes) :])
+        return pending
 
     def _preempt(self, seq: Sequence) -> None:
         self.blocks.free(seq)

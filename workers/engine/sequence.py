@@ -34,6 +34,7 @@ class Sequence:
     num_computed_tokens: int = 0  # tokens whose K/V are in the pool
     block_ids: list[int] = field(default_factory=list)
     block_hashes: list[BlockHash] = field(default_factory=list)  # of the full, committed blocks
+    prefix_hashes: list[BlockHash] = field(default_factory=list)  # all full blocks, at admission
     num_cached_tokens: int = (
         -1
     )  # prompt tokens served from the pool at first admission; -1 = not admitted yet

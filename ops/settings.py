@@ -1,0 +1,91 @@
+"""Settings: the one configuration object. Read from KVFERRY_* environment variables once, at
+start-up, then overridden by CLI flags; never mutated afterwards."""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+
+from workers.engine.config import EngineConfig
+
+ENV_PREFIX = "KVFERRY_"
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
+
+
+def parse_size(text: str | int) -> int:
+    """'512M', '1.5G', '4096' -> bytes (binary units: 1M = 1 MiB)."""
+    if isinstance(text, int):
+        return text
+    match = _SIZE.match(text)
+    if not match:
+        raise ValueError(f"not a size: {text!r} (examples: 512M, 2G, 1048576)")
+    return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    model: str = "smollm2"
+    cache_size: str = "512M"
+    block_size: int = 16
+    max_num_seqs: int = 32
+    max_num_batched_tokens: int = 1024
+    max_model_len: int | None = None
+    enable_prefix_caching: bool = True
+    dtype: str = "float32"
+    device: str = "cpu"
+    torch_threads: int | None = None
+    cache_dir: Path = Path.home() / ".cache" / "kvferry"
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
+        """KVFERRY_<FIELD> variables, then overrides (None values are ignored)."""
+        env = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            raw = env.get(ENV_PREFIX + f.name.upper())
+            if raw is not None:
+                values[f.name] = _convert(f.name, f.type, raw)
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values)
+
+    def with_overrides(self, **overrides: Any) -> Settings:
+        return replace(self, **{k: v for k, v in overrides.items() if v is not None})
+
+    def engine_config(self) -> EngineConfig:
+        return EngineConfig(
+            model=self.model,
+            cache_size_bytes=parse_size(self.cache_size),
+            block_size=self.block_size,
+            max_num_seqs=self.max_num_seqs,
+            max_num_batched_tokens=self.max_num_batched_tokens,
+            max_model_len=self.max_model_len,
+            enable_prefix_caching=self.enable_prefix_caching,
+            dtype=self.dtype,
+            device=self.device,
+            torch_threads=self.torch_threads,
+        )
+
+
+def _convert(name: str, annotation: Any, raw: str) -> Any:
+    kind = str(annotation)
+    if "bool" in kind:
+        if raw.lower() in ("1", "true", "yes", "on"):
+            return True
+        if raw.lower() in ("0", "false", "no", "off"):
+            return False
+        raise ValueError(f"{ENV_PREFIX}{name.upper()} must be a boolean, got {raw!r}")
+    if "int" in kind:
+        if raw == "" and "None" in kind:
+            return None
+        try:
+            return int(raw)
+        except ValueError:
+            raise ValueError(f"{ENV_PREFIX}{name.upper()} must be an integer, got {raw!r}") from None
+    if "Path" in kind:
+        return Path(raw).expanduser()
+    return raw
