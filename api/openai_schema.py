@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from broker.errors import InvalidRequestError
+from broker.messages import ChatMessage, GenerateJob, Usage
 from broker.sampling import SamplingParams
 
 Endpoint = Literal["/v1/chat/completions", "/v1/completions"]
@@ -28,6 +29,19 @@ class CompletionRequest:
     @property
     def is_chat(self) -> bool:
         return self.endpoint == "/v1/chat/completions"
+
+    def to_job(self, tenant: str = "") -> GenerateJob:
+        return GenerateJob(
+            model=self.model,
+            endpoint="chat" if self.is_chat else "completion",
+            messages=tuple(ChatMessage(m["role"], m["content"]) for m in self.messages),
+            prompt=self.prompt if isinstance(self.prompt, str) and self.prompt else None,
+            prompt_token_ids=self.prompt if isinstance(self.prompt, tuple) else (),
+            params=self.params,
+            session_id=self.session_id,
+            tenant=tenant,
+            submitted_at=time.time(),
+        )
 
 
 def _text_content(content: Any, where: str) -> str:
@@ -141,26 +155,17 @@ def parse_request(endpoint: str, body: Any) -> CompletionRequest:
     )
 
 
-@dataclass(frozen=True, slots=True)
-class CompletionResult:
-    text: str
-    finish_reason: str
-    prompt_tokens: int
-    completion_tokens: int
-    cached_tokens: int
-
-
-def usage(result: CompletionResult) -> dict[str, Any]:
+def usage_body(usage: Usage) -> dict[str, Any]:
     return {
-        "prompt_tokens": result.prompt_tokens,
-        "completion_tokens": result.completion_tokens,
-        "total_tokens": result.prompt_tokens + result.completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": result.cached_tokens},
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "total_tokens": usage.total_tokens,
+        "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
     }
 
 
 def response_body(
-    request: CompletionRequest, result: CompletionResult, request_id: str | None = None
+    request: CompletionRequest, text: str, finish_reason: str, usage: Usage, request_id: str | None = None
 ) -> dict[str, Any]:
     created = int(time.time())
     if request.is_chat:
@@ -172,22 +177,20 @@ def response_body(
             "choices": [
                 {
                     "index": 0,
-                    "message": {"role": "assistant", "content": result.text},
+                    "message": {"role": "assistant", "content": text},
                     "logprobs": None,
-                    "finish_reason": result.finish_reason,
+                    "finish_reason": finish_reason,
                 }
             ],
-            "usage": usage(result),
+            "usage": usage_body(usage),
         }
     return {
         "id": request_id or f"cmpl-{uuid.uuid4().hex}",
         "object": "text_completion",
         "created": created,
         "model": request.model,
-        "choices": [
-            {"index": 0, "text": result.text, "logprobs": None, "finish_reason": result.finish_reason}
-        ],
-        "usage": usage(result),
+        "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}],
+        "usage": usage_body(usage),
     }
 
 

@@ -19,6 +19,7 @@ def engine_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Flags that override KVFERRY_* settings for the engine."""
     options = [
         click.option("--model", help="'smollm2', a local HF model directory, or a .gguf file"),
+        click.option("--served-model-name", help="the model name requests use (default: --model)"),
         click.option("--cache-size", help="KV pool byte budget, e.g. 512M, 2G"),
         click.option("--block-size", type=int, help="tokens per KV block (default 16)"),
         click.option("--max-num-seqs", type=int, help="most sequences in one step (default 32)"),
@@ -37,6 +38,7 @@ def settings_from(opts: dict[str, Any]) -> Settings:
     no_caching = opts.pop("no_prefix_caching", False)
     keys = (
         "model",
+        "served_model_name",
         "cache_size",
         "block_size",
         "max_num_seqs",
@@ -93,6 +95,35 @@ def run_batch_cmd(input_path: Path, output_path: Path, stats_path: Path | None, 
     )
     if stats_path is not None:
         stats_path.write_text(json.dumps(doc, indent=2))
+
+
+def service_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    fn = click.option("--redis-url", help="Redis for queues, results and token streams")(fn)
+    return fn
+
+
+@main.command("worker")
+@click.option("--name", "worker_name", help="worker name (node name becomes NAME@host)")
+@click.option("--concurrency", "worker_concurrency", type=int, help="jobs at once, batched together (32)")
+@click.option("--preload", is_flag=True, help="build the engine now instead of on the first job")
+@click.option("--loglevel", default="INFO")
+@service_options
+@engine_options
+def worker_cmd(preload: bool, loglevel: str, **opts: Any) -> None:
+    """A Celery worker (threads pool) feeding one engine: consumes the shared queue and its own."""
+    from workers.worker_main import run_worker
+
+    service = {k: opts.pop(k, None) for k in ("worker_name", "worker_concurrency", "redis_url")}
+    settings = settings_from(opts).with_overrides(**service)
+    run_worker(
+        settings.broker_config(),
+        settings.engine_config(),
+        settings.cache_dir,
+        name=settings.worker_name,
+        concurrency=settings.worker_concurrency,
+        loglevel=loglevel,
+        preload=preload,
+    )
 
 
 @main.group()

@@ -8,11 +8,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from api.openai_schema import CompletionRequest, CompletionResult, parse_request, response_body
-from api.prompt_tokens import prompt_token_ids
+from api.openai_schema import CompletionRequest, parse_request, response_body
 from broker.errors import InvalidRequestError, UnknownModelError
+from broker.messages import Usage
 from workers.engine.llm_engine import LLMEngine
 from workers.engine.request_output import RequestOutput
+from workers.prompt import prompt_token_ids
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,9 +68,7 @@ def _error_record(line: BatchLine) -> dict[str, Any]:
 
 def _ok_record(line: BatchLine, out: RequestOutput) -> dict[str, Any]:
     assert line.request is not None and out.finish_reason is not None
-    result = CompletionResult(
-        out.text, out.finish_reason, out.prompt_tokens, out.completion_tokens, out.cached_tokens
-    )
+    usage = Usage(out.prompt_tokens, out.completion_tokens, out.cached_tokens)
     request_id = uuid.uuid4().hex
     return {
         "id": f"batch_req_{request_id}",
@@ -77,7 +76,7 @@ def _ok_record(line: BatchLine, out: RequestOutput) -> dict[str, Any]:
         "response": {
             "status_code": 200,
             "request_id": request_id,
-            "body": response_body(line.request, result),
+            "body": response_body(line.request, out.text, out.finish_reason, usage),
         },
         "error": None,
     }
@@ -112,7 +111,7 @@ def run_batch(engine: LLMEngine, lines: list[BatchLine]) -> tuple[list[dict[str,
             records[i] = _error_record(line)
             continue
         try:
-            ids = prompt_token_ids(line.request, engine.tokenizer)
+            ids = prompt_token_ids(line.request.to_job(), engine.tokenizer)
             rid = f"batch-{i}"
             engine.add_request(rid, ids, line.request.params)
             pending[rid] = i

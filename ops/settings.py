@@ -10,6 +10,7 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
+from broker.celery_app import BrokerConfig
 from workers.engine.config import EngineConfig
 
 ENV_PREFIX = "KVFERRY_"
@@ -30,6 +31,7 @@ def parse_size(text: str | int) -> int:
 @dataclass(frozen=True, slots=True)
 class Settings:
     model: str = "smollm2"
+    served_model_name: str | None = None
     cache_size: str = "512M"
     block_size: int = 16
     max_num_seqs: int = 32
@@ -40,6 +42,16 @@ class Settings:
     device: str = "cpu"
     torch_threads: int | None = None
     cache_dir: Path = Path.home() / ".cache" / "kvferry"
+    # the queue service
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    worker_name: str | None = None
+    worker_concurrency: int = 32  # jobs one worker runs at once (they share its engine's batches)
+    job_time_limit_s: int = 1800
+    heartbeat_ttl_s: int = 4
+    api_host: str = "127.0.0.1"
+    api_port: int = 8000
+    api_key: str | None = None  # when set, requests need "Authorization: Bearer <key>"
+    flower_port: int = 5555
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
@@ -56,9 +68,22 @@ class Settings:
     def with_overrides(self, **overrides: Any) -> Settings:
         return replace(self, **{k: v for k, v in overrides.items() if v is not None})
 
+    def broker_config(self) -> BrokerConfig:
+        return BrokerConfig(
+            redis_url=self.redis_url,
+            job_time_limit_s=self.job_time_limit_s,
+            heartbeat_ttl_s=self.heartbeat_ttl_s,
+            heartbeat_interval_s=max(0.25, self.heartbeat_ttl_s / 4),
+        )
+
+    @property
+    def served_model(self) -> str:
+        return self.served_model_name or self.model
+
     def engine_config(self) -> EngineConfig:
         return EngineConfig(
             model=self.model,
+            served_model_name=self.served_model_name,
             cache_size_bytes=parse_size(self.cache_size),
             block_size=self.block_size,
             max_num_seqs=self.max_num_seqs,

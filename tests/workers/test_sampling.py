@@ -1,0 +1,112 @@
+"""Sampling: seeds reproduce, degenerate sampling equals greedy, stop strings and EOS end requests."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from broker.sampling import SamplingParams
+from tests.workers._helpers import (
+    NO_EOS,
+    Reference,
+    TinyModel,
+    assert_tokens,
+    chat_prompt,
+    make_engine,
+    random_prompt,
+    run_checked,
+)
+from workers.engine.model_loader import LoadedModel
+
+
+def _prompts(seed: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [random_prompt(rng, n) for n in (6, 25, 47)]
+
+
+def test_seeded_sampling_reproduces_across_engines(tiny: TinyModel) -> None:
+    prompts = _prompts(30)
+    params = [SamplingParams(max_tokens=24, temperature=1.5, top_p=0.9, seed=s, **NO_EOS) for s in (1, 2, 3)]
+
+    first = make_engine(tiny.loaded, num_blocks=32).generate(prompts, params)
+    second = make_engine(tiny.loaded, num_blocks=32).generate(prompts, params)
+
+    for a, b, prompt in zip(first, second, prompts, strict=True):
+        assert_tokens(b.token_ids, a.token_ids, f"seeded, {len(prompt)} tokens, second engine")
+    greedy = [tiny.expected(p, 24) for p in prompts]
+    assert [list(o.token_ids) for o in first] != greedy, "temperature 1.5 never left the greedy path"
+
+
+def test_seed_is_per_request_not_per_batch(tiny: TinyModel) -> None:
+    """A seeded request draws the same tokens alone or batched with unseeded neighbours."""
+    prompts = _prompts(31)
+    seeded = SamplingParams(max_tokens=16, temperature=1.0, seed=7, **NO_EOS)
+    noisy = SamplingParams(max_tokens=16, temperature=1.0, **NO_EOS)
+
+    alone = make_engine(tiny.loaded, num_blocks=32).generate([prompts[1]], seeded)[0]
+    batched = make_engine(tiny.loaded, num_blocks=32).generate(prompts, [noisy, seeded, noisy])[1]
+
+    assert_tokens(batched.token_ids, alone.token_ids, "seed 7, alone vs batched")
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(max_tokens=16, temperature=0.7, top_k=1, **NO_EOS),
+        SamplingParams(max_tokens=16, temperature=1.0, top_p=1e-6, seed=3, **NO_EOS),
+    ],
+    ids=["top_k=1", "top_p=1e-6"],
+)
+def test_sampling_restricted_to_one_token_equals_greedy(tiny: TinyModel, params: SamplingParams) -> None:
+    prompts = _prompts(32)
+    greedy_neighbour = SamplingParams(max_tokens=16, **NO_EOS)
+    engine = make_engine(tiny.loaded, num_blocks=32)
+
+    outs = engine.generate([*prompts, prompts[0]], [params, params, params, greedy_neighbour])
+
+    for out, prompt in zip(outs, [*prompts, prompts[0]], strict=True):
+        assert_tokens(out.token_ids, tiny.expected(prompt, 16), f"{len(prompt)} tokens")
+
+
+@pytest.mark.smollm2
+def test_stop_string_cuts_the_text_before_it(smollm2: LoadedModel) -> None:
+    prompt = chat_prompt(smollm2.tokenizer, "Describe the sea in three sentences.")
+    engine = make_engine(smollm2, num_blocks=32)
+    greedy = engine.generate([prompt], SamplingParams(max_tokens=24))[0]
+    words = greedy.text.split()
+    assert len(words) >= 6, f"too short a greedy answer to cut: {greedy.text!r}"
+    stop = " " + words[len(words) // 2]  # its first occurrence decides the cut
+    cut = greedy.text.index(stop)
+
+    out = engine.generate([prompt], SamplingParams(max_tokens=24, stop=(stop,)))[0]
+
+    assert out.finish_reason == "stop"
+    assert out.text == greedy.text[:cut], f"stop {stop!r} in {greedy.text!r}"
+    assert list(out.token_ids) == list(greedy.token_ids[: len(out.token_ids)])
+    assert len(out.token_ids) < len(greedy.token_ids)
+    engine.check_integrity()
+
+
+@pytest.mark.smollm2
+def test_eos_finishes_with_stop(smollm2: LoadedModel, smollm2_reference: Reference) -> None:
+    prompt = chat_prompt(smollm2.tokenizer, "What is the capital of France?")
+    engine = make_engine(smollm2, num_blocks=32)
+
+    out = engine.generate([prompt], SamplingParams(max_tokens=64))[0]
+
+    assert out.finish_reason == "stop", f"no EOS within 64 tokens: {out.text!r}"
+    assert out.token_ids[-1] in smollm2.eos_token_ids
+    assert "Paris" in out.text and "<|im_end|>" not in out.text
+    assert_tokens(out.token_ids, smollm2_reference.greedy(prompt, 64), "capital of France")
+    engine.check_integrity()
+
+
+@pytest.mark.smollm2
+def test_ignore_eos_runs_to_max_tokens(smollm2: LoadedModel) -> None:
+    prompt = chat_prompt(smollm2.tokenizer, "What is the capital of France?")
+    engine = make_engine(smollm2, num_blocks=32)
+
+    out = run_checked(engine, {"r": (prompt, SamplingParams(max_tokens=40, ignore_eos=True))})["r"]
+
+    assert out.finish_reason == "length" and len(out.token_ids) == 40

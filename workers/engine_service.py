@@ -1,0 +1,183 @@
+"""EngineService: one per worker process. Builds the engine lazily on the first job (never at
+import time), runs jobs through its loop, and streams their tokens to Redis."""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import redis
+
+from broker import job_events, keys
+from broker.errors import InvalidRequestError, UnknownModelError
+from broker.messages import (
+    EngineFigures,
+    GenerateJob,
+    GenerateResult,
+    JobDone,
+    JobFailed,
+    TokenDelta,
+    Usage,
+    WorkerStatus,
+)
+from workers.engine.config import EngineConfig
+from workers.engine.engine_loop import EngineLoop
+from workers.engine.llm_engine import LLMEngine
+from workers.prompt import prompt_token_ids
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerIdentity:
+    name: str  # the Celery node name, e.g. "w1@host"
+
+    @property
+    def queue(self) -> str:
+        return keys.worker_queue(self.name)
+
+
+class EngineService:
+    def __init__(
+        self, config: EngineConfig, cache_dir: Path, redis_url: str, identity: WorkerIdentity
+    ) -> None:
+        self.config = config
+        self.cache_dir = cache_dir
+        self.identity = identity
+        self.served_model = config.served_model_name or config.model
+        self.redis = redis.Redis.from_url(redis_url)
+        self._lock = threading.Lock()
+        self._loop: EngineLoop | None = None
+        self.jobs_running = 0
+        self.jobs_done = 0
+        self.jobs_failed = 0
+
+    def loop(self) -> EngineLoop:
+        with self._lock:
+            if self._loop is None:
+                self._loop = EngineLoop(LLMEngine(self.config, cache_dir=self.cache_dir)).start()
+            return self._loop
+
+    def shutdown(self) -> None:
+        with self._lock:
+            if self._loop is not None:
+                self._loop.stop()
+                self._loop = None
+
+    def _count(self, running: int = 0, done: int = 0, failed: int = 0) -> None:
+        with self._lock:
+            self.jobs_running += running
+            self.jobs_done += done
+            self.jobs_failed += failed
+
+    def run(self, job_id: str, job: GenerateJob) -> GenerateResult:
+        """Run one job to its end. Raises the typed error after streaming it, so Celery marks the
+        job failed. A redelivered job resumes after the tokens its stream already holds."""
+        started = time.time()
+        self._count(running=1)
+        self.redis.sadd(keys.worker_jobs(self.identity.name), job_id)
+        try:
+            result = self._run(job_id, job, started)
+            self._count(done=1)
+            return result
+        except InvalidRequestError as exc:
+            self._count(failed=1)
+            kind, status = (
+                ("not_found_error", 404)
+                if isinstance(exc, UnknownModelError)
+                else ("invalid_request_error", 400)
+            )
+            job_events.publish(self.redis, job_id, JobFailed(kind, exc.message, status, exc.param))
+            raise
+        except Exception as exc:
+            self._count(failed=1)
+            job_events.publish(
+                self.redis, job_id, JobFailed("server_error", f"{type(exc).__name__}: {exc}", 500)
+            )
+            raise
+        finally:
+            self._count(running=-1)
+            self.redis.srem(keys.worker_jobs(self.identity.name), job_id)
+
+    def _run(self, job_id: str, job: GenerateJob, started: float) -> GenerateResult:
+        if job.model != self.served_model:
+            raise UnknownModelError(
+                f"model {job.model!r} is not served (this worker serves {self.served_model!r})"
+            )
+        before = job_events.progress(self.redis, job_id)
+        if before.done is not None:  # finished before a redelivery: the same answer again
+            return before.done.result
+        loop = self.loop()
+        ids = prompt_token_ids(job, loop.engine.tokenizer)
+        handle = loop.submit(
+            ids,
+            job.params,
+            request_id=job_id,
+            cache_salt=job.tenant,
+            output_token_ids=before.token_ids,
+            streamed_chars=before.text_chars,
+        )
+        if self.redis.exists(keys.job_cancel(job_id)):
+            handle.cancel()
+        first_token_at = None
+        final = None
+        for out in handle:
+            if out.delta_token_ids and first_token_at is None:
+                first_token_at = time.time()
+            if out.delta_token_ids or out.delta_text:
+                event = TokenDelta(out.delta_text, out.delta_token_ids)
+                if job_events.publish(self.redis, job_id, event, check_cancel=not out.finished):
+                    handle.cancel()
+            final = out
+        assert final is not None and final.finish_reason is not None
+        now = time.time()
+        submitted = job.submitted_at or started
+        result = GenerateResult(
+            job_id=job_id,
+            model=self.served_model,
+            text=final.text,
+            token_ids=final.token_ids,
+            finish_reason=final.finish_reason,
+            usage=Usage(final.prompt_tokens, final.completion_tokens, final.cached_tokens),
+            worker=self.identity.name,
+            queue_wait_s=max(0.0, started - submitted),
+            ttft_s=(first_token_at or now) - submitted,
+            latency_s=now - submitted,
+        )
+        job_events.publish(self.redis, job_id, JobDone(result))
+        return result
+
+    def status(self) -> WorkerStatus:
+        """Figures for the heartbeat; engine figures are read on its own thread, between steps."""
+        with self._lock:
+            loop, running, done, failed = self._loop, self.jobs_running, self.jobs_done, self.jobs_failed
+        figures = None
+        if loop is not None:
+            stats = loop.call(lambda e: e.stats(), timeout=10)
+            pool = stats.pool
+            figures = EngineFigures(
+                num_running=stats.num_running,
+                num_waiting=stats.num_waiting,
+                num_steps=stats.num_steps,
+                max_batch_seqs=stats.max_batch_seqs,
+                generation_tokens=stats.generation_tokens,
+                pool_blocks_total=pool.blocks_total,
+                pool_blocks_used=pool.blocks_used,
+                pool_blocks_cached=pool.blocks_cached,
+                bytes_per_block=stats.bytes_per_block,
+                prefix_cache_queries_tokens=pool.prefix_cache_queries_tokens,
+                prefix_cache_hits_tokens=pool.prefix_cache_hits_tokens,
+                fragmentation=pool.fragmentation,
+                weights_bytes=stats.memory.weights_bytes,
+                pool_bytes=stats.memory.pool_bytes,
+            )
+        return WorkerStatus(
+            name=self.identity.name,
+            queue=self.identity.queue,
+            model=self.served_model,
+            jobs_running=running,
+            jobs_done=done,
+            jobs_failed=failed,
+            sent_at=time.time(),
+            engine=figures,
+        )
