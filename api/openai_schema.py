@@ -25,6 +25,8 @@ class CompletionRequest:
     messages: tuple[dict[str, str], ...] = ()  # chat
     prompt: str | tuple[int, ...] = ""  # completions: text or token ids
     session_id: str | None = None
+    stream: bool = False
+    include_usage: bool = False  # stream_options.include_usage: a final chunk with usage
 
     @property
     def is_chat(self) -> bool:
@@ -141,6 +143,7 @@ def parse_request(endpoint: str, body: Any) -> CompletionRequest:
     session = body.get("session_id")
     if session is not None and not isinstance(session, str):
         raise InvalidRequestError("'session_id' must be a string", "session_id")
+    stream, include_usage = _stream_flags(body)
     if endpoint == "/v1/chat/completions":
         # OpenAI's chat default: generate until the context is full.
         return CompletionRequest(
@@ -149,10 +152,33 @@ def parse_request(endpoint: str, body: Any) -> CompletionRequest:
             sampling_params(body, None),
             messages=_messages(body.get("messages")),
             session_id=session,
+            stream=stream,
+            include_usage=include_usage,
         )
     return CompletionRequest(
-        endpoint, model, sampling_params(body, 16), prompt=_prompt(body.get("prompt")), session_id=session
+        endpoint,
+        model,
+        sampling_params(body, 16),
+        prompt=_prompt(body.get("prompt")),
+        session_id=session,
+        stream=stream,
+        include_usage=include_usage,
     )
+
+
+def _stream_flags(body: dict[str, Any]) -> tuple[bool, bool]:
+    stream = body.get("stream")
+    if stream is not None and not isinstance(stream, bool):
+        raise InvalidRequestError("'stream' must be a boolean", "stream")
+    options = body.get("stream_options")
+    if options is None:
+        return bool(stream), False
+    if not isinstance(options, dict):
+        raise InvalidRequestError("'stream_options' must be an object", "stream_options")
+    include_usage = options.get("include_usage")
+    if include_usage is not None and not isinstance(include_usage, bool):
+        raise InvalidRequestError("'stream_options.include_usage' must be a boolean", "stream_options")
+    return bool(stream), bool(include_usage)
 
 
 def usage_body(usage: Usage) -> dict[str, Any]:

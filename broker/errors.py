@@ -17,7 +17,9 @@ class InvalidRequestError(KvferryError, ValueError):
 
 
 class PromptTooLongError(InvalidRequestError):
-    """The prompt (plus requested output) does not fit the model's context or the pool."""
+    """The prompt plus max_tokens exceeds the model's context, or the prompt alone the KV pool.
+
+    A request whose output later outgrows the whole pool ends with finish_reason "length"."""
 
 
 class UnknownModelError(InvalidRequestError):

@@ -14,6 +14,7 @@ from broker.celery_app import BrokerConfig
 from workers.engine.config import EngineConfig
 
 ENV_PREFIX = "KVFERRY_"
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
 
@@ -43,7 +44,7 @@ class Settings:
     torch_threads: int | None = None
     cache_dir: Path = Path.home() / ".cache" / "kvferry"
     # the queue service
-    redis_url: str = "redis://127.0.0.1:6379/0"
+    redis_url: str = DEFAULT_REDIS_URL
     worker_name: str | None = None
     worker_concurrency: int = 32  # jobs one worker runs at once (they share its engine's batches)
     job_time_limit_s: int = 1800
@@ -64,6 +65,17 @@ class Settings:
                 values[f.name] = _convert(f.name, f.type, raw)
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)
+
+    def to_env(self) -> dict[str, str]:
+        """KVFERRY_* variables that reproduce these settings in a child process."""
+        env = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value is not None:
+                env[ENV_PREFIX + f.name.upper()] = (
+                    str(value).lower() if isinstance(value, bool) else str(value)
+                )
+        return env
 
     def with_overrides(self, **overrides: Any) -> Settings:
         return replace(self, **{k: v for k, v in overrides.items() if v is not None})

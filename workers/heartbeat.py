@@ -3,19 +3,17 @@ and a reaper pass for workers that did disappear."""
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 
 import redis
 
 from broker import keys
-from broker.codec import to_wire
+from broker.worker_registry import HEARTBEAT_FIELD, encode_status
 from workers import reaper
 from workers.engine_service import EngineService
 
 log = logging.getLogger(__name__)
-STATUS_FIELD = "status"
 
 
 class Heartbeat:
@@ -40,7 +38,7 @@ class Heartbeat:
         status = self.service.status()
         pipe = self.service.redis.pipeline(transaction=False)
         key = keys.worker_heartbeat(status.name)
-        pipe.hset(key, STATUS_FIELD, json.dumps(to_wire(status)))
+        pipe.hset(key, HEARTBEAT_FIELD, encode_status(status))
         pipe.expire(key, self.ttl_s)
         pipe.sadd(keys.WORKERS, status.name)
         pipe.execute()

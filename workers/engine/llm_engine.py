@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from pathlib import Path
 
 import torch
@@ -151,7 +152,11 @@ class LLMEngine:
             return outputs
         logits = self.runner.run(scheduled)
         sampling = [s for s in scheduled if s.samples]
-        tokens = self.sampler.sample(logits, [(s.seq.request_id, s.seq.params) for s in sampling])
+        tokens = (
+            self.sampler.sample(logits, [(s.seq.request_id, s.seq.params) for s in sampling])
+            if sampling
+            else []
+        )
         self._account(scheduled)
         for item in scheduled:
             prev = item.seq.num_computed_tokens
@@ -216,9 +221,15 @@ class LLMEngine:
     ) -> list[RequestOutput]:
         """Run prompts to completion, batched together; outputs in prompt order."""
         per = params if isinstance(params, list) else [params] * len(prompts)
-        ids = [f"generate-{self.num_steps}-{i}" for i in range(len(prompts))]
-        for rid, prompt, p in zip(ids, prompts, per, strict=True):
-            self.add_request(rid, prompt, p, cache_salt)
+        batch = uuid.uuid4().hex[:8]
+        ids = [f"generate-{batch}-{i}" for i in range(len(prompts))]
+        try:
+            for rid, prompt, p in zip(ids, prompts, per, strict=True):
+                self.add_request(rid, prompt, p, cache_salt)
+        except InvalidRequestError:
+            for rid in ids:  # all or nothing: no prompt of a rejected batch stays queued
+                self.abort_request(rid)
+            raise
         done: dict[str, RequestOutput] = {}
         while self.has_unfinished():
             for out in self.step():

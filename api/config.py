@@ -1,0 +1,29 @@
+"""ApiConfig: everything the HTTP edge needs, fixed at start-up."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from broker.celery_app import BrokerConfig
+
+
+@dataclass(frozen=True, slots=True)
+class ApiConfig:
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    served_models: tuple[str, ...] = ("smollm2",)  # a request naming another model gets 404
+    api_key: str | None = None  # None: no auth; else "Authorization: Bearer <key>" is required
+    job_timeout_s: float = 600.0  # the longest a request waits for its job's final event
+    max_body_bytes: int = 4 * 1024 * 1024
+    job_ttl_s: int = 86400  # how long job metadata (and so GET /v1/jobs/{id}) lives
+
+    def __post_init__(self) -> None:
+        if not self.served_models:
+            raise ValueError("served_models must name at least one model")
+        if self.job_timeout_s <= 0 or self.max_body_bytes <= 0 or self.job_ttl_s <= 0:
+            raise ValueError("job_timeout_s, max_body_bytes and job_ttl_s must be positive")
+        if self.api_key is not None and not self.api_key:
+            raise ValueError("api_key must be None (no auth) or a non-empty string")
+
+    @property
+    def broker(self) -> BrokerConfig:
+        return BrokerConfig(redis_url=self.redis_url)

@@ -1,0 +1,48 @@
+"""Who is alive: workers' heartbeats and queue depths, read from Redis."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import redis
+
+from broker import keys
+from broker.codec import CodecError, from_wire, to_wire
+from broker.messages import WorkerStatus
+
+HEARTBEAT_FIELD = "status"
+
+
+def encode_status(status: WorkerStatus) -> str:
+    return json.dumps(to_wire(status))
+
+
+def decode_status(raw: bytes | str) -> WorkerStatus:
+    try:
+        return from_wire(WorkerStatus, json.loads(raw))
+    except json.JSONDecodeError as exc:
+        raise CodecError(f"heartbeat is not JSON: {exc}") from exc
+
+
+def live_workers(client: redis.Redis) -> list[WorkerStatus]:
+    """Workers whose heartbeat has not expired, by name."""
+    names: Any = client.smembers(keys.WORKERS)
+    out = []
+    for raw_name in sorted(names):
+        raw = client.hget(keys.worker_heartbeat(raw_name.decode()), HEARTBEAT_FIELD)
+        if raw is not None:
+            try:
+                out.append(decode_status(raw))
+            except CodecError:
+                continue  # a heartbeat from another kvferry version: not ours to read
+    return out
+
+
+def queue_depths(client: redis.Redis, workers: list[WorkerStatus]) -> dict[str, int]:
+    """Messages waiting per queue (the shared one and each live worker's own)."""
+    names = [keys.SHARED_QUEUE, *(w.queue for w in workers)]
+    pipe = client.pipeline(transaction=False)
+    for name in names:
+        pipe.llen(name)
+    return dict(zip(names, (int(n) for n in pipe.execute()), strict=True))

@@ -1,0 +1,152 @@
+"""Queue-service commands: worker, api, serve, submit, ping, stats."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import click
+
+from ops.cli_options import engine_options, service_options, settings_from
+from ops.settings import Settings
+
+
+def _service_settings(opts: dict[str, Any], *names: str) -> Settings:
+    service = {k: opts.pop(k, None) for k in ("redis_url", *names)}
+    return settings_from(opts).with_overrides(**service)
+
+
+@click.command("worker")
+@click.option("--name", "worker_name", help="worker name (node name becomes NAME@host)")
+@click.option("--concurrency", "worker_concurrency", type=int, help="jobs at once, batched together (32)")
+@click.option("--preload", is_flag=True, help="build the engine now instead of on the first job")
+@click.option("--loglevel", default="INFO")
+@service_options
+@engine_options
+def worker_cmd(preload: bool, loglevel: str, **opts: Any) -> None:
+    """A Celery worker (threads pool) feeding one engine: consumes the shared queue and its own."""
+    from workers.worker_main import run_worker
+
+    settings = _service_settings(opts, "worker_name", "worker_concurrency")
+    run_worker(
+        settings.broker_config(),
+        settings.engine_config(),
+        settings.cache_dir,
+        name=settings.worker_name,
+        concurrency=settings.worker_concurrency,
+        loglevel=loglevel,
+        preload=preload,
+    )
+
+
+@click.command("api")
+@click.option("--host", "api_host", help="bind address (127.0.0.1)")
+@click.option("--port", "api_port", type=int, help="port (8000)")
+@service_options
+@engine_options
+def api_cmd(**opts: Any) -> None:
+    """The OpenAI-compatible HTTP API (FastAPI on uvicorn)."""
+    from ops.api_server import run_api
+
+    run_api(_service_settings(opts, "api_host", "api_port"))
+
+
+@click.command("serve")
+@click.option("--workers", "num_workers", type=int, default=2, show_default=True)
+@click.option("--port", "api_port", type=int, help="API port (8000)")
+@click.option("--flower-port", type=int, help="Flower port (5555)")
+@click.option("--demo", is_flag=True, help="run a demo conversation through the queue once ready")
+@click.option("--exit-after-demo", is_flag=True, help="stop everything after the demo")
+@service_options
+@engine_options
+def serve_cmd(num_workers: int, demo: bool, exit_after_demo: bool, **opts: Any) -> None:
+    """The whole stack on this machine: Redis, N workers, the API, Flower. Ctrl-C stops it all."""
+    from ops.stack import Stack
+
+    settings = _service_settings(opts, "api_port", "flower_port")
+    with Stack(settings, num_workers) as stack:
+        stack.wait_ready()
+        click.echo(stack.banner())
+        if demo or exit_after_demo:
+            from ops.demo import run_demo
+
+            run_demo(stack.api_url, settings.served_model, stack.flower_url)
+        if not exit_after_demo:
+            stack.wait()
+
+
+@click.command("submit")
+@click.argument("prompt")
+@click.option("--chat/--completion", default=True, help="send as a chat message (default) or raw prompt")
+@click.option("--system", help="system prompt (chat)")
+@click.option("--max-tokens", type=int, default=64, show_default=True)
+@click.option("--temperature", type=float, default=0.0, show_default=True)
+@click.option("--session-id", help="conversation id (cache-aware routing)")
+@click.option("--queue", help="send to this queue instead of the shared one")
+@click.option("--model", help="model name (default: KVFERRY_SERVED_MODEL_NAME or KVFERRY_MODEL)")
+@service_options
+def submit_cmd(
+    prompt: str,
+    chat: bool,
+    system: str | None,
+    max_tokens: int,
+    temperature: float,
+    session_id: str | None,
+    queue: str | None,
+    model: str | None,
+    redis_url: str | None,
+) -> None:
+    """Send one job straight to the queue (Celery, no HTTP) and print its tokens as they stream."""
+    from ops.queue_client import submit_and_follow
+
+    settings = Settings.from_env(redis_url=redis_url)
+    result = submit_and_follow(
+        settings,
+        prompt,
+        chat=chat,
+        system=system,
+        max_tokens=max_tokens,
+        temperature=temperature,
+        session_id=session_id,
+        queue=queue,
+        model=model or settings.served_model,
+        out=sys.stdout,
+    )
+    u = result.usage
+    click.echo(
+        f"\n[{result.finish_reason}] {u.prompt_tokens} prompt tokens ({u.cached_tokens} cached), "
+        f"{u.completion_tokens} generated on {result.worker}; ttft {result.ttft_s * 1000:.0f} ms, "
+        f"total {result.latency_s * 1000:.0f} ms",
+        err=True,
+    )
+
+
+@click.command("ping")
+@click.option("--timeout", type=float, default=2.0, show_default=True)
+@service_options
+def ping_cmd(timeout: float, redis_url: str | None) -> None:
+    """Workers alive (heartbeat and a Celery ping), their queues, load and pool figures."""
+    from ops.queue_client import ping
+
+    report = ping(Settings.from_env(redis_url=redis_url), timeout)
+    click.echo(report.render())
+    if not report.workers:
+        raise SystemExit(1)
+
+
+@click.command("stats")
+@click.option("--json", "as_json", is_flag=True, help="machine-readable output")
+@service_options
+def stats_cmd(as_json: bool, redis_url: str | None) -> None:
+    """Per-worker memory breakdown and prefix-cache hit rates."""
+    from ops.queue_client import worker_stats
+
+    rows = worker_stats(Settings.from_env(redis_url=redis_url))
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    if not rows:
+        click.echo("no live workers")
+    for row in rows:
+        click.echo(" ".join(f"{k}={v}" for k, v in row.items()))
