@@ -21,7 +21,7 @@ def _ask(client: OpenAI, model: str, messages: list[Any]) -> tuple[str, Any, str
         model=model,
         messages=messages,
         max_tokens=48,
-        temperature=0,  # type: ignore[arg-type]
+        temperature=0,
     )
     completion = raw.parse()
     return (
