@@ -70,7 +70,7 @@ def test_run_batch_outputs_errors_and_stats(tiny_model_dir: Path, tmp_path: Path
         _line("negative", "/v1/completions", {"model": "tiny", "prompt": "x", "max_tokens": -3}),
         _line("no-messages", chat, {"model": "tiny"}),
         _line("empty-prompt", "/v1/completions", {"model": "tiny", "prompt": ""}),
-        _line("too-long", "/v1/completions", {"model": "tiny", "prompt": "word " * 400, "max_tokens": 4}),
+        _line("too-long", "/v1/completions", {"model": "tiny", "prompt": "word " * 1100, "max_tokens": 4}),
         _line("bad-url", "/v1/embeddings", {"model": "tiny", "input": "x"}),
     ]
     src = tmp_path / "in.jsonl"

@@ -1,0 +1,44 @@
+"""The app factory. Nothing connects at import: create_app builds clients that connect lazily."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from api import routes_jobs, routes_openai, routes_ops
+from api.config import ApiConfig
+from api.context import ApiContext
+from api.errors import install_error_handlers
+from api.job_client import JobClient
+from api.metrics import ApiMetrics, RequestCounter
+
+
+def create_app(config: ApiConfig) -> FastAPI:
+    ctx = ApiContext(
+        config=config,
+        jobs=JobClient(config.redis_url, job_ttl_s=config.job_ttl_s),
+        metrics=ApiMetrics(),
+        started=int(time.time()),
+    )
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        yield
+        await ctx.jobs.close()
+
+    app = FastAPI(title="kvferry", version="0.1.0", lifespan=lifespan)
+    app.state.ctx = ctx
+    install_error_handlers(app)
+    app.add_middleware(RequestCounter, metrics=ctx.metrics)
+    app.include_router(routes_openai.router)
+    app.include_router(routes_jobs.router)
+    app.include_router(routes_ops.router)
+    return app
+
+
+def create_default_app() -> FastAPI:
+    """For `uvicorn --factory api.app:create_default_app` (Redis on localhost, model smollm2)."""
+    return create_app(ApiConfig())

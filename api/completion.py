@@ -1,0 +1,151 @@
+"""Answering a completion request once its job is queued: wait for the job's final event (JSON),
+or stream its tokens (SSE). A stream starts only after the job's first event, so a job that fails
+at once (prompt too long, unknown model) is answered with a JSON error and its status code."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from contextlib import aclosing
+
+import anyio
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from api import sse
+from api.context import ApiContext
+from api.errors import error_response, failed_response
+from api.job_client import ClientGoneError, JobTimeoutError, is_final
+from api.job_meta import JobMeta
+from api.job_view import failed_body
+from api.openai_schema import CompletionRequest, error_body, response_body
+from broker.messages import JobDone, JobFailed, StreamEvent, TokenDelta
+
+log = logging.getLogger(__name__)
+CLIENT_CLOSED = 499  # nginx's code: nobody reads it, the access log does
+
+
+async def answer(
+    ctx: ApiContext, meta: JobMeta, request: CompletionRequest, alive: Callable[[], Awaitable[bool]]
+) -> Response:
+    events = _observed(ctx, meta, request, ctx.jobs.follow(meta.job_id, ctx.config.job_timeout_s, alive))
+    if request.stream:
+        return await _stream(ctx, meta, request, events)
+    return await _whole(ctx, meta, request, events)
+
+
+async def _observed(
+    ctx: ApiContext, meta: JobMeta, request: CompletionRequest, events: AsyncGenerator[StreamEvent, None]
+) -> AsyncGenerator[StreamEvent, None]:
+    """The same events, timing the first token and the final event against submission."""
+    label = "chat" if request.is_chat else "completion"
+    first = True
+    async with aclosing(events):
+        async for event in events:
+            if first and isinstance(event, TokenDelta):
+                ctx.metrics.ttft.labels(label).observe(max(0.0, time.time() - meta.created))
+                first = False
+            if is_final(event):
+                ctx.metrics.job_latency.labels(label).observe(max(0.0, time.time() - meta.created))
+            yield event
+
+
+async def _abandon(ctx: ApiContext, meta: JobMeta) -> None:
+    """Nobody waits for the job any more: stop it rather than let it spend a worker's time."""
+    try:
+        await ctx.jobs.cancel(meta.job_id)
+    except Exception as exc:  # the job's own TTLs and time limit still bound it
+        log.warning("could not cancel job %s: %s", meta.job_id, exc)
+
+
+def _timeout(ctx: ApiContext, meta: JobMeta) -> JSONResponse:
+    message = f"job {meta.job_id} did not finish within {ctx.config.job_timeout_s:g}s; it was cancelled"
+    return error_response(504, message, "server_error", code="timeout")
+
+
+async def _whole(
+    ctx: ApiContext, meta: JobMeta, request: CompletionRequest, events: AsyncGenerator[StreamEvent, None]
+) -> Response:
+    try:
+        async with aclosing(events):
+            async for event in events:
+                if isinstance(event, JobFailed):
+                    return failed_response(event)
+                if isinstance(event, JobDone):
+                    r = event.result
+                    body = response_body(request, r.text, r.finish_reason, r.usage, meta.response_id)
+                    return JSONResponse(body)
+    except JobTimeoutError:
+        await _abandon(ctx, meta)
+        return _timeout(ctx, meta)
+    except ClientGoneError:
+        await _abandon(ctx, meta)
+        return Response(status_code=CLIENT_CLOSED)
+    raise RuntimeError(f"job {meta.job_id}: its stream ended without a final event")
+
+
+async def _stream(
+    ctx: ApiContext, meta: JobMeta, request: CompletionRequest, events: AsyncGenerator[StreamEvent, None]
+) -> Response:
+    try:
+        first = await anext(events)
+    except BaseException as exc:
+        await events.aclose()
+        if isinstance(exc, JobTimeoutError):
+            await _abandon(ctx, meta)
+            return _timeout(ctx, meta)
+        if isinstance(exc, ClientGoneError):
+            await _abandon(ctx, meta)
+            return Response(status_code=CLIENT_CLOSED)
+        raise
+    if isinstance(first, JobFailed):
+        await events.aclose()
+        return failed_response(first)
+    writer = sse.ChunkWriter(request, meta.response_id, int(meta.created))
+    body = _sse(ctx, meta, request, writer, first, events)
+    return StreamingResponse(body, media_type="text/event-stream", headers=sse.HEADERS)
+
+
+async def _sse(
+    ctx: ApiContext,
+    meta: JobMeta,
+    request: CompletionRequest,
+    writer: sse.ChunkWriter,
+    first: StreamEvent,
+    events: AsyncGenerator[StreamEvent, None],
+) -> AsyncIterator[bytes]:
+    finished = False
+    sent = ""  # the text streamed so far; the final result's text may hold a last few characters
+    try:
+        if request.is_chat:
+            yield writer.text("")  # the role chunk
+        event: StreamEvent | None = first
+        while event is not None:
+            if isinstance(event, TokenDelta) and event.text:
+                sent += event.text
+                yield writer.text(event.text)
+            elif isinstance(event, JobDone):
+                finished = True
+                r = event.result
+                tail = r.text[len(sent) :] if r.text.startswith(sent) else ""
+                if tail:
+                    yield writer.text(tail)
+                yield writer.text("", r.finish_reason)
+                if request.include_usage:
+                    yield writer.usage(r.usage)
+                yield sse.DONE
+            elif isinstance(event, JobFailed):
+                finished = True
+                yield sse.error_frame(failed_body(event))
+                yield sse.DONE
+            event = None if finished else await anext(events, None)
+    except JobTimeoutError as exc:
+        yield sse.error_frame(error_body(f"{exc}; it was cancelled", "server_error", code="timeout"))
+        yield sse.DONE
+    except ClientGoneError:
+        pass
+    finally:
+        with anyio.CancelScope(shield=True):  # runs even when the response task is cancelled
+            await events.aclose()
+            if not finished:
+                await _abandon(ctx, meta)

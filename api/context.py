@@ -1,0 +1,29 @@
+"""ApiContext: what every route needs, built once by create_app and kept on app.state."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated
+
+from fastapi import Depends, Request
+
+from api.config import ApiConfig
+from api.job_client import JobClient
+from api.metrics import ApiMetrics
+
+
+@dataclass(frozen=True, slots=True)
+class ApiContext:
+    config: ApiConfig
+    jobs: JobClient
+    metrics: ApiMetrics
+    started: int  # unix time the app was built ("created" of /v1/models entries)
+
+
+def context(request: Request) -> ApiContext:
+    ctx = request.app.state.ctx
+    assert isinstance(ctx, ApiContext)
+    return ctx
+
+
+Ctx = Annotated[ApiContext, Depends(context)]

@@ -1,0 +1,102 @@
+"""Every error leaves the api as an OpenAI error body: {"error": {message, type, param, code}}."""
+
+from __future__ import annotations
+
+import logging
+
+import redis
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from api.job_client import BrokerUnavailableError
+from api.job_view import failed_body
+from api.openai_schema import error_body
+from broker.errors import InvalidRequestError, UnknownModelError
+from broker.messages import JobFailed
+
+log = logging.getLogger(__name__)
+
+
+class ApiError(Exception):
+    """An HTTP error raised on purpose, with its OpenAI error fields."""
+
+    def __init__(
+        self,
+        status_code: int,
+        message: str,
+        kind: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status_code = status_code
+        self.message = message
+        self.kind = kind
+        self.param = param
+        self.code = code
+
+
+def error_response(
+    status_code: int,
+    message: str,
+    kind: str = "invalid_request_error",
+    param: str | None = None,
+    code: str | None = None,
+) -> JSONResponse:
+    return JSONResponse(error_body(message, kind, param, code), status_code=status_code)
+
+
+def failed_response(failed: JobFailed) -> JSONResponse:
+    return JSONResponse(failed_body(failed), status_code=failed.status_code)
+
+
+def _http_kind(status_code: int) -> str:
+    return {401: "authentication_error", 404: "not_found_error"}.get(status_code, "invalid_request_error")
+
+
+async def _api_error(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, ApiError)
+    return error_response(exc.status_code, exc.message, exc.kind, exc.param, exc.code)
+
+
+async def _invalid_request(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, InvalidRequestError)
+    if isinstance(exc, UnknownModelError):
+        return error_response(404, exc.message, "invalid_request_error", "model", "model_not_found")
+    return error_response(400, exc.message, "invalid_request_error", exc.param)
+
+
+async def _validation(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    first = exc.errors()[0] if exc.errors() else {}
+    where = ".".join(str(p) for p in first.get("loc", ()) if p != "body") or None
+    return error_response(400, f"{where or 'request'}: {first.get('msg', 'invalid')}", param=where)
+
+
+async def _http(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, StarletteHTTPException)
+    response = error_response(exc.status_code, str(exc.detail), _http_kind(exc.status_code))
+    response.headers.update(exc.headers or {})
+    return response
+
+
+async def _unavailable(_: Request, exc: Exception) -> JSONResponse:
+    log.warning("queue service unavailable: %s", exc)
+    return error_response(503, f"the queue service is unavailable: {exc}", "service_unavailable_error")
+
+
+async def _internal(_: Request, exc: Exception) -> JSONResponse:
+    log.exception("unhandled error", exc_info=exc)
+    return error_response(500, f"internal error: {type(exc).__name__}", "server_error")
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(ApiError, _api_error)
+    app.add_exception_handler(InvalidRequestError, _invalid_request)
+    app.add_exception_handler(RequestValidationError, _validation)
+    app.add_exception_handler(StarletteHTTPException, _http)
+    app.add_exception_handler(BrokerUnavailableError, _unavailable)
+    app.add_exception_handler(redis.RedisError, _unavailable)
+    app.add_exception_handler(Exception, _internal)

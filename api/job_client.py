@@ -1,0 +1,193 @@
+"""JobClient: the api's side of the broker. Sends jobs as Celery tasks, follows their event
+streams in Redis, cancels them and reads their state. Celery's client is synchronous, so its calls
+run on a small thread pool of their own; Redis is read with redis.asyncio."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+from collections.abc import AsyncGenerator, Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import redis.asyncio as aioredis
+from celery import states
+
+from api.job_meta import JobMeta
+from broker import keys
+from broker.celery_app import BrokerConfig, make_celery
+from broker.codec import CodecError, decode_event, decode_result, encode_job
+from broker.errors import KvferryError
+from broker.job_events import EVENT_FIELD
+from broker.messages import GenerateJob, GenerateResult, JobDone, JobFailed, StreamEvent, Usage
+
+T = TypeVar("T")
+TERMINAL_STATES = frozenset({states.SUCCESS, states.FAILURE, states.REVOKED})
+# kombu's publish retries: a broker that is down fails the request in about a second, not minutes.
+SEND_RETRY_POLICY = {"max_retries": 2, "interval_start": 0.0, "interval_step": 0.25, "interval_max": 0.5}
+
+
+class BrokerUnavailableError(KvferryError):
+    """The job could not be queued (HTTP 503); nothing about it was kept."""
+
+
+class JobTimeoutError(KvferryError, TimeoutError):
+    """The job produced no final event in time (HTTP 504)."""
+
+
+class ClientGoneError(KvferryError):
+    """The HTTP client went away while its job ran."""
+
+
+@dataclass(frozen=True, slots=True)
+class CeleryState:
+    state: str  # celery.states: PENDING, STARTED, SUCCESS, FAILURE, REVOKED, RETRY
+    result: Any  # SUCCESS: the encoded GenerateResult; FAILURE: the exception; STARTED: {"hostname"}
+
+    @property
+    def hostname(self) -> str | None:
+        host = self.result.get("hostname") if isinstance(self.result, dict) else None
+        return host if isinstance(host, str) else None
+
+
+def is_final(event: StreamEvent | None) -> bool:
+    return isinstance(event, (JobDone, JobFailed))
+
+
+def outcome_of(job_id: str, state: CeleryState) -> StreamEvent | None:
+    """The final event a job that ended without writing one (revoked before it ran, killed, its
+    stream expired) stands for; None while the job is not over."""
+    if state.state == states.SUCCESS:
+        try:
+            return JobDone(decode_result(state.result))
+        except CodecError as exc:
+            return JobFailed("server_error", f"unreadable job result: {exc}", 500)
+    if state.state == states.FAILURE:
+        return JobFailed("server_error", f"the job failed on its worker: {state.result!s}", 500)
+    if state.state == states.REVOKED:
+        nothing = Usage(0, 0, 0)
+        return JobDone(GenerateResult(job_id, "", "", (), "abort", nothing, "", 0.0, 0.0, 0.0))
+    return None
+
+
+class JobClient:
+    def __init__(
+        self,
+        redis_url: str,
+        job_ttl_s: int,
+        block_ms: int = 1000,
+        state_poll_s: float = 2.0,
+    ) -> None:
+        self.job_ttl_s = job_ttl_s
+        self.block_ms = block_ms
+        self.state_poll_s = state_poll_s
+        # socket_timeout must outlast the longest XREAD BLOCK
+        self.redis = aioredis.Redis.from_url(
+            redis_url, socket_connect_timeout=5, socket_timeout=block_ms / 1000 + 10
+        )
+        self.celery = make_celery(BrokerConfig(redis_url=redis_url), name="kvferry-api")
+        self._pool = ThreadPoolExecutor(8, thread_name_prefix="kvferry-api-celery")
+
+    async def _sync(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._pool, functools.partial(fn, *args))
+
+    async def close(self) -> None:
+        await self.redis.aclose()
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        self.celery.close()
+
+    async def submit(self, meta: JobMeta, job: GenerateJob) -> None:
+        """Record the job's metadata, then queue it; if queueing fails, the metadata goes too."""
+        key = keys.job_meta(meta.job_id)
+        fields: dict[Any, Any] = meta.to_hash()
+        try:
+            pipe = self.redis.pipeline(transaction=True)
+            pipe.hset(key, mapping=fields)
+            pipe.expire(key, self.job_ttl_s)
+            await pipe.execute()
+            await self.send(meta.job_id, job, meta.queue)
+        except Exception as exc:
+            with contextlib.suppress(aioredis.RedisError):  # else its TTL removes it
+                await self.redis.delete(key)
+            raise BrokerUnavailableError(f"could not queue the job: {type(exc).__name__}: {exc}") from exc
+
+    async def send(self, job_id: str, job: GenerateJob, queue: str) -> None:
+        await self._sync(self._send, job_id, job, queue)
+
+    def _send(self, job_id: str, job: GenerateJob, queue: str) -> None:
+        self.celery.send_task(
+            keys.GENERATE_TASK,
+            args=[encode_job(job)],
+            task_id=job_id,
+            queue=queue,
+            retry=True,
+            retry_policy=SEND_RETRY_POLICY,
+        )
+
+    async def meta(self, job_id: str) -> JobMeta | None:
+        raw: Any = await self.redis.hgetall(keys.job_meta(job_id))
+        return JobMeta.from_hash(job_id, raw) if raw else None
+
+    async def cancel(self, job_id: str) -> None:
+        """Flag the job (a running worker stops at its next token) and revoke it (a worker that
+        has not started it yet drops it)."""
+        await self.redis.set(keys.job_cancel(job_id), b"1", ex=self.job_ttl_s)
+        await self._sync(self.celery.control.revoke, job_id)
+
+    async def is_cancelled(self, job_id: str) -> bool:
+        return bool(await self.redis.exists(keys.job_cancel(job_id)))
+
+    async def celery_state(self, job_id: str) -> CeleryState:
+        meta = await self._sync(functools.partial(self.celery.backend.get_task_meta, cache=False), job_id)
+        return CeleryState(str(meta.get("status", states.PENDING)), meta.get("result"))
+
+    async def last_event(self, job_id: str) -> tuple[int, StreamEvent | None]:
+        """(events in the job's stream, the last of them)."""
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.xlen(keys.job_stream(job_id))
+        pipe.xrevrange(keys.job_stream(job_id), count=1)
+        count, last = await pipe.execute()
+        return int(count), decode_event(last[0][1][EVENT_FIELD]) if last else None
+
+    async def follow(
+        self, job_id: str, timeout_s: float, alive: Callable[[], Awaitable[bool]] | None = None
+    ) -> AsyncGenerator[StreamEvent, None]:
+        """Every event of the job from the start until its final one (JobDone or JobFailed).
+        Raises JobTimeoutError past timeout_s, ClientGoneError once `alive()` says so."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        next_poll = loop.time() + self.state_poll_s
+        stream, last = keys.job_stream(job_id), "0-0"
+        while True:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                raise JobTimeoutError(f"job {job_id} did not finish within {timeout_s:g}s")
+            block = max(1, int(min(self.block_ms / 1000, remaining) * 1000))  # BLOCK 0 is forever
+            reply: Any = await self.redis.xread({stream: last}, block=block, count=256)
+            for _, entries in reply or []:
+                for entry_id, fields in entries:
+                    last = entry_id
+                    event = decode_event(fields[EVENT_FIELD])
+                    yield event
+                    if is_final(event):
+                        return
+            if reply:
+                continue
+            if alive is not None and not await alive():
+                raise ClientGoneError(job_id)
+            if loop.time() >= next_poll:
+                next_poll = loop.time() + self.state_poll_s
+                settled = await self._settled_silently(job_id, last)
+                if settled is not None:
+                    yield settled
+                    return
+
+    async def _settled_silently(self, job_id: str, last: str) -> StreamEvent | None:
+        """The job's outcome if Celery says it ended and its stream holds nothing more to read."""
+        state = await self.celery_state(job_id)
+        if state.state not in TERMINAL_STATES:
+            return None
+        pending: Any = await self.redis.xread({keys.job_stream(job_id): last}, count=1)
+        return None if pending else outcome_of(job_id, state)

@@ -1,0 +1,74 @@
+"""A job as GET /v1/jobs/{id} shows it: status from its stream's last event and Celery's state."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from celery import states
+
+from api.job_client import JobClient, is_final, outcome_of
+from api.job_meta import JobMeta
+from api.openai_schema import error_body, response_body, usage_body
+from broker.messages import JobDone, JobFailed, StreamEvent
+
+JobStatus = Literal["queued", "running", "succeeded", "failed", "cancelled", "cancelling"]
+FINAL_STATUSES: frozenset[JobStatus] = frozenset({"succeeded", "failed", "cancelled"})
+
+
+def error_code(failed: JobFailed) -> str | None:
+    return "model_not_found" if failed.status_code == 404 else None
+
+
+def failed_body(failed: JobFailed) -> dict[str, Any]:
+    return error_body(failed.message, failed.error_type, failed.param, error_code(failed))
+
+
+async def job_view(jobs: JobClient, meta: JobMeta) -> dict[str, Any]:
+    job_id = meta.job_id
+    count, last = await jobs.last_event(job_id)
+    cancelled = await jobs.is_cancelled(job_id)
+    outcome: StreamEvent | None = last if is_final(last) else None
+    state = None
+    if outcome is None:
+        state = await jobs.celery_state(job_id)
+        if state.state in states.READY_STATES:
+            count, last = await jobs.last_event(job_id)  # its final event may have landed since
+            outcome = last if is_final(last) else outcome_of(job_id, state)
+
+    status: JobStatus
+    if isinstance(outcome, JobDone):
+        aborted = outcome.result.finish_reason == "abort"
+        revoked = state is not None and state.state == states.REVOKED
+        status = "cancelled" if revoked or (aborted and cancelled) else "succeeded"
+    elif isinstance(outcome, JobFailed):
+        status = "failed"
+    elif cancelled:
+        status = "cancelling"
+    elif count or (state is not None and state.state == states.STARTED):
+        status = "running"
+    else:
+        status = "queued"
+
+    view: dict[str, Any] = {
+        "id": job_id,
+        "object": "job",
+        "status": status,
+        "endpoint": meta.endpoint,
+        "model": meta.model,
+        "queue": meta.queue,
+        "route": {"queue": meta.queue, "reason": meta.reason},
+        "created": int(meta.created),
+        "session_id": meta.session_id,
+        "result": None,
+        "error": None,
+        "worker": state.hostname if state is not None else None,
+        "usage": None,
+    }
+    if isinstance(outcome, JobDone):
+        r = outcome.result
+        body = response_body(meta.request(), r.text, r.finish_reason, r.usage, meta.response_id)
+        body["created"] = int(meta.created)
+        view.update(result=body, usage=usage_body(r.usage), worker=r.worker or None)
+    elif isinstance(outcome, JobFailed):
+        view["error"] = failed_body(outcome)["error"]
+    return view

@@ -1,0 +1,162 @@
+"""Real parts: a redis-server and real `kvferry worker` processes (Celery, threads pool) serving a
+tiny random Llama saved as a local model directory."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import redis
+
+from broker import keys
+from broker.celery_app import BrokerConfig, make_celery
+from broker.worker_registry import live_workers
+from ops.redis_server import RedisServer
+
+ROOT = Path(__file__).resolve().parents[2]
+MODEL = "tiny"
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    with RedisServer(tmp_path_factory.mktemp("redis")) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def redis_client(redis_server: RedisServer) -> redis.Redis:
+    return redis.Redis.from_url(redis_server.url)
+
+
+@pytest.fixture(scope="session")
+def celery_app(redis_server: RedisServer) -> object:
+    return make_celery(BrokerConfig(redis_url=redis_server.url))
+
+
+@dataclass
+class WorkerProcess:
+    name: str  # node name, name@host
+    process: subprocess.Popen[bytes]
+    log: Path
+
+    @property
+    def queue(self) -> str:
+        return keys.worker_queue(self.name)
+
+    def kill(self) -> None:
+        self.process.send_signal(signal.SIGKILL)
+        self.process.wait(10)
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(20)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+def wait_for(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out waiting for {what}")
+        time.sleep(0.1)
+
+
+@pytest.fixture(scope="session")
+def start_worker(
+    redis_server: RedisServer,
+    redis_client: redis.Redis,
+    tiny_model_dir: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+    kvferry_cache_dir: Path,
+) -> Iterator[Callable[[str], WorkerProcess]]:
+    logs = tmp_path_factory.mktemp("worker-logs")
+    started: list[WorkerProcess] = []
+
+    def start(name: str) -> WorkerProcess:
+        log = logs / f"{name}.log"
+        env = {
+            **os.environ,
+            "PYTHONUNBUFFERED": "1",
+            "KVFERRY_CACHE_DIR": str(kvferry_cache_dir),
+            "KVFERRY_HEARTBEAT_TTL_S": "3",
+        }
+        args = [
+            sys.executable,
+            "-m",
+            "ops.cli",
+            "worker",
+            "--name",
+            name,
+            "--redis-url",
+            redis_server.url,
+            "--model",
+            str(tiny_model_dir),
+            "--served-model-name",
+            MODEL,
+            "--cache-size",
+            "4M",
+            "--torch-threads",
+            "1",
+            "--concurrency",
+            "16",
+            "--preload",
+            "--loglevel",
+            "INFO",
+        ]
+        process = subprocess.Popen(args, cwd=ROOT, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT)
+        node = None
+
+        def ready() -> bool:
+            nonlocal node
+            if process.poll() is not None:
+                raise RuntimeError(f"worker {name} exited:\n{log.read_text()[-3000:]}")
+            for w in live_workers(redis_client):
+                if w.name.startswith(f"{name}@") and w.engine is not None:
+                    node = w.name
+                    return True
+            return False
+
+        wait_for(ready, 90, f"worker {name}")
+        assert node is not None
+        worker = WorkerProcess(node, process, log)
+        started.append(worker)
+        return worker
+
+    yield start
+    for worker in started:
+        worker.stop()
+
+
+@pytest.fixture(scope="session")
+def two_workers(start_worker: Callable[[str], WorkerProcess]) -> tuple[WorkerProcess, WorkerProcess]:
+    return start_worker("w1"), start_worker("w2")
+
+
+@pytest.fixture(scope="session")
+def tiny_reference(tiny_model_dir: Path) -> Callable[[list[int], int], list[int]]:
+    """HF greedy `generate` on the same weights the workers load: the ground truth."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+
+    def greedy(prompt: list[int], new_tokens: int) -> list[int]:
+        ids = torch.tensor([prompt])
+        with torch.inference_mode():
+            out = model.generate(
+                ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens, do_sample=False
+            )
+        return out[0, len(prompt) :].tolist()
+
+    return greedy
