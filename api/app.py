@@ -19,7 +19,7 @@ from api.metrics import ApiMetrics, RequestCounter
 def create_app(config: ApiConfig) -> FastAPI:
     ctx = ApiContext(
         config=config,
-        jobs=JobClient(config.redis_url, job_ttl_s=config.job_ttl_s),
+        jobs=JobClient(config.broker, job_ttl_s=config.job_ttl_s),
         metrics=ApiMetrics(),
         started=int(time.time()),
     )

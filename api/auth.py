@@ -18,7 +18,7 @@ def tenant_of(api_key: str) -> str:
 
 
 def require_tenant(request: Request, ctx: Ctx) -> str:
-    """ "" when auth is off; else the caller's tenant, or 401."""
+    """The caller's tenant: empty when auth is off; else from a valid key, or 401."""
     key = ctx.config.api_key
     if key is None:
         return ""

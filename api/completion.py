@@ -92,16 +92,13 @@ async def _stream(
     ctx: ApiContext, meta: JobMeta, request: CompletionRequest, events: AsyncGenerator[StreamEvent, None]
 ) -> Response:
     try:
-        first = await anext(events)
-    except BaseException as exc:
-        await events.aclose()
-        if isinstance(exc, JobTimeoutError):
-            await _abandon(ctx, meta)
-            return _timeout(ctx, meta)
-        if isinstance(exc, ClientGoneError):
-            await _abandon(ctx, meta)
-            return Response(status_code=CLIENT_CLOSED)
-        raise
+        first = await anext(events)  # a generator that raised is closed already
+    except JobTimeoutError:
+        await _abandon(ctx, meta)
+        return _timeout(ctx, meta)
+    except ClientGoneError:
+        await _abandon(ctx, meta)
+        return Response(status_code=CLIENT_CLOSED)
     if isinstance(first, JobFailed):
         await events.aclose()
         return failed_response(first)
@@ -119,19 +116,20 @@ async def _sse(
     events: AsyncGenerator[StreamEvent, None],
 ) -> AsyncIterator[bytes]:
     finished = False
-    sent = ""  # the text streamed so far; the final result's text may hold a last few characters
+    sent: list[str] = []  # the text streamed so far; the final text may hold a last few characters
     try:
         if request.is_chat:
             yield writer.text("")  # the role chunk
         event: StreamEvent | None = first
         while event is not None:
             if isinstance(event, TokenDelta) and event.text:
-                sent += event.text
+                sent.append(event.text)
                 yield writer.text(event.text)
             elif isinstance(event, JobDone):
                 finished = True
                 r = event.result
-                tail = r.text[len(sent) :] if r.text.startswith(sent) else ""
+                streamed = "".join(sent)
+                tail = r.text[len(streamed) :] if r.text.startswith(streamed) else ""
                 if tail:
                     yield writer.text(tail)
                 yield writer.text("", r.finish_reason)

@@ -1,19 +1,16 @@
-"""The fleet as Redis shows it: known workers, their heartbeats, and how deep each queue is."""
+"""The fleet as Redis shows it: known workers, their heartbeats, and how deep each queue is.
+An async twin of broker/worker_registry.py, whose field name and decoder it uses."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
 import redis.asyncio as aioredis
 
 from broker import keys
-from broker.codec import CodecError, from_wire
 from broker.messages import WorkerStatus
-
-# The heartbeat hash's field; written by workers/heartbeat.py (which the api may not import).
-HEARTBEAT_STATUS_FIELD = b"status"
+from broker.worker_registry import HEARTBEAT_FIELD, decode_status
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,11 +21,12 @@ class WorkerView:
 
 
 async def workers(client: aioredis.Redis) -> list[WorkerView]:
+    """Every worker that ever announced itself (keys.WORKERS), live or not."""
     members: Any = await client.smembers(keys.WORKERS)
     names = sorted(n.decode() for n in members)
     pipe = client.pipeline(transaction=False)
     for name in names:
-        pipe.hget(keys.worker_heartbeat(name), HEARTBEAT_STATUS_FIELD)
+        pipe.hget(keys.worker_heartbeat(name), HEARTBEAT_FIELD)
     beats: list[Any] = await pipe.execute() if names else []
     return [WorkerView(name, raw is not None, _status(raw)) for name, raw in zip(names, beats, strict=True)]
 
@@ -37,8 +35,8 @@ def _status(raw: bytes | None) -> WorkerStatus | None:
     if raw is None:
         return None
     try:
-        return from_wire(WorkerStatus, json.loads(raw))
-    except (ValueError, CodecError):
+        return decode_status(raw)
+    except ValueError:  # CodecError, or bytes that are not even JSON: alive, but unreadable
         return None
 
 

@@ -24,7 +24,7 @@ from broker.job_events import EVENT_FIELD
 from broker.messages import GenerateJob, GenerateResult, JobDone, JobFailed, StreamEvent, Usage
 
 T = TypeVar("T")
-TERMINAL_STATES = frozenset({states.SUCCESS, states.FAILURE, states.REVOKED})
+SYNC_TIMEOUT_S = 10.0  # the longest a request waits for a blocking Celery call
 # kombu's publish retries: a broker that is down fails the request in about a second, not minutes.
 SEND_RETRY_POLICY = {"max_retries": 2, "interval_start": 0.0, "interval_step": 0.25, "interval_max": 0.5}
 
@@ -74,24 +74,25 @@ def outcome_of(job_id: str, state: CeleryState) -> StreamEvent | None:
 
 class JobClient:
     def __init__(
-        self,
-        redis_url: str,
-        job_ttl_s: int,
-        block_ms: int = 1000,
-        state_poll_s: float = 2.0,
+        self, broker: BrokerConfig, job_ttl_s: int, block_ms: int = 1000, state_poll_s: float = 2.0
     ) -> None:
         self.job_ttl_s = job_ttl_s
         self.block_ms = block_ms
         self.state_poll_s = state_poll_s
         # socket_timeout must outlast the longest XREAD BLOCK
         self.redis = aioredis.Redis.from_url(
-            redis_url, socket_connect_timeout=5, socket_timeout=block_ms / 1000 + 10
+            broker.redis_url, socket_connect_timeout=5, socket_timeout=block_ms / 1000 + 10
         )
-        self.celery = make_celery(BrokerConfig(redis_url=redis_url), name="kvferry-api")
+        self.celery = make_celery(broker, name="kvferry-api")
         self._pool = ThreadPoolExecutor(8, thread_name_prefix="kvferry-api-celery")
 
     async def _sync(self, fn: Callable[..., T], *args: Any) -> T:
-        return await asyncio.get_running_loop().run_in_executor(self._pool, functools.partial(fn, *args))
+        """Run a blocking Celery call on the pool; past SYNC_TIMEOUT_S the request stops waiting."""
+        call = asyncio.get_running_loop().run_in_executor(self._pool, functools.partial(fn, *args))
+        try:
+            return await asyncio.wait_for(call, SYNC_TIMEOUT_S)
+        except TimeoutError as exc:
+            raise BrokerUnavailableError(f"the broker did not answer within {SYNC_TIMEOUT_S:g}s") from exc
 
     async def close(self) -> None:
         await self.redis.aclose()
@@ -159,6 +160,7 @@ class JobClient:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         next_poll = loop.time() + self.state_poll_s
+        next_alive = loop.time() + self.block_ms / 1000
         stream, last = keys.job_stream(job_id), "0-0"
         while True:
             remaining = deadline - loop.time()
@@ -173,12 +175,16 @@ class JobClient:
                     yield event
                     if is_final(event):
                         return
+            now = loop.time()
+            # checked while tokens flow too: a client that left should not keep its job running
+            if alive is not None and now >= next_alive:
+                next_alive = now + self.block_ms / 1000
+                if not await alive():
+                    raise ClientGoneError(job_id)
             if reply:
-                continue
-            if alive is not None and not await alive():
-                raise ClientGoneError(job_id)
-            if loop.time() >= next_poll:
-                next_poll = loop.time() + self.state_poll_s
+                next_poll = now + self.state_poll_s  # its worker is busy with it; no need to ask
+            elif now >= next_poll:
+                next_poll = now + self.state_poll_s
                 settled = await self._settled_silently(job_id, last)
                 if settled is not None:
                     yield settled
@@ -187,7 +193,7 @@ class JobClient:
     async def _settled_silently(self, job_id: str, last: str) -> StreamEvent | None:
         """The job's outcome if Celery says it ended and its stream holds nothing more to read."""
         state = await self.celery_state(job_id)
-        if state.state not in TERMINAL_STATES:
+        if state.state not in states.READY_STATES:
             return None
         pending: Any = await self.redis.xread({keys.job_stream(job_id): last}, count=1)
         return None if pending else outcome_of(job_id, state)

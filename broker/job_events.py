@@ -13,7 +13,7 @@ from broker import keys
 from broker.codec import decode_event, encode_event
 from broker.messages import JobDone, JobFailed, StreamEvent, TokenDelta
 
-STREAM_TTL_S = 3600
+STREAM_TTL_S = 86400  # as long as results and job metadata live
 EVENT_FIELD = b"e"
 
 

@@ -20,7 +20,9 @@ class SamplingParams:
     ignore_eos: bool = False
 
     def __post_init__(self) -> None:
-        if self.max_tokens is not None and (not isinstance(self.max_tokens, int) or self.max_tokens <= 0):
+        if self.max_tokens is not None and (
+            isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens <= 0
+        ):
             raise InvalidRequestError(
                 f"max_tokens must be a positive integer, got {self.max_tokens!r}", "max_tokens"
             )

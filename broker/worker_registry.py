@@ -21,7 +21,7 @@ def encode_status(status: WorkerStatus) -> str:
 def decode_status(raw: bytes | str) -> WorkerStatus:
     try:
         return from_wire(WorkerStatus, json.loads(raw))
-    except json.JSONDecodeError as exc:
+    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError
         raise CodecError(f"heartbeat is not JSON: {exc}") from exc
 
 

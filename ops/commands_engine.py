@@ -68,3 +68,61 @@ def bench_engine_cmd(json_path: Path | None, quick: bool, skip: tuple[str, ...],
     if json_path is not None:
         json_path.write_text(json.dumps(results, indent=2))
         click.echo(f"wrote {json_path}", err=True)
+
+
+@bench.command("queue")
+@click.option(
+    "--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), help="write results JSON"
+)
+@click.option("--quick", is_flag=True, help="smaller sizes, for a smoke run")
+@click.option("--skip", multiple=True, type=click.Choice(["overhead", "scaling"]), help="skip a part")
+@engine_options
+def bench_queue_cmd(json_path: Path | None, quick: bool, skip: tuple[str, ...], **opts: Any) -> None:
+    """Queue overhead of a 1-token job vs a direct engine call; 2 workers vs 1."""
+    from ops.bench_queue import run_queue_bench
+
+    results = run_queue_bench(settings_from(opts), quick=quick, skip=set(skip))
+    if json_path is not None:
+        json_path.write_text(json.dumps(results, indent=2))
+        click.echo(f"wrote {json_path}", err=True)
+
+
+@bench.command("serve")
+@click.option("--url", default="http://127.0.0.1:8000", show_default=True, help="the API to load")
+@click.option("--model", default="smollm2", show_default=True)
+@click.option("--concurrency", type=int, default=8, show_default=True)
+@click.option("--duration", type=float, default=60.0, show_default=True, help="seconds")
+@click.option("--max-tokens", type=int, default=32, show_default=True)
+@click.option("--api-key", default="bench")
+@click.option("--output", "csv_path", type=click.Path(dir_okay=False, path_type=Path), help="per-request CSV")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), help="summary JSON")
+@click.option(
+    "--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path), help="PNG of TTFT/latency"
+)
+def bench_serve_cmd(
+    url: str,
+    model: str,
+    concurrency: int,
+    duration: float,
+    max_tokens: int,
+    api_key: str,
+    csv_path: Path | None,
+    json_path: Path | None,
+    plot_path: Path | None,
+) -> None:
+    """Closed-loop load against a running API: throughput, p50/p99 TTFT, hit rate."""
+    import asyncio
+
+    from ops.bench_serve import plot, run_load, summarize, write_csv
+
+    started = time.perf_counter()
+    records = asyncio.run(run_load(url, model, concurrency, duration, max_tokens, api_key))
+    summary = summarize(records, time.perf_counter() - started)
+    for key, value in summary.items():
+        click.echo(f"{key:>20}: {value:.3f}" if isinstance(value, float) else f"{key:>20}: {value}")
+    if csv_path is not None:
+        write_csv(csv_path, records)
+    if plot_path is not None:
+        plot(plot_path, records)
+    if json_path is not None:
+        json_path.write_text(json.dumps(summary, indent=2))

@@ -18,9 +18,12 @@ from ops.settings import DEFAULT_REDIS_URL, Settings
 
 
 class Stack:
-    def __init__(self, settings: Settings, num_workers: int, run_dir: Path | None = None) -> None:
+    def __init__(
+        self, settings: Settings, num_workers: int, run_dir: Path | None = None, with_flower: bool = True
+    ) -> None:
         self.settings = settings
         self.num_workers = num_workers
+        self.with_flower = with_flower
         self.run_dir = run_dir or settings.cache_dir / "run"
         self.redis_server: RedisServer | None = None
         self.children: dict[str, subprocess.Popen[bytes]] = {}
@@ -65,6 +68,8 @@ class Stack:
                 f"worker{i}", [*cli, "worker", "--name", f"w{i}", "--preload", "--loglevel", "WARNING"], env
             )
         self._spawn("api", [*cli, "api"], env)
+        if not self.with_flower:
+            return
         self._spawn(
             "flower",
             [
@@ -96,7 +101,7 @@ class Stack:
             if (
                 len(ready) >= self.num_workers
                 and self._http_ok(f"{self.api_url}/healthz")
-                and self._http_ok(f"{self.flower_url}/healthcheck")
+                and (not self.with_flower or self._http_ok(f"{self.flower_url}/healthcheck"))
             ):
                 return
             time.sleep(0.5)

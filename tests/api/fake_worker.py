@@ -39,6 +39,7 @@ class FakeWorker:
         self.seen: list[Seen] = []
         self.consuming = threading.Event()
         self.consuming.set()
+        self._paused = threading.Event()  # set while the loop is parked, not in a BRPOP
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="fake-worker", daemon=True)
         self._jobs: list[threading.Thread] = []
@@ -46,6 +47,15 @@ class FakeWorker:
     def start(self) -> FakeWorker:
         self._thread.start()
         return self
+
+    def pause(self) -> None:
+        """Stop taking jobs; returns once no BRPOP is in flight, so later jobs stay queued."""
+        self.consuming.clear()
+        assert self._paused.wait(5)
+
+    def resume(self) -> None:
+        self._paused.clear()
+        self.consuming.set()
 
     def stop(self) -> None:
         self._stop.set()
@@ -56,8 +66,10 @@ class FakeWorker:
     def _run(self) -> None:
         while not self._stop.is_set():
             if not self.consuming.is_set():
+                self._paused.set()
                 time.sleep(0.02)
                 continue
+            self._paused.clear()
             popped = self.redis.brpop([keys.SHARED_QUEUE], timeout=0.1)
             if popped is None:
                 continue

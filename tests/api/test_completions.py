@@ -201,3 +201,27 @@ def test_models_list(api: Served) -> None:
     assert listing["data"][0]["object"] == "model"
     assert one.json()["id"] == MODEL
     assert missing.status_code == 404 and missing.json()["error"]["code"] == "model_not_found"
+
+
+def wait_until(check: Any, timeout_s: float = 5) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def test_client_leaving_a_stream_cancels_its_job(api: Served, worker: FakeWorker, rds: redis.Redis) -> None:
+    with api.client() as c, c.stream("POST", CHAT, json=chat("SLOW", stream=True)) as r:
+        job_id = r.headers[JOB_ID_HEADER]
+        lines = r.iter_lines()
+        assert next(lines).startswith("data: ")
+    assert wait_until(lambda: rds.exists(keys.job_cancel(job_id)))
+
+
+def test_client_leaving_a_request_cancels_its_job(api: Served, worker: FakeWorker, rds: redis.Redis) -> None:
+    with api.client() as c, pytest.raises(httpx.ReadTimeout):
+        c.post(CHAT, json=chat("SLOW"), timeout=0.5)
+    assert wait_until(lambda: len(worker.seen) == 1)
+    assert wait_until(lambda: rds.exists(keys.job_cancel(worker.seen[0].job_id)))

@@ -160,3 +160,46 @@ def tiny_reference(tiny_model_dir: Path) -> Callable[[list[int], int], list[int]
         return out[0, len(prompt) :].tolist()
 
     return greedy
+
+
+@pytest.fixture(scope="session")
+def api_url(redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """`kvferry api` as a process, serving the tiny model's name."""
+    from ops.redis_server import free_port
+
+    port = free_port()
+    log = tmp_path_factory.mktemp("api") / "api.log"
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "ops.cli",
+            "api",
+            "--port",
+            str(port),
+            "--redis-url",
+            redis_server.url,
+            "--model",
+            MODEL,
+        ],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        stdout=log.open("wb"),
+        stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}"
+
+    def up() -> bool:
+        if process.poll() is not None:
+            raise RuntimeError(f"api exited:\n{log.read_text()[-3000:]}")
+        try:
+            import httpx
+
+            return httpx.get(f"{url}/healthz", timeout=1).status_code == 200
+        except Exception:
+            return False
+
+    wait_for(up, 30, "the api")
+    yield url
+    process.terminate()
+    process.wait(10)

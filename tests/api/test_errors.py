@@ -1,0 +1,143 @@
+"""Bad input: every case answers its status code with an OpenAI error body, and queues nothing."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+from fastapi.testclient import TestClient
+
+from api.app import create_app
+from api.config import ApiConfig
+from broker import keys
+from tests.api.conftest import MODEL, Served
+
+CHAT = "/v1/chat/completions"
+MSGS = [{"role": "user", "content": "hi"}]
+
+
+def assert_error(r: Any, status: int, param: str | None = None, code: str | None = None) -> dict[str, Any]:
+    assert r.status_code == status, r.text
+    assert r.headers["content-type"] == "application/json"
+    error: dict[str, Any] = r.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["message"]
+    if param is not None:
+        assert error["param"] == param
+    if code is not None:
+        assert error["code"] == code
+    return error
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "status", "param"),
+    [
+        (CHAT, {"messages": MSGS}, 400, "model"),
+        (CHAT, {"model": MODEL}, 400, "messages"),
+        (CHAT, {"model": MODEL, "messages": []}, 400, "messages"),
+        (CHAT, {"model": MODEL, "messages": [{"role": "wizard", "content": "x"}]}, 400, "messages"),
+        (CHAT, {"model": MODEL, "messages": MSGS, "max_tokens": -1}, 400, "max_tokens"),
+        (CHAT, {"model": MODEL, "messages": MSGS, "max_tokens": 0}, 400, "max_tokens"),
+        (CHAT, {"model": MODEL, "messages": MSGS, "max_tokens": "many"}, 400, "max_tokens"),
+        (CHAT, {"model": MODEL, "messages": MSGS, "temperature": -1}, 400, "temperature"),
+        (CHAT, {"model": MODEL, "messages": MSGS, "n": 2}, 400, "n"),
+        (CHAT, {"model": MODEL, "messages": MSGS, "stream": "yes"}, 400, "stream"),
+        (CHAT, {"model": MODEL, "messages": MSGS, "stream_options": 1}, 400, "stream_options"),
+        (CHAT, {"model": MODEL, "messages": MSGS, "session_id": 7}, 400, "session_id"),
+        (CHAT, [1, 2, 3], 400, "body"),
+        ("/v1/completions", {"model": MODEL}, 400, "prompt"),
+        ("/v1/completions", {"model": MODEL, "prompt": ""}, 400, "prompt"),
+    ],
+)
+def test_invalid_bodies_are_400(
+    api: Served, rds: redis.Redis, path: str, body: Any, status: int, param: str
+) -> None:
+    with api.client() as c:
+        error = assert_error(c.post(path, json=body), status, param)
+    assert error["type"] == "invalid_request_error"
+    assert rds.llen(keys.SHARED_QUEUE) == 0 and not rds.keys("kvferry:job:*")
+
+
+def test_invalid_json_is_400(api: Served) -> None:
+    with api.client() as c:
+        r = c.post(CHAT, content=b"{not json", headers={"content-type": "application/json"})
+    assert_error(r, 400, "body")
+
+
+def test_unknown_model_is_404(api: Served, rds: redis.Redis) -> None:
+    with api.client() as c:
+        error = assert_error(
+            c.post(CHAT, json={"model": "gpt-4", "messages": MSGS}), 404, "model", "model_not_found"
+        )
+    assert "gpt-4" in error["message"]
+    assert not rds.keys("kvferry:job:*")
+
+
+def test_body_too_large_is_413(serve: Any, rds: redis.Redis) -> None:
+    api = serve(max_body_bytes=1024)
+    big = {"model": MODEL, "messages": [{"role": "user", "content": "x" * 2000}]}
+    with api.client() as c:
+        assert_error(c.post(CHAT, json=big), 413)
+
+        def chunks() -> Iterator[bytes]:  # no content-length: counted as it arrives
+            yield b'{"model": "smollm2", "prompt": "'
+            yield b"x" * 2000
+            yield b'"}'
+
+        assert_error(c.post("/v1/completions", content=chunks()), 413)
+        small = c.post(
+            "/v1/jobs", json={"endpoint": "/v1/completions", "body": {"model": MODEL, "prompt": "x"}}
+        )
+        assert small.status_code == 202
+
+
+def test_broker_down_at_send_is_503_and_leaves_nothing(
+    api: Served, rds: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def broken_send(*args: Any) -> None:
+        raise ConnectionError("broker went away")
+
+    monkeypatch.setattr(api.app.state.ctx.jobs, "send", broken_send)
+    with api.client() as c:
+        for r in (
+            c.post(CHAT, json={"model": MODEL, "messages": MSGS}),
+            c.post("/v1/jobs", json={"endpoint": CHAT, "body": {"model": MODEL, "messages": MSGS}}),
+        ):
+            error = assert_error(r, 503)
+            assert "broker went away" in error["message"]
+    assert not rds.keys("kvferry:job:*")
+
+
+def test_unknown_route_and_method(api: Served) -> None:
+    with api.client() as c:
+        assert_error(c.get("/v1/nothing"), 404)
+        assert_error(c.get(CHAT), 405)
+
+
+def test_framework_validation_errors_are_400_not_422(redis_url: str) -> None:
+    app = create_app(ApiConfig(redis_url=redis_url))
+
+    @app.get("/probe")
+    async def probe(n: int) -> dict[str, int]:
+        return {"n": n}
+
+    with TestClient(app) as c:
+        assert_error(c.get("/probe", params={"n": "seven"}), 400, "query.n")
+
+
+def test_config_validates_itself() -> None:
+    for bad in ({"served_models": ()}, {"job_timeout_s": 0}, {"api_key": ""}):
+        with pytest.raises(ValueError):
+            ApiConfig(**bad)  # type: ignore[arg-type]
+
+
+def test_redis_down_is_503() -> None:
+    from tests.api.conftest import free_port
+
+    app = create_app(ApiConfig(redis_url=f"redis://127.0.0.1:{free_port()}/0", served_models=(MODEL,)))
+    with TestClient(app) as c:
+        assert_error(c.post(CHAT, json={"model": MODEL, "messages": MSGS}), 503)
+        assert_error(c.get("/v1/jobs/x"), 503)
+        assert_error(c.get("/metrics"), 503)

@@ -1,0 +1,105 @@
+"""/healthz and /metrics, with heartbeats written the way workers write them."""
+
+from __future__ import annotations
+
+import time
+
+import redis
+from fastapi.testclient import TestClient
+
+from api.app import create_app
+from api.config import ApiConfig
+from broker import keys
+from broker.messages import EngineFigures, WorkerStatus
+from broker.worker_registry import HEARTBEAT_FIELD, encode_status
+from tests.api.conftest import MODEL, Served, free_port
+from tests.api.fake_worker import FakeWorker
+
+FIGURES = EngineFigures(
+    num_running=2,
+    num_waiting=1,
+    num_steps=10,
+    max_batch_seqs=32,
+    generation_tokens=50,
+    pool_blocks_total=100,
+    pool_blocks_used=25,
+    pool_blocks_cached=10,
+    bytes_per_block=4096,
+    prefix_cache_queries_tokens=64,
+    prefix_cache_hits_tokens=48,
+    fragmentation=0.125,
+    weights_bytes=1,
+    pool_bytes=2,
+)
+
+
+def heartbeat(rds: redis.Redis, name: str, engine: EngineFigures | None) -> None:
+    status = WorkerStatus(name, keys.worker_queue(name), MODEL, 1, 5, 0, time.time(), engine)
+    rds.hset(keys.worker_heartbeat(name), HEARTBEAT_FIELD, encode_status(status))
+    rds.expire(keys.worker_heartbeat(name), 30)
+    rds.sadd(keys.WORKERS, name)
+
+
+def test_healthz_counts_live_workers(api: Served, rds: redis.Redis) -> None:
+    heartbeat(rds, "w1", FIGURES)
+    heartbeat(rds, "w2", None)
+    rds.sadd(keys.WORKERS, "dead")  # announced once, heartbeat expired
+    with api.client() as c:
+        r = c.get("/healthz")
+    assert r.status_code == 200
+    assert r.json() == {"status": "ok", "redis": True, "workers": 2}
+
+
+def test_healthz_without_redis_is_503() -> None:
+    app = create_app(ApiConfig(redis_url=f"redis://127.0.0.1:{free_port()}/0"))
+    with TestClient(app) as c:
+        r = c.get("/healthz")
+    assert r.status_code == 503
+    assert r.json() == {"status": "unavailable", "redis": False, "workers": 0}
+
+
+def test_metrics_families(fresh_api: Served, rds: redis.Redis, worker: FakeWorker) -> None:
+    heartbeat(rds, "w1", FIGURES)
+    heartbeat(rds, "loading", None)
+    rds.sadd(keys.WORKERS, "dead")
+    rds.rpush(keys.worker_queue("w1"), b"m1", b"m2")
+    with fresh_api.client() as c:
+        c.post("/v1/chat/completions", json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}]})
+        c.post("/v1/chat/completions", json={"model": "nope", "messages": [{"role": "user", "content": "x"}]})
+        c.get("/v1/jobs/abc")
+        r = c.get("/metrics")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+    text = r.text
+    expected = [
+        'kvferry_api_requests_total{endpoint="/v1/chat/completions",status="200"} 1.0',
+        'kvferry_api_requests_total{endpoint="/v1/chat/completions",status="404"} 1.0',
+        'kvferry_api_requests_total{endpoint="/v1/jobs/{job_id}",status="404"} 1.0',
+        'kvferry_api_ttft_seconds_count{endpoint="chat"} 1.0',
+        'kvferry_api_job_latency_seconds_count{endpoint="chat"} 1.0',
+        f'kvferry_queue_depth{{queue="{keys.SHARED_QUEUE}"}} 0.0',
+        f'kvferry_queue_depth{{queue="{keys.worker_queue("w1")}"}} 2.0',
+        'kvferry_worker_live{worker="w1"} 1.0',
+        'kvferry_worker_live{worker="loading"} 1.0',
+        'kvferry_worker_live{worker="dead"} 0.0',
+        'kvferry_worker_jobs_running{worker="w1"} 1.0',
+        'kvferry_worker_kv_usage_ratio{worker="w1"} 0.25',
+        'kvferry_worker_blocks_used{worker="w1"} 25.0',
+        'kvferry_worker_blocks_cached{worker="w1"} 10.0',
+        'kvferry_worker_blocks_total{worker="w1"} 100.0',
+        'kvferry_worker_prefix_cache_queries_tokens{worker="w1"} 64.0',
+        'kvferry_worker_prefix_cache_hits_tokens{worker="w1"} 48.0',
+        'kvferry_worker_num_running_seqs{worker="w1"} 2.0',
+        'kvferry_worker_num_waiting_seqs{worker="w1"} 1.0',
+        'kvferry_worker_fragmentation_ratio{worker="w1"} 0.125',
+    ]
+    missing = [line for line in expected if line not in text]
+    assert not missing, missing
+    assert 'kvferry_worker_blocks_used{worker="loading"}' not in text
+
+
+def test_metrics_forget_vanished_workers(api: Served, rds: redis.Redis) -> None:
+    heartbeat(rds, "w9", FIGURES)
+    with api.client() as c:
+        assert 'worker="w9"' in c.get("/metrics").text
+        rds.delete(keys.WORKERS, keys.worker_heartbeat("w9"))
+        assert 'worker="w9"' not in c.get("/metrics").text
