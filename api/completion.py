@@ -23,6 +23,7 @@ from broker.messages import JobDone, JobFailed, StreamEvent, TokenDelta
 
 log = logging.getLogger(__name__)
 JOB_ID_HEADER = "X-Job-Id"
+WORKER_HEADER = "X-Kvferry-Worker"  # which worker ran the job (non-stream; streams say it in the last chunk)
 CLIENT_CLOSED = 499  # nginx's code: nobody reads it, the access log does
 
 
@@ -78,7 +79,7 @@ async def _whole(
                 if isinstance(event, JobDone):
                     r = event.result
                     body = response_body(request, r.text, r.finish_reason, r.usage, meta.response_id)
-                    return JSONResponse(body)
+                    return JSONResponse(body, headers={WORKER_HEADER: r.worker})
     except JobTimeoutError:
         await _abandon(ctx, meta)
         return _timeout(ctx, meta)
@@ -132,7 +133,7 @@ async def _sse(
                 tail = r.text[len(streamed) :] if r.text.startswith(streamed) else ""
                 if tail:
                     yield writer.text(tail)
-                yield writer.text("", r.finish_reason)
+                yield writer.text("", r.finish_reason, worker=r.worker)
                 if request.include_usage:
                     yield writer.usage(r.usage)
                 yield sse.DONE

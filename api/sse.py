@@ -38,10 +38,12 @@ class ChunkWriter:
             chunk["usage"] = None
         return chunk
 
-    def text(self, text: str, finish_reason: str | None = None) -> bytes:
+    def text(self, text: str, finish_reason: str | None = None, worker: str | None = None) -> bytes:
+        """A text chunk; the last one (with finish_reason) also names the worker, as an extension
+        field `x_kvferry` that OpenAI clients ignore."""
         if not self.request.is_chat:
             choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
-            return frame(self._chunk([choice]))
+            return frame(self._with_worker(self._chunk([choice]), worker))
         delta: dict[str, Any] = {}
         if not self._role_sent:
             delta["role"] = "assistant"
@@ -49,7 +51,13 @@ class ChunkWriter:
         if text or finish_reason is None:
             delta["content"] = text
         choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
-        return frame(self._chunk([choice]))
+        return frame(self._with_worker(self._chunk([choice]), worker))
+
+    @staticmethod
+    def _with_worker(chunk: dict[str, Any], worker: str | None) -> dict[str, Any]:
+        if worker is not None:
+            chunk["x_kvferry"] = {"worker": worker}
+        return chunk
 
     def usage(self, usage: Usage) -> bytes:
         chunk = self._chunk([])

@@ -139,3 +139,14 @@ def test_bad_input_gets_4xx(client: OpenAI, api_url: str) -> None:
         headers={"content-type": "application/json"},
     )
     assert bad_json.status_code == 400 and "error" in bad_json.json()
+
+
+def test_responses_name_the_worker(api_url: str, two_workers: tuple[WorkerProcess, WorkerProcess]) -> None:
+    body = {"model": MODEL, "prompt": "which worker", "max_tokens": 2, "temperature": 0, "ignore_eos": True}
+    plain = httpx.post(f"{api_url}/v1/completions", json=body, timeout=60)
+    assert plain.headers["x-kvferry-worker"] in {w.name for w in two_workers}
+    with httpx.stream(
+        "POST", f"{api_url}/v1/completions", json={**body, "stream": True}, timeout=60
+    ) as stream:
+        lines = [line for line in stream.iter_lines() if line.startswith("data: {")]
+    assert '"x_kvferry"' in lines[-1] and any(w.name in lines[-1] for w in two_workers)
