@@ -8,7 +8,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from api import routes_jobs, routes_openai, routes_ops
+from api import routes_jobs, routes_openai, routes_ops, routes_sessions
 from api.config import ApiConfig
 from api.context import ApiContext
 from api.errors import install_error_handlers
@@ -36,6 +36,7 @@ def create_app(config: ApiConfig) -> FastAPI:
     app.include_router(routes_openai.router)
     app.include_router(routes_jobs.router)
     app.include_router(routes_ops.router)
+    app.include_router(routes_sessions.router)
     return app
 
 

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from broker.celery_app import BrokerConfig
+
+Routing = Literal["cache-aware", "round-robin", "shared"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -15,8 +18,12 @@ class ApiConfig:
     job_timeout_s: float = 600.0  # the longest a request waits for its job's final event
     max_body_bytes: int = 4 * 1024 * 1024
     job_ttl_s: int = 86400  # how long job metadata (and so GET /v1/jobs/{id}) lives
+    routing: Routing = "cache-aware"  # or "round-robin" / "shared" (baselines for the benchmark)
+    route_max_waiting: int = 8  # a worker with more sequences waiting than this is not routed to
 
     def __post_init__(self) -> None:
+        if self.routing not in ("cache-aware", "round-robin", "shared"):
+            raise ValueError(f"routing must be cache-aware, round-robin or shared, got {self.routing!r}")
         if not self.served_models:
             raise ValueError("served_models must name at least one model")
         if self.job_timeout_s <= 0 or self.max_body_bytes <= 0 or self.job_ttl_s <= 0:

@@ -49,10 +49,18 @@ def parse(endpoint: str, body: Any, session_header: str | None, served: tuple[st
     return request
 
 
-async def submit(jobs: JobClient, request: CompletionRequest, body: dict[str, Any], tenant: str) -> JobMeta:
+async def submit(
+    jobs: JobClient,
+    request: CompletionRequest,
+    body: dict[str, Any],
+    tenant: str,
+    routing: str = "cache-aware",
+    max_waiting: int = 8,
+) -> JobMeta:
     job_id = str(uuid.uuid4())
-    queue, reason = choose_queue(request.session_id)
     job = request.to_job(tenant)
+    route = await choose_queue(jobs.redis, job, routing, max_waiting)
+    queue, reason = route.queue, route.reason
     meta = JobMeta(
         job_id=job_id,
         endpoint=request.endpoint,

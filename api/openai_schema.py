@@ -187,6 +187,13 @@ def usage_body(usage: Usage) -> dict[str, Any]:
         "completion_tokens": usage.completion_tokens,
         "total_tokens": usage.total_tokens,
         "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
+        # where the prompt's KV came from (an extension; OpenAI clients ignore it)
+        "kv_sources": {
+            "pool": usage.pool_tokens,
+            "warm": usage.warm_tokens,
+            "redis": usage.redis_tokens,
+            "computed": usage.computed_tokens,
+        },
     }
 
 

@@ -1,11 +1,97 @@
-"""Which queue a job goes to. For now every job takes the shared queue; cache-aware routing (a
-session's last worker, the longest advertised prefix match) replaces this function later."""
+"""Cache-aware routing: which queue a job goes to, and why (recorded in the job's metadata).
+
+1. A session's next turn goes to the worker that served its last turn, when that worker's
+   heartbeat is fresh and it is not overloaded (its blocks are there).
+2. Otherwise, to the live worker advertising the longest run of the request's prefix digests
+   (chat messages, or text chunks), the least loaded among equals.
+3. Otherwise the shared queue: any worker takes it, and resumes from Redis what it lacks.
+"""
 
 from __future__ import annotations
 
-from broker import keys
+import itertools
+from dataclasses import dataclass
+from typing import Any
+
+import redis.asyncio as aioredis
+
+from api import fleet
+from broker import keys, session_store
+from broker.messages import GenerateJob, WorkerStatus
+from broker.prefix_digest import chat_digests, text_digests
 
 
-def choose_queue(session_id: str | None) -> tuple[str, str]:
-    """(queue name, reason): the reason is recorded in the job's metadata."""
-    return keys.SHARED_QUEUE, "shared"
+@dataclass(frozen=True, slots=True)
+class Route:
+    queue: str
+    reason: str
+
+
+def _load(w: WorkerStatus) -> int:
+    return w.jobs_running + (w.engine.num_waiting if w.engine else 0)
+
+
+def _overloaded(w: WorkerStatus, max_waiting: int) -> bool:
+    return w.engine is None or w.engine.num_waiting > max_waiting
+
+
+def _digests(job: GenerateJob) -> list[str]:
+    if job.messages:
+        return chat_digests(job.model, job.tenant, job.messages)
+    if job.prompt:
+        return text_digests(job.model, job.tenant, job.prompt)
+    return []
+
+
+async def _prefix_matches(client: aioredis.Redis, names: list[str], digests: list[str]) -> dict[str, int]:
+    pipe = client.pipeline(transaction=False)
+    for name in names:
+        pipe.zmscore(keys.worker_prefixes(name), digests)
+    replies: list[Any] = await pipe.execute()
+    matches = {}
+    for name, scores in zip(names, replies, strict=True):
+        run = 0
+        for score in scores or []:
+            if score is None:
+                break
+            run += 1
+        matches[name] = run
+    return matches
+
+
+_round_robin = itertools.count()
+
+
+async def choose_queue(
+    client: aioredis.Redis, job: GenerateJob, routing: str = "cache-aware", max_waiting: int = 8
+) -> Route:
+    if routing == "shared":
+        return Route(keys.SHARED_QUEUE, "shared: routing off")
+    live = {v.name: v.status for v in await fleet.workers(client) if v.live and v.status is not None}
+    if routing == "round-robin":
+        if not live:
+            return Route(keys.SHARED_QUEUE, "shared: no live worker")
+        name = sorted(live)[next(_round_robin) % len(live)]
+        return Route(keys.worker_queue(name), f"round robin: {name}")
+    ready = {n: w for n, w in live.items() if not _overloaded(w, max_waiting)}
+    note = ""
+    if job.session_id:
+        raw: Any = await client.get(keys.session(job.session_id))
+        record = session_store.decode(raw) if raw is not None else None
+        if record is not None and record.tenant == job.tenant and record.model == job.model:
+            if record.last_worker in ready:
+                return Route(keys.worker_queue(record.last_worker), f"session affinity: {record.last_worker}")
+            state = "busy" if record.last_worker in live else "gone"
+            note = f"; session's worker {record.last_worker} is {state}"
+    digests = _digests(job)
+    if digests and ready:
+        matches = await _prefix_matches(client, sorted(ready), digests)
+        best = max(matches.values())
+        if best > 0:
+            name = min((n for n, m in matches.items() if m == best), key=lambda n: (_load(ready[n]), n))
+            unit = "messages" if job.messages else "text chunks"
+            return Route(
+                keys.worker_queue(name), f"prefix match: {best}/{len(digests)} {unit} on {name}{note}"
+            )
+    reason = "shared: no live worker" if not live else "shared: no worker holds this prefix"
+    return Route(keys.SHARED_QUEUE, reason + note)

@@ -38,7 +38,9 @@ async def submit_job(request: Request, ctx: Ctx, tenant: Tenant) -> JSONResponse
         endpoint, body, request.headers.get(intake.SESSION_HEADER), ctx.config.served_models
     )
     assert isinstance(body, dict)  # parse() accepted it
-    meta = await intake.submit(ctx.jobs, parsed, body, tenant)
+    meta = await intake.submit(
+        ctx.jobs, parsed, body, tenant, ctx.config.routing, ctx.config.route_max_waiting
+    )
     job = {
         "id": meta.job_id,
         "object": "job",

@@ -21,7 +21,9 @@ async def _complete(endpoint: str, request: Request, ctx: Ctx, tenant: str) -> R
     parsed = intake.parse(
         endpoint, body, request.headers.get(intake.SESSION_HEADER), ctx.config.served_models
     )
-    meta = await intake.submit(ctx.jobs, parsed, body, tenant)
+    meta = await intake.submit(
+        ctx.jobs, parsed, body, tenant, ctx.config.routing, ctx.config.route_max_waiting
+    )
 
     async def alive() -> bool:
         return not await request.is_disconnected()

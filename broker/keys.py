@@ -43,3 +43,16 @@ def worker_jobs(worker_name: str) -> str:
 
 WORKERS = f"{PREFIX}:workers"  # set of every worker name that has ever announced itself
 REAPER_LOCK = f"{PREFIX}:reaper:lock"
+
+
+def session(session_id: str) -> str:
+    """The session's record (JSON of broker.messages.SessionRecord)."""
+    return f"{PREFIX}:session:{session_id}"
+
+
+SESSION_EXPIRY = f"{PREFIX}:sessions:expiry"  # ZSET session id -> when it expires (pins are released then)
+
+
+def worker_prefixes(worker_name: str) -> str:
+    """ZSET of the prompt-prefix digests a worker served recently (score: last use), for routing."""
+    return f"{PREFIX}:worker:{worker_name}:prefixes"

@@ -29,13 +29,23 @@ class GenerateJob:
     session_id: str | None = None
     tenant: str = ""
     submitted_at: float = 0.0  # unix time at the api, for queue-wait figures
+    pin_prefix: bool = False  # keep the prompt's blocks in the Redis tier for good (`kvferry preload`)
 
 
 @dataclass(frozen=True, slots=True)
 class Usage:
+    """Token counts. cached_tokens = prompt tokens not computed, from whichever source had them."""
+
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int
+    pool_tokens: int = 0  # found in the worker's own pool
+    warm_tokens: int = 0  # in its host-memory tier
+    redis_tokens: int = 0  # fetched from the Redis tier
+
+    @property
+    def computed_tokens(self) -> int:
+        return self.prompt_tokens - self.cached_tokens
 
     @property
     def total_tokens(self) -> int:
@@ -127,3 +137,18 @@ class WorkerStatus:
     @property
     def state(self) -> Literal["loading", "ready"]:
         return "ready" if self.engine is not None else "loading"
+
+
+@dataclass(frozen=True, slots=True)
+class SessionRecord:
+    """A conversation as Redis keeps it, so that any worker can resume it: the tokens so far and
+    their block-hash chain (hex), who served it last and when. Block ids never leave a pool."""
+
+    session_id: str
+    tenant: str
+    model: str
+    token_ids: tuple[int, ...]
+    block_hashes: tuple[str, ...]
+    last_worker: str
+    last_used: float
+    turns: int

@@ -75,3 +75,23 @@ class KVCache:
         """key, value: [tokens, kv_heads, head_dim]; slots: [tokens] (int64, on the cache's device)."""
         self.tensor[layer, 0].index_copy_(0, slots, key)
         self.tensor[layer, 1].index_copy_(0, slots, value)
+
+    # -- one block's bytes, for the warm and cold tiers ------------------------------------------
+
+    def _block_view(self, block_id: int) -> torch.Tensor:
+        bs = self.layout.block_size
+        return self.tensor[:, :, block_id * bs : (block_id + 1) * bs]  # [layers, 2, bs, kv_heads, head_dim]
+
+    def read_block(self, block_id: int) -> bytes:
+        """A copy of one block's K and V as raw bytes (layout of `_block_view`, native dtype)."""
+        view = self._block_view(block_id).contiguous()
+        return bytes(view.view(torch.uint8).cpu().numpy().tobytes())
+
+    def write_block(self, block_id: int, data: bytes) -> None:
+        """Overwrite one block's K and V from bytes made by read_block (any worker, same layout)."""
+        target = self._block_view(block_id)
+        raw = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        expected = target.numel() * target.element_size()
+        if raw.numel() != expected:
+            raise ValueError(f"block bytes: got {raw.numel()}, expected {expected}")
+        target.copy_(raw.view(self.layout.dtype).view(target.shape).to(target.device))

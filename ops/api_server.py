@@ -15,6 +15,7 @@ def api_config(settings: Settings) -> ApiConfig:
         served_models=(settings.served_model,),
         api_key=settings.api_key,
         job_timeout_s=float(settings.job_time_limit_s),
+        routing=settings.routing,  # type: ignore[arg-type]  # ApiConfig validates it
     )
 
 

@@ -7,7 +7,7 @@ import sys
 import click
 
 from ops.commands_engine import bench, run_batch_cmd
-from ops.commands_service import api_cmd, ping_cmd, serve_cmd, stats_cmd, submit_cmd, worker_cmd
+from ops.commands_service import api_cmd, ping_cmd, preload_cmd, serve_cmd, stats_cmd, submit_cmd, worker_cmd
 
 
 @click.group()
@@ -15,7 +15,17 @@ def main() -> None:
     """kvferry: LLM jobs through a durable queue, over a shared, paged KV cache."""
 
 
-for command in (run_batch_cmd, bench, worker_cmd, api_cmd, serve_cmd, submit_cmd, ping_cmd, stats_cmd):
+for command in (
+    run_batch_cmd,
+    bench,
+    worker_cmd,
+    api_cmd,
+    serve_cmd,
+    submit_cmd,
+    ping_cmd,
+    stats_cmd,
+    preload_cmd,
+):
     main.add_command(command)
 
 

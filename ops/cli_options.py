@@ -22,6 +22,9 @@ def engine_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--max-num-batched-tokens", type=int, help="per-step token budget (default 1024)"),
         click.option("--max-model-len", type=int, help="context length cap (default: the model's)"),
         click.option("--no-prefix-caching", is_flag=True, default=False, help="disable block sharing"),
+        click.option("--warm-cache-size", help="host-memory tier for evicted blocks, e.g. 256M; 0 = none"),
+        click.option("--redis-cache-size", help="byte cap of the shared Redis KV tier, e.g. 2G; 0 = none"),
+        click.option("--session-ttl", "session_ttl_s", type=int, help="seconds an idle session lives (3600)"),
         click.option("--torch-threads", type=int, help="torch intra-op threads"),
         click.option("--cache-dir", type=click.Path(path_type=Path), help="converted-model cache"),
     ]
@@ -40,6 +43,9 @@ def settings_from(opts: dict[str, Any]) -> Settings:
         "max_num_seqs",
         "max_num_batched_tokens",
         "max_model_len",
+        "warm_cache_size",
+        "redis_cache_size",
+        "session_ttl_s",
         "torch_threads",
         "cache_dir",
     )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
 import click
@@ -37,6 +38,7 @@ def worker_cmd(preload: bool, loglevel: str, **opts: Any) -> None:
         concurrency=settings.worker_concurrency,
         loglevel=loglevel,
         preload=preload,
+        tiers=settings.tier_config(),
     )
 
 
@@ -150,3 +152,14 @@ def stats_cmd(as_json: bool, redis_url: str | None) -> None:
         click.echo("no live workers")
     for row in rows:
         click.echo(" ".join(f"{k}={v}" for k, v in row.items()))
+
+
+@click.command("preload")
+@click.argument("path", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@service_options
+def preload_cmd(path: Path, redis_url: str | None) -> None:
+    """Compute and pin common prompt templates (system prompts) in the shared Redis KV tier."""
+    from ops.queue_client import preload
+
+    count = preload(Settings.from_env(redis_url=redis_url), path, sys.stdout)
+    click.echo(f"{count} template(s) preloaded", err=True)

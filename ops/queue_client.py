@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TextIO
 
 import redis
@@ -136,3 +138,45 @@ def worker_stats(settings: Settings) -> list[dict[str, Any]]:
             )
         rows.append(row)
     return rows
+
+
+def preload(settings: Settings, path: Path, out: TextIO) -> int:
+    """Compute and pin prompt templates (JSONL: {"messages": [...]} or {"prompt": "..."}; a plain
+    text line is a system prompt) so their blocks stay in the Redis tier for every worker."""
+    app = make_celery(settings.broker_config())
+    client = redis.Redis.from_url(settings.redis_url)
+    handles = []
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            doc: dict[str, Any] = (
+                json.loads(line)
+                if line.lstrip().startswith("{")
+                else {"messages": [{"role": "system", "content": line}]}
+            )
+        except json.JSONDecodeError as exc:
+            raise KvferryError(f"{path}:{n}: not JSON: {exc}") from exc
+        messages = tuple(ChatMessage(m["role"], m["content"]) for m in doc.get("messages", ()))
+        job = GenerateJob(
+            model=doc.get("model", settings.served_model),
+            endpoint="chat" if messages else "completion",
+            messages=messages,
+            prompt=doc.get("prompt"),
+            params=SamplingParams(max_tokens=1),
+            pin_prefix=True,
+            submitted_at=time.time(),
+        )
+        job_id = str(uuid.uuid4())
+        app.send_task(keys.GENERATE_TASK, args=[encode_job(job)], task_id=job_id, queue=keys.SHARED_QUEUE)
+        handles.append((n, job_id))
+    for n, job_id in handles:
+        for event in job_events.follow(client, job_id, timeout_s=settings.job_time_limit_s):
+            if isinstance(event, JobDone):
+                u = event.result.usage
+                out.write(
+                    f"line {n}: {u.prompt_tokens} prompt tokens pinned ({u.cached_tokens} were cached)\n"
+                )
+            elif isinstance(event, JobFailed):
+                out.write(f"line {n}: failed: {event.message}\n")
+    return len(handles)

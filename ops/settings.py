@@ -12,6 +12,7 @@ from typing import Any
 
 from broker.celery_app import BrokerConfig
 from workers.engine.config import EngineConfig
+from workers.engine_service import TierConfig
 
 ENV_PREFIX = "KVFERRY_"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -39,6 +40,9 @@ class Settings:
     max_num_batched_tokens: int = 1024
     max_model_len: int | None = None
     enable_prefix_caching: bool = True
+    warm_cache_size: str = "256M"  # host-memory tier for blocks evicted from the pool; 0 = none
+    redis_cache_size: str = "2G"  # byte cap of the shared Redis tier (own LRU); 0 = no Redis tier
+    session_ttl_s: int = 3600  # idle sessions expire; their pinned blocks become ordinary cached ones
     dtype: str = "float32"
     device: str = "cpu"
     torch_threads: int | None = None
@@ -53,6 +57,7 @@ class Settings:
     api_port: int = 8000
     api_key: str | None = None  # when set, requests need "Authorization: Bearer <key>"
     flower_port: int = 5555
+    routing: str = "cache-aware"  # "round-robin" and "shared" are the benchmark's baselines
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
@@ -88,6 +93,11 @@ class Settings:
             heartbeat_interval_s=max(0.25, self.heartbeat_ttl_s / 4),
         )
 
+    def tier_config(self) -> TierConfig:
+        return TierConfig(
+            redis_capacity_bytes=parse_size(self.redis_cache_size), session_ttl_s=self.session_ttl_s
+        )
+
     @property
     def served_model(self) -> str:
         return self.served_model_name or self.model
@@ -102,6 +112,7 @@ class Settings:
             max_num_batched_tokens=self.max_num_batched_tokens,
             max_model_len=self.max_model_len,
             enable_prefix_caching=self.enable_prefix_caching,
+            warm_cache_size_bytes=parse_size(self.warm_cache_size),
             dtype=self.dtype,
             device=self.device,
             torch_threads=self.torch_threads,

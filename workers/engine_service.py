@@ -9,23 +9,36 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import redis
+from kvstore.redis_tier import RedisTier
 
-from broker import job_events, keys
+from broker import job_events, keys, session_store
 from broker.errors import InvalidRequestError, UnknownModelError
 from broker.messages import (
+    ChatMessage,
     EngineFigures,
     GenerateJob,
     GenerateResult,
     JobDone,
     JobFailed,
+    SessionRecord,
     TokenDelta,
     Usage,
     WorkerStatus,
 )
+from broker.prefix_digest import chat_digests, text_digests
+from kvstore.block_hash import hash_blocks, root_hash
 from workers.engine.config import EngineConfig
 from workers.engine.engine_loop import EngineLoop
 from workers.engine.llm_engine import LLMEngine
+from workers.kv_writer import KVWriter
 from workers.prompt import prompt_token_ids
+
+
+@dataclass(frozen=True, slots=True)
+class TierConfig:
+    redis_capacity_bytes: int = 2 * 1024**3  # the shared Redis tier's byte cap; 0 = no Redis tier
+    session_ttl_s: int = 3600
+    prefix_digests_kept: int = 50_000  # per worker, for routing
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,9 +52,17 @@ class WorkerIdentity:
 
 class EngineService:
     def __init__(
-        self, config: EngineConfig, cache_dir: Path, redis_url: str, identity: WorkerIdentity
+        self,
+        config: EngineConfig,
+        cache_dir: Path,
+        redis_url: str,
+        identity: WorkerIdentity,
+        tiers: TierConfig | None = None,
     ) -> None:
         self.config = config
+        self.tier_config = tiers or TierConfig()
+        self.redis_tier: RedisTier | None = None
+        self.writer: KVWriter | None = None
         self.cache_dir = cache_dir
         self.identity = identity
         self.served_model = config.served_model_name or config.model
@@ -55,7 +76,14 @@ class EngineService:
     def loop(self) -> EngineLoop:
         with self._lock:
             if self._loop is None:
-                self._loop = EngineLoop(LLMEngine(self.config, cache_dir=self.cache_dir)).start()
+                engine = LLMEngine(self.config, cache_dir=self.cache_dir)
+                if self.tier_config.redis_capacity_bytes > 0 and engine.tiers is not None:
+                    self.redis_tier = RedisTier(
+                        self.redis, engine.kv_format, self.tier_config.redis_capacity_bytes
+                    )
+                    self.writer = KVWriter(self.redis_tier)
+                    engine.tiers.cold_sink = self.writer.enqueue
+                self._loop = EngineLoop(engine).start()
             return self._loop
 
     def shutdown(self) -> None:
@@ -63,6 +91,9 @@ class EngineService:
             if self._loop is not None:
                 self._loop.stop()
                 self._loop = None
+            if self.writer is not None:
+                self.writer.stop()
+                self.writer = None
 
     def _count(self, running: int = 0, done: int = 0, failed: int = 0) -> None:
         with self._lock:
@@ -109,6 +140,7 @@ class EngineService:
             return before.done.result
         loop = self.loop()
         ids = prompt_token_ids(job, loop.engine.tokenizer)
+        self._prefetch(loop.engine, ids, job.tenant)
         handle = loop.submit(
             ids,
             job.params,
@@ -138,14 +170,112 @@ class EngineService:
             text=final.text,
             token_ids=final.token_ids,
             finish_reason=final.finish_reason,
-            usage=Usage(final.prompt_tokens, final.completion_tokens, final.cached_tokens),
+            usage=Usage(
+                final.prompt_tokens,
+                final.completion_tokens,
+                final.cached_tokens,
+                pool_tokens=final.pool_tokens,
+                warm_tokens=final.warm_tokens,
+                redis_tokens=final.redis_tokens,
+            ),
             worker=self.identity.name,
             queue_wait_s=max(0.0, started - submitted),
             ttft_s=(first_token_at or now) - submitted,
             latency_s=now - submitted,
         )
+        if final.finish_reason in ("stop", "length"):
+            self._remember(job, loop.engine, ids, final.token_ids, final.text)
         job_events.publish(self.redis, job_id, JobDone(result))
         return result
+
+    def _prefetch(self, engine: LLMEngine, ids: list[int], tenant: str) -> None:
+        """Pull the prompt's blocks that neither the pool nor the warm tier holds from Redis into the
+        warm tier, on this (task) thread, before the job reaches the engine."""
+        tiers = engine.tiers
+        if self.redis_tier is None or tiers is None:
+            return
+        bs = engine.pool.block_size
+        n_blocks = (len(ids) - 1) // bs  # the last prompt token is always computed
+        if n_blocks == 0:
+            return
+        root = root_hash((engine.loaded.fingerprint, tenant))
+        hashes = hash_blocks(ids[: n_blocks * bs], bs, (), parent=root)
+        first = 0  # reads of engine-owned indexes: a stale answer costs a fetch or a recompute
+        while first < n_blocks and (
+            hashes[first] in tiers.warm
+            or engine.pool.get_cached_block(hashes[first], ids[first * bs : (first + 1) * bs]) is not None
+        ):
+            first += 1
+        if first == n_blocks:
+            return
+        tokens = [ids[i * bs : (i + 1) * bs] for i in range(first, n_blocks)]
+        run = self.redis_tier.get_run(hashes[first:], tokens)
+        for block in run:
+            tiers.warm.put(block)
+        tiers.from_redis.update(b.block_hash for b in run)
+        tiers.mark_persisted([b.block_hash for b in run])
+
+    def _remember(
+        self, job: GenerateJob, engine: LLMEngine, ids: list[int], output: tuple[int, ...], text: str
+    ) -> None:
+        """After a turn: the prefix digests that route the next turn here, and the session record
+        (any worker can resume it)."""
+        now = time.time()
+        digests = self._digests(job, text)
+        if digests:
+            key = keys.worker_prefixes(self.identity.name)
+            pipe = self.redis.pipeline(transaction=False)
+            pipe.zadd(key, dict.fromkeys(digests, now))
+            pipe.zremrangebyrank(key, 0, -self.tier_config.prefix_digests_kept - 1)
+            pipe.expire(key, 86400)
+            pipe.execute()
+        bs = engine.pool.block_size
+        if job.pin_prefix and self.writer is not None and self.redis_tier is not None:
+            self.writer.flush()
+            self.redis_tier.pin(
+                hash_blocks(
+                    ids[: (len(ids) // bs) * bs],
+                    bs,
+                    (),
+                    parent=root_hash((engine.loaded.fingerprint, job.tenant)),
+                )
+            )
+        if not job.session_id:
+            return
+        tokens = [*ids, *output]
+        root = root_hash((engine.loaded.fingerprint, job.tenant))
+        hashes = hash_blocks(tokens[: (len(tokens) // bs) * bs], bs, (), parent=root)
+        previous = session_store.load(self.redis, job.session_id)
+        record = SessionRecord(
+            session_id=job.session_id,
+            tenant=job.tenant,
+            model=self.served_model,
+            token_ids=tuple(tokens),
+            block_hashes=tuple(h.hex() for h in hashes),
+            last_worker=self.identity.name,
+            last_used=now,
+            turns=(previous.turns if previous else 0) + 1,
+        )
+        if self.writer is not None and self.redis_tier is not None:
+            self.writer.flush()  # the turn's blocks are in Redis before the session says they are
+            held = set(previous.block_hashes) if previous else set()
+            self.redis_tier.pin([h for h in hashes if h.hex() not in held])
+        session_store.save(self.redis, record, self.tier_config.session_ttl_s)
+
+    def _digests(self, job: GenerateJob, text: str) -> list[str]:
+        if job.endpoint == "chat" and job.messages:
+            return chat_digests(job.model, job.tenant, (*job.messages, ChatMessage("assistant", text)))
+        if job.prompt:
+            return text_digests(job.model, job.tenant, job.prompt + text)
+        return []
+
+    def sweep_sessions(self) -> int:
+        """Release what expired (or forgotten) sessions pinned; returns how many were swept."""
+        records = session_store.claim_expired(self.redis)
+        if self.redis_tier is not None:
+            for record in records:
+                self.redis_tier.unpin([bytes.fromhex(h) for h in record.block_hashes])
+        return len(records)
 
     def status(self) -> WorkerStatus:
         """Figures for the heartbeat; engine figures are read on its own thread, between steps."""

@@ -48,6 +48,7 @@ class Heartbeat:
             try:
                 self.beat()
                 reaper.reap(self.service.redis, self.service.identity.name)
+                self.service.sweep_sessions()
             except (redis.RedisError, TimeoutError) as exc:
                 log.warning("heartbeat failed: %s", exc)
             self._stop.wait(self.interval_s)

@@ -9,7 +9,7 @@ from broker import keys
 from broker.celery_app import BrokerConfig, make_celery, queue
 from workers.bootstep import KVFiguresStep
 from workers.engine.config import EngineConfig
-from workers.engine_service import EngineService, WorkerIdentity
+from workers.engine_service import EngineService, TierConfig, WorkerIdentity
 from workers.heartbeat import Heartbeat
 from workers.tasks import register_tasks
 
@@ -26,12 +26,13 @@ def run_worker(
     concurrency: int = 32,
     loglevel: str = "INFO",
     preload: bool = False,
+    tiers: TierConfig | None = None,
 ) -> None:
     """Blocks until the worker shuts down. Concurrency = how many jobs share the engine's batch."""
     identity = WorkerIdentity(node_name(name))
     app = make_celery(broker)
     app.conf.task_queues = [queue(keys.SHARED_QUEUE), queue(identity.queue)]
-    service = EngineService(engine, cache_dir, broker.redis_url, identity)
+    service = EngineService(engine, cache_dir, broker.redis_url, identity, tiers)
     register_tasks(app, service)
     step = type(
         "KVFigures",

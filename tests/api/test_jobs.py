@@ -51,7 +51,7 @@ def test_submit_answers_at_once_then_succeeds(api: Served, worker: FakeWorker, r
         assert rds.ttl(keys.job_meta(accepted["id"])) > 0
         job = wait_for(c, accepted["id"], FINAL)
     assert job["status"] == "succeeded"
-    assert job["route"] == {"queue": keys.SHARED_QUEUE, "reason": "shared"}
+    assert job["route"] == {"queue": keys.SHARED_QUEUE, "reason": "shared: no live worker"}
     assert job["worker"] == WORKER and job["error"] is None
     assert job["result"]["object"] == "text_completion"
     assert job["result"]["id"] == f"cmpl-{accepted['id']}"

@@ -6,7 +6,6 @@ import json
 
 from api.job_meta import JobMeta
 from api.openai_schema import parse_request
-from api.router import choose_queue
 from api.sse import DONE, ChunkWriter
 from broker import keys
 from broker.messages import Usage
@@ -25,11 +24,6 @@ def test_job_meta_round_trips_through_a_redis_hash() -> None:
         == no_session
     )
     assert no_session.response_id == "cmpl-j2"
-
-
-def test_every_job_takes_the_shared_queue_for_now() -> None:
-    assert choose_queue(None) == (keys.SHARED_QUEUE, "shared")
-    assert choose_queue("s1") == (keys.SHARED_QUEUE, "shared")
 
 
 def decode(frame: bytes) -> dict[str, object]:
@@ -68,11 +62,12 @@ def test_completion_chunks_with_usage() -> None:
     chunk = decode(w.text("ab"))
     assert chunk["object"] == "text_completion" and chunk["usage"] is None
     assert chunk["choices"] == [{"index": 0, "text": "ab", "logprobs": None, "finish_reason": None}]
-    usage = decode(w.usage(Usage(5, 2, 3)))
+    usage = decode(w.usage(Usage(5, 2, 3, pool_tokens=2, redis_tokens=1)))
     assert usage["choices"] == []
     assert usage["usage"] == {
         "prompt_tokens": 5,
         "completion_tokens": 2,
         "total_tokens": 7,
         "prompt_tokens_details": {"cached_tokens": 3},
+        "kv_sources": {"pool": 2, "warm": 0, "redis": 1, "computed": 2},
     }

@@ -75,16 +75,19 @@ def wait_for(predicate: Callable[[], bool], timeout_s: float, what: str) -> None
 @pytest.fixture(scope="session")
 def start_worker(
     redis_server: RedisServer,
-    redis_client: redis.Redis,
     tiny_model_dir: Path,
     tmp_path_factory: pytest.TempPathFactory,
     kvferry_cache_dir: Path,
-) -> Iterator[Callable[[str], WorkerProcess]]:
+) -> Iterator[Callable[..., WorkerProcess]]:
+    """start_worker(name, *extra_cli_args, redis_url=None): a `kvferry worker` process serving the
+    tiny model, returned once its heartbeat says its engine is ready."""
     logs = tmp_path_factory.mktemp("worker-logs")
     started: list[WorkerProcess] = []
 
-    def start(name: str) -> WorkerProcess:
-        log = logs / f"{name}.log"
+    def start(name: str, *extra: str, redis_url: str | None = None) -> WorkerProcess:
+        url = redis_url or redis_server.url
+        client = redis.Redis.from_url(url)
+        log = logs / f"{name}-{len(started)}.log"
         env = {
             **os.environ,
             "PYTHONUNBUFFERED": "1",
@@ -99,7 +102,7 @@ def start_worker(
             "--name",
             name,
             "--redis-url",
-            redis_server.url,
+            url,
             "--model",
             str(tiny_model_dir),
             "--served-model-name",
@@ -113,6 +116,7 @@ def start_worker(
             "--preload",
             "--loglevel",
             "INFO",
+            *extra,
         ]
         process = subprocess.Popen(args, cwd=ROOT, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT)
         node = None
@@ -121,7 +125,7 @@ def start_worker(
             nonlocal node
             if process.poll() is not None:
                 raise RuntimeError(f"worker {name} exited:\n{log.read_text()[-3000:]}")
-            for w in live_workers(redis_client):
+            for w in live_workers(client):
                 if w.name.startswith(f"{name}@") and w.engine is not None:
                     node = w.name
                     return True
@@ -139,7 +143,7 @@ def start_worker(
 
 
 @pytest.fixture(scope="session")
-def two_workers(start_worker: Callable[[str], WorkerProcess]) -> tuple[WorkerProcess, WorkerProcess]:
+def two_workers(start_worker: Callable[..., WorkerProcess]) -> tuple[WorkerProcess, WorkerProcess]:
     return start_worker("w1"), start_worker("w2")
 
 
@@ -203,3 +207,18 @@ def api_url(redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory)
     yield url
     process.terminate()
     process.wait(10)
+
+
+@pytest.fixture
+def worker_factory(start_worker: Callable[..., WorkerProcess]) -> Iterator[Callable[..., WorkerProcess]]:
+    """Workers for one test only (stopped after it), so they never take other tests' jobs."""
+    mine: list[WorkerProcess] = []
+
+    def start(name: str, *extra: str, redis_url: str | None = None) -> WorkerProcess:
+        worker = start_worker(name, *extra, redis_url=redis_url)
+        mine.append(worker)
+        return worker
+
+    yield start
+    for worker in mine:
+        worker.stop()

@@ -130,12 +130,12 @@ def test_bad_jobs_fail_with_typed_errors(
 
 def test_sigkilled_worker_job_completes_on_another_worker(
     two_workers: tuple[WorkerProcess, WorkerProcess],
-    start_worker: Callable[[str], WorkerProcess],
+    worker_factory: Callable[..., WorkerProcess],
     celery_app: Any,
     redis_client: redis.Redis,
     tiny_reference: Reference,
 ) -> None:
-    victim = start_worker("victim")
+    victim = worker_factory("victim")
     prompt = _prompts(1, 5)[0]
     handle = _send(celery_app, _job(prompt, 900), queue=victim.queue)
     seen: list[int] = []

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence as Seq
+
+from kvstore.stored_block import StoredBlock
+
 from kvstore.block import Block
 from kvstore.block_hash import BlockHash, hash_block, hash_blocks, root_hash
 from kvstore.block_pool import BlockPool
@@ -20,6 +24,7 @@ class BlockManager:
         self.block_size = pool.block_size
         self.model_fingerprint = model_fingerprint
         self._roots: dict[str, BlockHash] = {}
+        self.pending_loads: list[tuple[int, StoredBlock]] = []
 
     def root(self, cache_salt: str) -> BlockHash:
         """Parent of a sequence's first block: model weights and tenant salt, so no cross-tenant hit."""
@@ -38,9 +43,20 @@ class BlockManager:
         hits = self.pool.match_prefix(hashes, tokens)
         return hits, hashes
 
-    def allocate(self, seq: Sequence, hits: list[Block], hit_hashes: list[BlockHash], num_new: int) -> bool:
-        """Give a waiting seq its hit blocks plus room for num_new tokens; False (no change) if full."""
-        need = cdiv(len(hits) * self.block_size + num_new, self.block_size) - len(hits)
+    def allocate(
+        self,
+        seq: Sequence,
+        hits: list[Block],
+        hit_hashes: list[BlockHash],
+        num_new: int,
+        loaded: Seq[StoredBlock] = (),
+    ) -> bool:
+        """Give a waiting seq its hit blocks, fresh blocks for the `loaded` ones (bytes from a tier,
+        written by the engine before the next forward) and room for num_new tokens; False (no
+        change) if the pool is full."""
+        bs = self.block_size
+        known = len(hits) + len(loaded)
+        need = cdiv(known * bs + num_new, bs) - len(hits)
         revived = sum(1 for b in hits if b.ref_cnt == 0)  # cached-but-free hits leave the free queue
         if self.pool.num_free_blocks - revived < need:
             return False
@@ -48,9 +64,20 @@ class BlockManager:
         new = self.pool.allocate(need)
         assert new is not None
         seq.block_ids = [b.block_id for b in hits] + [b.block_id for b in new]
-        seq.block_hashes = list(hit_hashes)
-        seq.num_computed_tokens = len(hits) * self.block_size
+        seq.block_hashes = list(hit_hashes[: len(hits)])
+        for block, stored in zip(new, loaded, strict=False):
+            parent = seq.block_hashes[-1] if seq.block_hashes else self.root(seq.cache_salt)
+            self.pool.cache_full_block(block, parent, stored.block_hash, stored.token_ids)
+            block.num_tokens = bs
+            seq.block_hashes.append(stored.block_hash)
+            self.pending_loads.append((block.block_id, stored))
+        seq.num_computed_tokens = known * bs
         return True
+
+    def take_loads(self) -> list[tuple[int, StoredBlock]]:
+        """Blocks allocated for tier hits whose bytes must be written before the next forward."""
+        loads, self.pending_loads = self.pending_loads, []
+        return loads
 
     def blocks_to_append(self, seq: Sequence, num_new: int) -> int:
         return max(0, cdiv(seq.num_computed_tokens + num_new, self.block_size) - len(seq.block_ids))

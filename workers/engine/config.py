@@ -15,6 +15,7 @@ class EngineConfig:
     max_num_batched_tokens: int = 1024  # per-step token budget (chunked prefill)
     max_model_len: int | None = None  # None: the model's own context length
     enable_prefix_caching: bool = True
+    warm_cache_size_bytes: int = 0  # host-memory tier for blocks evicted from the pool; 0 = none
     dtype: str = "float32"
     device: str = "cpu"
     torch_threads: int | None = None  # None: leave torch's default

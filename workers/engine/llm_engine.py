@@ -6,6 +6,8 @@ import uuid
 from pathlib import Path
 
 import torch
+from kvstore.stored_block import KVFormat
+from kvstore.warm_tier import WarmTier
 
 from broker.errors import InvalidRequestError, PromptTooLongError
 from broker.sampling import SamplingParams
@@ -15,6 +17,7 @@ from workers.engine.block_manager import BlockManager, cdiv
 from workers.engine.config import EngineConfig
 from workers.engine.detokenizer import Detokenizer
 from workers.engine.engine_stats import EngineStats, MemoryBreakdown
+from workers.engine.kv_tiers import TierCache
 from workers.engine.model_loader import LoadedModel, load_model
 from workers.engine.model_runner import ModelRunner
 from workers.engine.request_output import RequestOutput
@@ -57,7 +60,13 @@ class LLMEngine:
         self.kv_cache = KVCache.from_budget(self.layout, config.cache_size_bytes, device)
         self.pool = BlockPool(self.kv_cache.num_blocks, config.block_size, config.enable_prefix_caching)
         self.block_manager = BlockManager(self.pool, self.loaded.fingerprint)
-        self.scheduler = Scheduler(config, self.block_manager)
+        self.kv_format = KVFormat.from_layout(self.layout, self.loaded.fingerprint)
+        self.tiers: TierCache | None = None
+        if config.warm_cache_size_bytes > 0 and config.enable_prefix_caching:
+            self.tiers = TierCache(
+                self.pool, self.kv_cache, self.kv_format, WarmTier(config.warm_cache_size_bytes)
+            )
+        self.scheduler = Scheduler(config, self.block_manager, self.tiers)
         self.runner = ModelRunner(self.loaded.model, self.kv_cache)
         self.sampler = Sampler(device)
         self.detokenizer = Detokenizer(self.tokenizer)
@@ -150,6 +159,8 @@ class LLMEngine:
         self.scheduler.outgrown.clear()
         if not scheduled:
             return outputs
+        for block_id, stored in self.block_manager.take_loads():
+            self.kv_cache.write_block(block_id, stored.kv)
         logits = self.runner.run(scheduled)
         sampling = [s for s in scheduled if s.samples]
         tokens = (
@@ -196,6 +207,10 @@ class LLMEngine:
 
     def _finish(self, seq: Sequence, reason: FinishReason, delta: list[int]) -> RequestOutput:
         seq.finish_reason = reason
+        if self.tiers is not None and reason in ("stop", "length") and seq.block_hashes:
+            self.tiers.persist(
+                seq.block_ids, seq.block_hashes, seq.token_ids, self.block_manager.root(seq.cache_salt)
+            )
         self.scheduler.finish(seq)
         self.sampler.forget(seq.request_id)
         del self._seqs[seq.request_id]
@@ -211,7 +226,10 @@ class LLMEngine:
             token_ids=tuple(seq.output_token_ids),
             text=seq.output_text,
             prompt_tokens=seq.num_prompt_tokens,
-            cached_tokens=max(0, seq.num_cached_tokens),
+            cached_tokens=max(0, seq.num_cached_tokens) + seq.num_warm_tokens,
+            pool_tokens=max(0, seq.num_cached_tokens),
+            warm_tokens=seq.num_warm_tokens - seq.num_redis_tokens,
+            redis_tokens=seq.num_redis_tokens,
         )
 
     # -- convenience and figures --------------------------------------------------------------

@@ -17,8 +17,15 @@ class RequestOutput:
     token_ids: tuple[int, ...]  # every output token so far
     text: str
     prompt_tokens: int
-    cached_tokens: int  # prompt tokens served from the pool
+    cached_tokens: int  # prompt tokens not computed: pool + warm tier + Redis
+    pool_tokens: int = 0  # of which found in this worker's pool
+    warm_tokens: int = 0  # ... in its host-memory tier
+    redis_tokens: int = 0  # ... brought from Redis (by a prefetch)
     error: str | None = None
+
+    @property
+    def computed_prompt_tokens(self) -> int:
+        return self.prompt_tokens - self.cached_tokens
 
     @property
     def completion_tokens(self) -> int:

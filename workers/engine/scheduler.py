@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from kvstore.block_hash import BlockHash
 from workers.engine.block_manager import BlockManager
 from workers.engine.config import EngineConfig
+from workers.engine.kv_tiers import TierCache
 from workers.engine.sequence import Sequence, SequenceStatus
 
 
@@ -23,9 +24,12 @@ class ScheduledSeq:
 
 
 class Scheduler:
-    def __init__(self, config: EngineConfig, block_manager: BlockManager) -> None:
+    def __init__(
+        self, config: EngineConfig, block_manager: BlockManager, tiers: TierCache | None = None
+    ) -> None:
         self.config = config
         self.blocks = block_manager
+        self.tiers = tiers
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
@@ -72,25 +76,32 @@ class Scheduler:
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             seq = self.waiting[0]
             hits, hashes = self.blocks.match_prefix(seq)
-            if len(hashes) > len(hits) and hashes[len(hits)] in pending:
+            loaded = self.tiers.lookup(hashes[len(hits) :], seq.token_ids, len(hits)) if self.tiers else []
+            known = len(hits) + len(loaded)
+            if len(hashes) > known and hashes[known] in pending:
                 # Its next block is being computed right now by another prefill: wait a step and
                 # share it, instead of computing the same prefix twice in parallel.
                 deferred.append(self.waiting.popleft())
                 continue
-            hit_tokens = len(hits) * self.blocks.block_size
-            n = min(seq.num_tokens - hit_tokens, budget)
-            if not self.blocks.allocate(seq, hits, hashes[: len(hits)], n):
+            bs = self.blocks.block_size
+            n = min(seq.num_tokens - known * bs, budget)
+            if not self.blocks.allocate(seq, hits, hashes, n, loaded):
                 break
             if seq.num_cached_tokens < 0:  # first admission: count the prefix query once
-                seq.num_cached_tokens = hit_tokens
-                self.blocks.pool.record_prefix_query(seq.num_prompt_tokens, hit_tokens)
+                seq.num_cached_tokens = len(hits) * bs
+                seq.num_warm_tokens = len(loaded) * bs
+                if self.tiers is not None:
+                    seq.num_redis_tokens = bs * sum(
+                        1 for b in loaded if b.block_hash in self.tiers.from_redis
+                    )
+                self.blocks.pool.record_prefix_query(seq.num_prompt_tokens, len(hits) * bs)
             self.waiting.popleft()
             seq.status = SequenceStatus.RUNNING
             seq.prefix_hashes = hashes
             self.running.append(seq)
             scheduled.append(ScheduledSeq(seq, n))
             budget -= n
-            pending.update(hashes[len(hits) :])
+            pending.update(hashes[known:])
         self.waiting.extendleft(reversed(deferred))
         return scheduled
 

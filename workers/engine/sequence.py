@@ -38,6 +38,8 @@ class Sequence:
     num_cached_tokens: int = (
         -1
     )  # prompt tokens served from the pool at first admission; -1 = not admitted yet
+    num_warm_tokens: int = 0  # prompt tokens loaded from the warm tier at first admission
+    num_redis_tokens: int = 0  # ... of which a prefetch had brought from Redis
     num_preemptions: int = 0
     finish_reason: FinishReason | None = None
     stop_reason: str | int | None = None

@@ -1,0 +1,84 @@
+"""The router's decisions against real Redis state (heartbeats, prefix digests, session records)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import redis
+import redis.asyncio as aioredis
+
+from api.router import Route, choose_queue
+from broker import keys, session_store
+from broker.messages import ChatMessage, EngineFigures, GenerateJob, SessionRecord, WorkerStatus
+from broker.prefix_digest import chat_digests
+from broker.worker_registry import HEARTBEAT_FIELD, encode_status
+
+SYSTEM = ChatMessage("system", "be brief")
+
+
+def _beat(rds: redis.Redis, name: str, waiting: int = 0) -> None:
+    figures = EngineFigures(0, waiting, 0, 0, 0, 10, 0, 0, 1, 0, 0, 0.0, 0, 0)
+    status = WorkerStatus(name, keys.worker_queue(name), "m", 0, 0, 0, time.time(), figures)
+    rds.hset(keys.worker_heartbeat(name), HEARTBEAT_FIELD, encode_status(status))
+    rds.expire(keys.worker_heartbeat(name), 30)
+    rds.sadd(keys.WORKERS, name)
+
+
+def _route(redis_url: str, job: GenerateJob, routing: str = "cache-aware") -> Route:
+    async def go() -> Route:
+        client = aioredis.Redis.from_url(redis_url)
+        try:
+            return await choose_queue(client, job, routing, max_waiting=4)
+        finally:
+            await client.aclose()
+
+    return asyncio.run(go())
+
+
+def _job(*messages: ChatMessage, session: str | None = None) -> GenerateJob:
+    return GenerateJob(model="m", endpoint="chat", messages=messages, session_id=session)
+
+
+def test_no_worker_means_shared(rds: redis.Redis, redis_url: str) -> None:
+    assert _route(redis_url, _job(SYSTEM)) == Route(keys.SHARED_QUEUE, "shared: no live worker")
+    assert _route(redis_url, _job(SYSTEM), "shared") == Route(keys.SHARED_QUEUE, "shared: routing off")
+
+
+def test_longest_prefix_wins_then_least_loaded(rds: redis.Redis, redis_url: str) -> None:
+    _beat(rds, "a")
+    _beat(rds, "b", waiting=1)
+    question = ChatMessage("user", "q1")
+    digests = chat_digests("m", "", [SYSTEM, question, ChatMessage("assistant", "a1")])
+    rds.zadd(keys.worker_prefixes("a"), {digests[0]: 1})  # a: the system prompt only
+    rds.zadd(keys.worker_prefixes("b"), dict.fromkeys(digests, 1))  # b: the whole first exchange
+    follow_up = _job(SYSTEM, question, ChatMessage("assistant", "a1"), ChatMessage("user", "q2"))
+    assert _route(redis_url, follow_up) == Route(keys.worker_queue("b"), "prefix match: 3/4 messages on b")
+    # Both hold the system prompt: the less loaded one takes a new conversation.
+    rds.zadd(keys.worker_prefixes("b"), {digests[0]: 1})
+    assert _route(redis_url, _job(SYSTEM, ChatMessage("user", "new"))).queue == keys.worker_queue("a")
+    assert _route(redis_url, _job(ChatMessage("user", "unknown"))) == Route(
+        keys.SHARED_QUEUE, "shared: no worker holds this prefix"
+    )
+
+
+def test_session_affinity_busy_and_gone(rds: redis.Redis, redis_url: str) -> None:
+    _beat(rds, "a")
+    record = SessionRecord("s1", "", "m", (1, 2, 3), (), "a", time.time(), 1)
+    session_store.save(rds, record, 60)
+    assert _route(redis_url, _job(SYSTEM, session="s1")) == Route(
+        keys.worker_queue("a"), "session affinity: a"
+    )
+    _beat(rds, "a", waiting=9)  # over max_waiting
+    assert _route(redis_url, _job(SYSTEM, session="s1")).reason.endswith("session's worker a is busy")
+    rds.delete(keys.worker_heartbeat("a"))
+    assert _route(redis_url, _job(SYSTEM, session="s1")).reason.endswith("session's worker a is gone")
+    other_tenant = GenerateJob(model="m", endpoint="chat", messages=(SYSTEM,), session_id="s1", tenant="t2")
+    assert "session" not in _route(redis_url, other_tenant).reason
+
+
+def test_round_robin_alternates(rds: redis.Redis, redis_url: str) -> None:
+    _beat(rds, "a")
+    _beat(rds, "b")
+    queues = {_route(redis_url, _job(SYSTEM), "round-robin").queue for _ in range(4)}
+    assert queues == {keys.worker_queue("a"), keys.worker_queue("b")}

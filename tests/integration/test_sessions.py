@@ -1,0 +1,172 @@
+"""Sessions across workers, Redis tiers and restarts: every continuation is token-exact."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import redis
+
+from broker import keys
+from broker.codec import decode_result, encode_job
+from broker.messages import ChatMessage, GenerateJob, GenerateResult
+from broker.sampling import SamplingParams
+from ops.redis_server import RedisServer
+from tests.integration.conftest import MODEL, WorkerProcess, wait_for
+
+Reference = Callable[[list[int], int], list[int]]
+SYSTEM = "You are a patient assistant who answers every question in full sentences. " * 4  # ~64+ tokens
+BLOCK = 16
+BLOCK_BYTES = 2 * 2 * BLOCK * 2 * 16 * 4  # tiny Llama: layers, k+v, tokens, kv heads, head dim, fp32
+
+
+def _chat(
+    app: Any,
+    messages: list[dict[str, str]],
+    session: str | None,
+    queue: str,
+    max_tokens: int = 8,
+) -> GenerateResult:
+    job = GenerateJob(
+        model=MODEL,
+        endpoint="chat",
+        messages=tuple(ChatMessage(m["role"], m["content"]) for m in messages),
+        params=SamplingParams(max_tokens=max_tokens, ignore_eos=True),
+        session_id=session,
+        submitted_at=time.time(),
+    )
+    handle = app.send_task(keys.GENERATE_TASK, args=[encode_job(job)], task_id=str(uuid.uuid4()), queue=queue)
+    return decode_result(handle.get(timeout=120))
+
+
+def _expected(tokenizer: Any, reference: Reference, messages: list[dict[str, str]], n: int) -> list[int]:
+    ids = tokenizer.apply_chat_template(
+        messages, add_generation_prompt=True, tokenize=True, return_dict=False
+    )
+    return reference(ids, n)
+
+
+def _conversation(turns: int) -> list[list[dict[str, str]]]:
+    return [
+        [{"role": "system", "content": SYSTEM}, {"role": "user", "content": f"question {i}"}]
+        for i in range(turns)
+    ]
+
+
+def test_session_migrates_to_another_worker_from_redis(
+    two_workers: tuple[WorkerProcess, WorkerProcess],
+    celery_app: Any,
+    redis_client: redis.Redis,
+    tokenizer: Any,
+    tiny_reference: Reference,
+) -> None:
+    w1, w2 = two_workers
+    session = f"migrate-{uuid.uuid4().hex[:8]}"
+    turn1 = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "hello there, first turn"}]
+    r1 = _chat(celery_app, turn1, session, w1.queue)
+    assert r1.worker == w1.name and list(r1.token_ids) == _expected(tokenizer, tiny_reference, turn1, 8)
+    turn2 = [
+        *turn1,
+        {"role": "assistant", "content": r1.text},
+        {"role": "user", "content": "and a second one"},
+    ]
+    r2 = _chat(celery_app, turn2, session, w2.queue)  # a worker that never saw this session
+    assert r2.worker == w2.name
+    assert list(r2.token_ids) == _expected(tokenizer, tiny_reference, turn2, 8)
+    # The shared system prompt may already sit in w2's pool; the rest of turn 1 came from Redis.
+    assert r2.usage.redis_tokens > 0, r2.usage
+    assert r2.usage.computed_tokens < r2.usage.prompt_tokens - r1.usage.prompt_tokens + BLOCK, r2.usage
+    raw: Any = redis_client.get(keys.session(session))
+    assert raw is not None and b'"last_worker"' in raw and w2.name.encode() in raw
+
+
+def test_blocks_evicted_from_pool_and_warm_tier_reload_from_redis(
+    worker_factory: Callable[..., WorkerProcess],
+    celery_app: Any,
+    tokenizer: Any,
+    tiny_reference: Reference,
+) -> None:
+    small = worker_factory(
+        "small", "--cache-size", str(24 * BLOCK_BYTES), "--warm-cache-size", str(12 * BLOCK_BYTES)
+    )
+    session = f"evict-{uuid.uuid4().hex[:8]}"
+    turn1 = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "remember this"}]
+    r1 = _chat(celery_app, turn1, session, small.queue)
+    for i, filler in enumerate(_conversation(6)):  # other traffic pushes turn 1 out of pool and warm tier
+        filler[0]["content"] = f"filler system prompt {i} " * 12
+        _chat(celery_app, filler, None, small.queue)
+    turn2 = [*turn1, {"role": "assistant", "content": r1.text}, {"role": "user", "content": "what was it?"}]
+    r2 = _chat(celery_app, turn2, session, small.queue)
+    assert list(r2.token_ids) == _expected(tokenizer, tiny_reference, turn2, 8)
+    assert r2.usage.redis_tokens > 0 and r2.usage.cached_tokens >= 4 * BLOCK, r2.usage
+
+
+def test_corrupted_and_foreign_blocks_are_recomputed(
+    two_workers: tuple[WorkerProcess, WorkerProcess],
+    worker_factory: Callable[..., WorkerProcess],
+    celery_app: Any,
+    redis_client: redis.Redis,
+    tokenizer: Any,
+    tiny_reference: Reference,
+) -> None:
+    w1, _ = two_workers
+    turn1 = [{"role": "system", "content": "Corruption test. " * 20}, {"role": "user", "content": "hi"}]
+    _chat(celery_app, turn1, f"corrupt-{uuid.uuid4().hex[:8]}", w1.queue)
+    packs = [k for k in redis_client.scan_iter(match="kvferry:kv:*:pack:*")]
+    assert packs, "no block packs in Redis"
+    for i, key in enumerate(packs):
+        if i % 2:
+            redis_client.setrange(key, 200, b"\x00garbage\x00")  # a flipped run of bytes: checksum fails
+        else:
+            redis_client.set(key, b"not msgpack at all")  # undecodable: dropped whole
+    fresh = worker_factory("fresh")  # nothing in its pool or warm tier: everything from Redis or computed
+    r = _chat(celery_app, turn1, None, fresh.queue)
+    assert list(r.token_ids) == _expected(tokenizer, tiny_reference, turn1, 8)
+    assert r.usage.redis_tokens == 0 and r.usage.computed_tokens == r.usage.prompt_tokens, r.usage
+
+
+def test_sessions_survive_redis_and_worker_restarts(
+    worker_factory: Callable[..., WorkerProcess],
+    tmp_path_factory: Any,
+    tokenizer: Any,
+    tiny_reference: Reference,
+) -> None:
+    from broker.celery_app import BrokerConfig, make_celery
+
+    data = tmp_path_factory.mktemp("redis-aof")
+    server = RedisServer(data, persist=True).start()
+    try:
+        app = make_celery(BrokerConfig(redis_url=server.url))
+        worker = worker_factory("aof1", redis_url=server.url)
+        session = f"aof-{uuid.uuid4().hex[:8]}"
+        turn1 = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "persist me"}]
+        r1 = _chat(app, turn1, session, worker.queue)
+        worker.stop()
+        server.stop()  # Redis goes down with the session and its blocks in the AOF
+        server = RedisServer(data, port=server.port, persist=True).start()
+        client = redis.Redis.from_url(server.url)
+        wait_for(lambda: client.get(keys.session(session)) is not None, 10, "the session after the restart")
+        worker = worker_factory("aof2", redis_url=server.url)  # every worker is new
+        turn2 = [
+            *turn1,
+            {"role": "assistant", "content": r1.text},
+            {"role": "user", "content": "still there?"},
+        ]
+        r2 = _chat(app, turn2, session, worker.queue)
+        assert list(r2.token_ids) == _expected(tokenizer, tiny_reference, turn2, 8)
+        assert (
+            r2.usage.redis_tokens
+            >= len(
+                tokenizer.apply_chat_template(
+                    turn1, add_generation_prompt=True, tokenize=True, return_dict=False
+                )
+            )
+            // BLOCK
+            * BLOCK
+            - BLOCK
+        ), r2.usage
+        worker.stop()
+    finally:
+        server.stop()

@@ -1,0 +1,49 @@
+"""A small hot pool plus a host-memory warm tier: blocks evicted from the pool come back from the
+warm tier instead of being recomputed, and outputs stay token-exact."""
+
+from __future__ import annotations
+
+import random
+
+from broker.sampling import SamplingParams
+from kvstore.block_hash import hash_blocks
+from tests.workers._helpers import NO_EOS, TinyModel, assert_tokens, make_engine, random_prompt, run_checked
+
+
+def test_evicted_blocks_come_back_from_the_warm_tier_exactly(tiny: TinyModel) -> None:
+    rng = random.Random(21)
+    system = random_prompt(rng, 64)  # 4 full blocks
+    first = [*system, *random_prompt(rng, 9)]
+    filler = [random_prompt(rng, 70) for _ in range(3)]
+    again = [*system, *random_prompt(rng, 11)]
+    params = SamplingParams(max_tokens=6, **NO_EOS)
+    engine = make_engine(tiny.loaded, num_blocks=8, warm_cache_size_bytes=1 << 20)
+    assert engine.tiers is not None
+
+    out = run_checked(engine, {"first": (first, params)})["first"]
+    assert_tokens(out.token_ids, tiny.expected(first, 6), "first")
+    for i, prompt in enumerate(filler):  # each fills the 8-block pool: the system prompt is evicted
+        run_checked(engine, {f"filler{i}": (prompt, params)})
+    assert engine.tiers.spilled_blocks >= 4
+    first_hash = hash_blocks(system[:16], 16, (), parent=engine.block_manager.root(""))[0]
+    assert engine.pool.get_cached_block(first_hash, system[:16]) is None, "the pool still holds the prefix"
+
+    out = run_checked(engine, {"again": (again, params)})["again"]
+    assert_tokens(out.token_ids, tiny.expected(again, 6), "after reload from the warm tier")
+    assert out.pool_tokens == 0 and out.warm_tokens == 64 and out.cached_tokens == 64
+    assert out.computed_prompt_tokens == len(again) - 64
+
+
+def test_small_pool_plus_warm_tier_computes_less_than_small_pool_alone(tiny: TinyModel) -> None:
+    rng = random.Random(22)
+    systems = [random_prompt(rng, 48) for _ in range(3)]
+    workload = [[*systems[i % 3], *random_prompt(rng, 5)] for i in range(12)]
+    params = SamplingParams(max_tokens=4, **NO_EOS)
+    computed = {}
+    for warm in (0, 1 << 20):
+        engine = make_engine(tiny.loaded, num_blocks=6, warm_cache_size_bytes=warm)
+        for i, prompt in enumerate(workload):
+            out = run_checked(engine, {f"r{i}": (prompt, params)})[f"r{i}"]
+            assert_tokens(out.token_ids, tiny.expected(prompt, 4), f"request {i} (warm={warm})")
+        computed[warm] = engine.stats().prompt_tokens_computed
+    assert computed[1 << 20] < computed[0] * 0.6, computed
