@@ -126,3 +126,20 @@ def bench_serve_cmd(
         plot(plot_path, records)
     if json_path is not None:
         json_path.write_text(json.dumps(summary, indent=2))
+
+
+@bench.command("tiers")
+@click.option(
+    "--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), help="write results JSON"
+)
+@click.option("--quick", is_flag=True, help="smaller sizes, for a smoke run")
+@click.option("--skip", multiple=True, type=click.Choice(["resume", "workload"]), help="skip a part")
+@engine_options
+def bench_tiers_cmd(json_path: Path | None, quick: bool, skip: tuple[str, ...], **opts: Any) -> None:
+    """Resume from Redis vs recompute; multi-turn hit rate and TTFT by routing policy."""
+    from ops.bench_tiers import run_tier_bench
+
+    results = run_tier_bench(settings_from(opts), quick=quick, skip=set(skip))
+    if json_path is not None:
+        json_path.write_text(json.dumps(results, indent=2))
+        click.echo(f"wrote {json_path}", err=True)

@@ -9,7 +9,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import redis
-from kvstore.redis_tier import RedisTier
 
 from broker import job_events, keys, session_store
 from broker.errors import InvalidRequestError, UnknownModelError
@@ -27,10 +26,12 @@ from broker.messages import (
 )
 from broker.prefix_digest import chat_digests, text_digests
 from kvstore.block_hash import hash_blocks, root_hash
+from kvstore.redis_tier import RedisTier
 from workers.engine.config import EngineConfig
 from workers.engine.engine_loop import EngineLoop
 from workers.engine.llm_engine import LLMEngine
 from workers.kv_writer import KVWriter
+from workers.prefetch import prefetch
 from workers.prompt import prompt_token_ids
 
 
@@ -189,31 +190,8 @@ class EngineService:
         return result
 
     def _prefetch(self, engine: LLMEngine, ids: list[int], tenant: str) -> None:
-        """Pull the prompt's blocks that neither the pool nor the warm tier holds from Redis into the
-        warm tier, on this (task) thread, before the job reaches the engine."""
-        tiers = engine.tiers
-        if self.redis_tier is None or tiers is None:
-            return
-        bs = engine.pool.block_size
-        n_blocks = (len(ids) - 1) // bs  # the last prompt token is always computed
-        if n_blocks == 0:
-            return
-        root = root_hash((engine.loaded.fingerprint, tenant))
-        hashes = hash_blocks(ids[: n_blocks * bs], bs, (), parent=root)
-        first = 0  # reads of engine-owned indexes: a stale answer costs a fetch or a recompute
-        while first < n_blocks and (
-            hashes[first] in tiers.warm
-            or engine.pool.get_cached_block(hashes[first], ids[first * bs : (first + 1) * bs]) is not None
-        ):
-            first += 1
-        if first == n_blocks:
-            return
-        tokens = [ids[i * bs : (i + 1) * bs] for i in range(first, n_blocks)]
-        run = self.redis_tier.get_run(hashes[first:], tokens)
-        for block in run:
-            tiers.warm.put(block)
-        tiers.from_redis.update(b.block_hash for b in run)
-        tiers.mark_persisted([b.block_hash for b in run])
+        if self.redis_tier is not None:
+            prefetch(engine, self.redis_tier, ids, tenant)
 
     def _remember(
         self, job: GenerateJob, engine: LLMEngine, ids: list[int], output: tuple[int, ...], text: str
