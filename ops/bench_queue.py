@@ -38,6 +38,9 @@ def _stack(settings: Settings, workers: int, run_dir: Path) -> Stack:
 
 
 def bench_overhead(settings: Settings, requests: int, run_dir: Path) -> dict[str, Any]:
+    # One torch thread on both sides: the worker then leaves a core to the api and Redis, as a
+    # deployment would give them their own; the direct call gets the same compute.
+    settings = settings.with_overrides(torch_threads=1)
     engine = LLMEngine(settings.engine_config(), cache_dir=settings.cache_dir)
     ids = engine.tokenizer(PROMPT)["input_ids"]
     params = SamplingParams(max_tokens=1, temperature=0.0)
@@ -49,7 +52,7 @@ def bench_overhead(settings: Settings, requests: int, run_dir: Path) -> dict[str
             direct.append(time.perf_counter() - started)
     del engine
     queued = []
-    with _stack(settings.with_overrides(torch_threads=settings.torch_threads or 2), 1, run_dir) as stack:
+    with _stack(settings, 1, run_dir) as stack:
         stack.wait_ready()
         body = {"model": settings.served_model, "prompt": PROMPT, "max_tokens": 1, "temperature": 0}
         with httpx.Client(base_url=stack.api_url, timeout=60) as client:
