@@ -37,6 +37,7 @@ bench: $(STAMP)
 	@mkdir -p $(OUT)
 	$(VENV)/bin/kvferry bench engine --json $(OUT)/bench_engine.json
 	$(VENV)/bin/kvferry bench queue --json $(OUT)/bench_queue.json
+	$(VENV)/bin/kvferry bench tiers --json $(OUT)/bench_tiers.json
 
 clean:
 	rm -rf $(VENV) $(OUT)

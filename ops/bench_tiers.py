@@ -181,8 +181,9 @@ def _workload(
     stack_settings = settings.with_overrides(
         routing=routing, redis_cache_size=redis_cache, api_port=free_port(), torch_threads=1
     )
+    # Four system prompts of ~300 tokens (production ones are often longer), shared by the sessions.
     systems = [
-        f"You are assistant number {i}. " + "Answer carefully, briefly and politely. " * 8 for i in range(4)
+        f"You are assistant number {i}. " + "Answer carefully, briefly and politely. " * 40 for i in range(4)
     ]
     rows: list[dict[str, Any]] = []
     with Stack(stack_settings, 2, run_dir=run_dir, with_flower=False) as stack:
