@@ -10,6 +10,9 @@
 from __future__ import annotations
 
 import itertools
+import random
+import time
+from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,8 +30,36 @@ class Route:
     reason: str
 
 
+class RecentRoutes:
+    """Jobs this api process routed to each worker, with when: the part of a worker's load that
+    its last heartbeat (up to a second old) cannot show yet. Without it, a burst of new sessions
+    would all see the same stale loads and pile onto one worker."""
+
+    def __init__(self, horizon_s: float = 30.0) -> None:
+        self.horizon_s = horizon_s
+        self._routes: deque[tuple[float, str]] = deque()
+
+    def add(self, worker: str) -> None:
+        now = time.time()
+        self._routes.append((now, worker))
+        while self._routes and self._routes[0][0] < now - self.horizon_s:
+            self._routes.popleft()
+
+    def since(self, worker: str, when: float) -> int:
+        return sum(1 for t, w in self._routes if w == worker and t > when)
+
+
+_recent = RecentRoutes()
+
+
 def _load(w: WorkerStatus) -> int:
-    return w.jobs_running + (w.engine.num_waiting if w.engine else 0)
+    """Jobs running or waiting as of the heartbeat, plus those routed to it since."""
+    return w.jobs_running + (w.engine.num_waiting if w.engine else 0) + _recent.since(w.name, w.sent_at)
+
+
+def _to(worker: str, reason: str) -> Route:
+    _recent.add(worker)
+    return Route(keys.worker_queue(worker), reason)
 
 
 def _overloaded(w: WorkerStatus, max_waiting: int) -> bool:
@@ -72,7 +103,7 @@ async def choose_queue(
         if not live:
             return Route(keys.SHARED_QUEUE, "shared: no live worker")
         name = sorted(live)[next(_round_robin) % len(live)]
-        return Route(keys.worker_queue(name), f"round robin: {name}")
+        return _to(name, f"round robin: {name}")
     ready = {n: w for n, w in live.items() if not _overloaded(w, max_waiting)}
     note = ""
     if job.session_id:
@@ -80,7 +111,7 @@ async def choose_queue(
         record = session_store.decode(raw) if raw is not None else None
         if record is not None and record.tenant == job.tenant and record.model == job.model:
             if record.last_worker in ready:
-                return Route(keys.worker_queue(record.last_worker), f"session affinity: {record.last_worker}")
+                return _to(record.last_worker, f"session affinity: {record.last_worker}")
             state = "busy" if record.last_worker in live else "gone"
             note = f"; session's worker {record.last_worker} is {state}"
     digests = _digests(job)
@@ -88,10 +119,9 @@ async def choose_queue(
         matches = await _prefix_matches(client, sorted(ready), digests)
         best = max(matches.values())
         if best > 0:
-            name = min((n for n, m in matches.items() if m == best), key=lambda n: (_load(ready[n]), n))
+            tied = [n for n, m in matches.items() if m == best]
+            name = min(tied, key=lambda n: (_load(ready[n]), random.random()))
             unit = "messages" if job.messages else "text chunks"
-            return Route(
-                keys.worker_queue(name), f"prefix match: {best}/{len(digests)} {unit} on {name}{note}"
-            )
+            return _to(name, f"prefix match: {best}/{len(digests)} {unit} on {name}{note}")
     reason = "shared: no live worker" if not live else "shared: no worker holds this prefix"
     return Route(keys.SHARED_QUEUE, reason + note)

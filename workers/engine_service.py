@@ -34,6 +34,8 @@ from workers.kv_writer import KVWriter
 from workers.prefetch import prefetch
 from workers.prompt import prompt_token_ids
 
+STREAM_FLUSH_S = 0.03
+
 
 @dataclass(frozen=True, slots=True)
 class TierConfig:
@@ -154,11 +156,20 @@ class EngineService:
             handle.cancel()
         first_token_at = None
         final = None
+        texts: list[str] = []
+        token_ids: list[int] = []
+        last_publish = 0.0
         for out in handle:
             if out.delta_token_ids and first_token_at is None:
                 first_token_at = time.time()
-            if out.delta_token_ids or out.delta_text:
-                event = TokenDelta(out.delta_text, out.delta_token_ids)
+            texts.append(out.delta_text)
+            token_ids.extend(out.delta_token_ids)
+            now = time.monotonic()
+            # The first token goes out at once; later ones ride together within STREAM_FLUSH_S
+            # (one XADD per step per job costs the worker, Redis, the api and the client alike).
+            if (token_ids or any(texts)) and (out.finished or now - last_publish >= STREAM_FLUSH_S):
+                event = TokenDelta("".join(texts), tuple(token_ids))
+                texts, token_ids, last_publish = [], [], now
                 if job_events.publish(self.redis, job_id, event, check_cancel=not out.finished):
                     handle.cancel()
             final = out

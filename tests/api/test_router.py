@@ -82,3 +82,15 @@ def test_round_robin_alternates(rds: redis.Redis, redis_url: str) -> None:
     _beat(rds, "b")
     queues = {_route(redis_url, _job(SYSTEM), "round-robin").queue for _ in range(4)}
     assert queues == {keys.worker_queue("a"), keys.worker_queue("b")}
+
+
+def test_a_burst_of_new_conversations_is_spread_before_heartbeats_catch_up(
+    rds: redis.Redis, redis_url: str
+) -> None:
+    _beat(rds, "a")
+    _beat(rds, "b")
+    digest = chat_digests("m", "", [SYSTEM])[0]
+    for name in ("a", "b"):
+        rds.zadd(keys.worker_prefixes(name), {digest: 1})
+    queues = [_route(redis_url, _job(SYSTEM, ChatMessage("user", f"q{i}"))).queue for i in range(10)]
+    assert queues.count(keys.worker_queue("a")) == 5 and queues.count(keys.worker_queue("b")) == 5, queues

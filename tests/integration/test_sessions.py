@@ -170,3 +170,33 @@ def test_sessions_survive_redis_and_worker_restarts(
         worker.stop()
     finally:
         server.stop()
+
+
+def test_preload_pins_a_system_prompt_for_every_worker(
+    two_workers: tuple[WorkerProcess, WorkerProcess],
+    redis_server: RedisServer,
+    redis_client: redis.Redis,
+    tmp_path: Any,
+    celery_app: Any,
+    tokenizer: Any,
+    tiny_reference: Reference,
+) -> None:
+    import io
+
+    from ops.queue_client import preload
+    from ops.settings import Settings
+
+    system = "Preloaded system prompt for everyone. " * 10
+    templates = tmp_path / "templates.txt"
+    templates.write_text(system + "\n")
+    out = io.StringIO()
+    assert preload(Settings(redis_url=redis_server.url, served_model_name=MODEL), templates, out) == 1
+    assert "pinned" in out.getvalue(), out.getvalue()
+    pins = [k for k in redis_client.scan_iter(match="kvferry:kv:*:pins")]
+    assert pins and redis_client.hlen(pins[0]) > 0
+    # Any worker now starts the prompt from the pinned blocks (its pool, or Redis).
+    for worker in two_workers:
+        turn = [{"role": "system", "content": system}, {"role": "user", "content": f"hi from {worker.name}"}]
+        result = _chat(celery_app, turn, None, worker.queue)
+        assert list(result.token_ids) == _expected(tokenizer, tiny_reference, turn, 8)
+        assert result.usage.cached_tokens >= 4 * BLOCK, result.usage
