@@ -93,6 +93,15 @@ async def _prefix_matches(client: aioredis.Redis, names: list[str], digests: lis
 _round_robin = itertools.count()
 
 
+def _balanced(name: str, reason: str, loads: dict[str, int]) -> Route:
+    """Where the blocks are, unless that worker is clearly busier than the least loaded one: then
+    moving costs a fetch from Redis, which is cheaper than waiting (SGLang's router does alike)."""
+    least = min(loads, key=lambda n: (loads[n], random.random()))
+    if loads[name] - loads[least] > max(2, loads[least] // 4):
+        return _to(least, f"load balance: {least} ({name} has {loads[name]} jobs, {least} {loads[least]})")
+    return _to(name, reason)
+
+
 async def choose_queue(
     client: aioredis.Redis, job: GenerateJob, routing: str = "cache-aware", max_waiting: int = 8
 ) -> Route:
@@ -105,13 +114,14 @@ async def choose_queue(
         name = sorted(live)[next(_round_robin) % len(live)]
         return _to(name, f"round robin: {name}")
     ready = {n: w for n, w in live.items() if not _overloaded(w, max_waiting)}
+    loads = {n: _load(w) for n, w in ready.items()}
     note = ""
     if job.session_id:
         raw: Any = await client.get(keys.session(job.session_id))
         record = session_store.decode(raw) if raw is not None else None
         if record is not None and record.tenant == job.tenant and record.model == job.model:
             if record.last_worker in ready:
-                return _to(record.last_worker, f"session affinity: {record.last_worker}")
+                return _balanced(record.last_worker, f"session affinity: {record.last_worker}", loads)
             state = "busy" if record.last_worker in live else "gone"
             note = f"; session's worker {record.last_worker} is {state}"
     digests = _digests(job)
@@ -120,8 +130,8 @@ async def choose_queue(
         best = max(matches.values())
         if best > 0:
             tied = [n for n, m in matches.items() if m == best]
-            name = min(tied, key=lambda n: (_load(ready[n]), random.random()))
+            name = min(tied, key=lambda n: (loads[n], random.random()))
             unit = "messages" if job.messages else "text chunks"
-            return _to(name, f"prefix match: {best}/{len(digests)} {unit} on {name}{note}")
+            return _balanced(name, f"prefix match: {best}/{len(digests)} {unit} on {name}{note}", loads)
     reason = "shared: no live worker" if not live else "shared: no worker holds this prefix"
     return Route(keys.SHARED_QUEUE, reason + note)

@@ -94,3 +94,12 @@ def test_a_burst_of_new_conversations_is_spread_before_heartbeats_catch_up(
         rds.zadd(keys.worker_prefixes(name), {digest: 1})
     queues = [_route(redis_url, _job(SYSTEM, ChatMessage("user", f"q{i}"))).queue for i in range(10)]
     assert queues.count(keys.worker_queue("a")) == 5 and queues.count(keys.worker_queue("b")) == 5, queues
+
+
+def test_affinity_gives_way_when_its_worker_is_clearly_busier(rds: redis.Redis, redis_url: str) -> None:
+    _beat(rds, "a")
+    _beat(rds, "b")
+    session_store.save(rds, SessionRecord("hot", "", "m", (1,), (), "a", time.time(), 1), 60)
+    reasons = [_route(redis_url, _job(SYSTEM, session="hot")).reason for _ in range(8)]
+    assert reasons[:3] == ["session affinity: a"] * 3, reasons
+    assert reasons[3].startswith("load balance: b (a has 3 jobs, b 0)"), reasons
