@@ -31,7 +31,7 @@ test: $(STAMP)
 	$(PY) -m pytest -q
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check . && $(VENV)/bin/mypy
+	$(VENV)/bin/ruff check --no-cache . && $(VENV)/bin/ruff format --no-cache --check . && $(VENV)/bin/mypy
 
 bench: $(STAMP)
 	@mkdir -p $(OUT)

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence as Seq
 
-from kvstore.stored_block import StoredBlock
-
 from kvstore.block import Block
 from kvstore.block_hash import BlockHash, hash_block, hash_blocks, root_hash
 from kvstore.block_pool import BlockPool
+from kvstore.stored_block import StoredBlock
 from workers.engine.sequence import Sequence
 
 

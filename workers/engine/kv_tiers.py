@@ -11,13 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from kvstore.stored_block import KVFormat, StoredBlock
-from kvstore.warm_tier import WarmTier
-
 from kvstore.block_events import AllBlocksCleared, BlockEvent, BlockRemoved, BlockStored
 from kvstore.block_hash import BlockHash
 from kvstore.block_pool import BlockPool
 from kvstore.kv_cache import KVCache
+from kvstore.stored_block import KVFormat, StoredBlock
+from kvstore.warm_tier import WarmTier
 
 ColdSink = Callable[[list[StoredBlock]], None]
 

@@ -6,13 +6,13 @@ import uuid
 from pathlib import Path
 
 import torch
-from kvstore.stored_block import KVFormat
-from kvstore.warm_tier import WarmTier
 
 from broker.errors import InvalidRequestError, PromptTooLongError
 from broker.sampling import SamplingParams
 from kvstore.block_pool import BlockPool
 from kvstore.kv_cache import KVCache, KVLayout
+from kvstore.stored_block import KVFormat
+from kvstore.warm_tier import WarmTier
 from workers.engine.block_manager import BlockManager, cdiv
 from workers.engine.config import EngineConfig
 from workers.engine.detokenizer import Detokenizer
