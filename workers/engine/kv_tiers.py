@@ -19,6 +19,9 @@ from kvstore.stored_block import KVFormat, StoredBlock
 from kvstore.warm_tier import WarmTier
 
 ColdSink = Callable[[list[StoredBlock]], None]
+# Bounds for the sets of hashes remembered across turns: forgetting one costs a redundant write
+# (the Redis tier skips blocks it already indexes) or a "warm" instead of "redis" label, nothing more.
+MAX_REMEMBERED_HASHES = 200_000
 
 
 class TierCache:
@@ -50,6 +53,10 @@ class TierCache:
 
     def _to_cold(self, blocks: list[StoredBlock]) -> None:
         fresh = [b for b in blocks if b.block_hash not in self._persisted]
+        if len(self._persisted) > MAX_REMEMBERED_HASHES:
+            self._persisted.clear()
+        if len(self.from_redis) > MAX_REMEMBERED_HASHES:
+            self.from_redis.clear()
         if fresh and self.cold_sink is not None:
             self._persisted.update(b.block_hash for b in fresh)
             self.cold_sink(fresh)
