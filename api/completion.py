@@ -68,6 +68,12 @@ def _timeout(ctx: ApiContext, meta: JobMeta) -> JSONResponse:
     return error_response(504, message, "server_error", code="timeout")
 
 
+async def _gave_up(ctx: ApiContext, meta: JobMeta, exc: JobTimeoutError | ClientGoneError) -> Response:
+    """Nobody will read the answer (timed out, or the client left): cancel the job, say why."""
+    await _abandon(ctx, meta)
+    return _timeout(ctx, meta) if isinstance(exc, JobTimeoutError) else Response(status_code=CLIENT_CLOSED)
+
+
 async def _whole(
     ctx: ApiContext, meta: JobMeta, request: CompletionRequest, events: AsyncGenerator[StreamEvent, None]
 ) -> Response:
@@ -80,12 +86,8 @@ async def _whole(
                     r = event.result
                     body = response_body(request, r.text, r.finish_reason, r.usage, meta.response_id)
                     return JSONResponse(body, headers={WORKER_HEADER: r.worker})
-    except JobTimeoutError:
-        await _abandon(ctx, meta)
-        return _timeout(ctx, meta)
-    except ClientGoneError:
-        await _abandon(ctx, meta)
-        return Response(status_code=CLIENT_CLOSED)
+    except (JobTimeoutError, ClientGoneError) as exc:
+        return await _gave_up(ctx, meta, exc)
     raise RuntimeError(f"job {meta.job_id}: its stream ended without a final event")
 
 
@@ -94,12 +96,8 @@ async def _stream(
 ) -> Response:
     try:
         first = await anext(events)  # a generator that raised is closed already
-    except JobTimeoutError:
-        await _abandon(ctx, meta)
-        return _timeout(ctx, meta)
-    except ClientGoneError:
-        await _abandon(ctx, meta)
-        return Response(status_code=CLIENT_CLOSED)
+    except (JobTimeoutError, ClientGoneError) as exc:
+        return await _gave_up(ctx, meta, exc)
     if isinstance(first, JobFailed):
         await events.aclose()
         return failed_response(first)

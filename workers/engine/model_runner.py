@@ -48,7 +48,7 @@ class ModelRunner:
             seq, n = item.seq, item.num_new_tokens
             start, end = seq.num_computed_tokens, seq.num_computed_tokens + n
             row = len(input_ids)
-            input_ids.extend(seq.token_ids[start:end])
+            input_ids.extend(seq.token_slice(start, end))
             positions.extend(range(start, end))
             slot_parts.append(self._slots(seq.block_ids, start, end))
             if n > 1:
