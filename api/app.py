@@ -8,12 +8,14 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from api import routes_jobs, routes_openai, routes_ops, routes_sessions
+from api import openapi_doc, routes_jobs, routes_openai, routes_ops, routes_sessions
 from api.config import ApiConfig
 from api.context import ApiContext
 from api.errors import install_error_handlers
 from api.job_client import JobClient
 from api.metrics import ApiMetrics, RequestCounter
+from api.tenants import KeyRing
+from api.tier_metrics import TierReader
 
 
 def create_app(config: ApiConfig) -> FastAPI:
@@ -22,12 +24,15 @@ def create_app(config: ApiConfig) -> FastAPI:
         jobs=JobClient(config.broker, job_ttl_s=config.job_ttl_s),
         metrics=ApiMetrics(),
         started=int(time.time()),
+        keys=KeyRing(config.api_key, config.api_keys, config.api_keys_file),
+        tier=TierReader(config),
     )
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         yield
         await ctx.jobs.close()
+        ctx.tier.close()
 
     app = FastAPI(title="kvferry", version="0.1.0", lifespan=lifespan)
     app.state.ctx = ctx
@@ -37,6 +42,7 @@ def create_app(config: ApiConfig) -> FastAPI:
     app.include_router(routes_jobs.router)
     app.include_router(routes_ops.router)
     app.include_router(routes_sessions.router)
+    openapi_doc.install(app)
     return app
 
 

@@ -11,15 +11,16 @@ from contextlib import aclosing
 
 import anyio
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from redis import RedisError
 
-from api import sse
+from api import sse, tenant_jobs
 from api.context import ApiContext
 from api.errors import error_response, failed_response
 from api.job_client import ClientGoneError, JobTimeoutError, is_final
 from api.job_meta import JobMeta
 from api.job_view import failed_body
 from api.openai_schema import CompletionRequest, error_body, response_body
-from broker.messages import JobDone, JobFailed, StreamEvent, TokenDelta
+from broker.messages import JobDone, JobFailed, StreamEvent, TokenDelta, Usage
 
 log = logging.getLogger(__name__)
 JOB_ID_HEADER = "X-Job-Id"
@@ -52,13 +53,25 @@ async def _observed(
                 first = False
             if is_final(event):
                 ctx.metrics.job_latency.labels(label).observe(max(0.0, time.time() - meta.created))
+                await settle(ctx, meta, event.result.usage if isinstance(event, JobDone) else None)
             yield event
+
+
+async def settle(ctx: ApiContext, meta: JobMeta, usage: Usage | None) -> None:
+    """The job's end was seen: it stops counting against its tenant's cap, and its tokens are
+    counted, once however many readers see the end."""
+    try:
+        if await tenant_jobs.finish(ctx.jobs.redis, meta.tenant, meta.job_id) and usage is not None:
+            ctx.metrics.tokens(meta.tenant, usage)
+    except Exception as exc:  # the entry's deadline still removes it
+        log.warning("could not settle job %s: %s", meta.job_id, exc)
 
 
 async def _abandon(ctx: ApiContext, meta: JobMeta) -> None:
     """Nobody waits for the job any more: stop it rather than let it spend a worker's time."""
     try:
         await ctx.jobs.cancel(meta.job_id)
+        await tenant_jobs.release(ctx.jobs.redis, meta.tenant, meta.job_id)
     except Exception as exc:  # the job's own TTLs and time limit still bound it
         log.warning("could not cancel job %s: %s", meta.job_id, exc)
 
@@ -145,6 +158,11 @@ async def _sse(
         yield sse.DONE
     except ClientGoneError:
         pass
+    except RedisError as exc:  # an error frame the client can read, not a connection cut mid-body
+        log.warning("job %s: lost the queue service mid-stream: %s", meta.job_id, exc)
+        message = f"the queue service is unavailable: {exc}"
+        yield sse.error_frame(error_body(message, "service_unavailable_error"))
+        yield sse.DONE
     finally:
         with anyio.CancelScope(shield=True):  # runs even when the response task is cancelled
             await events.aclose()

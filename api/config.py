@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
 from broker.celery_app import BrokerConfig
@@ -13,6 +14,7 @@ Routing = Literal["cache-aware", "round-robin", "shared"]
 @dataclass(frozen=True, slots=True)
 class ApiConfig:
     redis_url: str = "redis://127.0.0.1:6379/0"
+    kv_redis_url: str | None = None  # the KV tier's Redis (session DELETE unpins there); None: redis_url
     served_models: tuple[str, ...] = ("smollm2",)  # a request naming another model gets 404
     api_key: str | None = None  # None: no auth; else "Authorization: Bearer <key>" is required
     job_timeout_s: float = 600.0  # the longest a request waits for its job's final event
@@ -20,6 +22,12 @@ class ApiConfig:
     job_ttl_s: int = 86400  # how long job metadata (and so GET /v1/jobs/{id}) lives
     routing: Routing = "cache-aware"  # or "round-robin" / "shared" (baselines for the benchmark)
     route_max_waiting: int = 8  # a worker with more sequences waiting than this is not routed to
+    api_keys: tuple[tuple[str, str], ...] = ()  # (key, tenant) pairs; see api/tenants.py
+    api_keys_file: Path | None = None  # one "key tenant" per line, re-read when it changes
+    tenant_max_jobs: int = 0  # unfinished jobs one tenant may have at once (over it: 429); 0 = no cap
+    # A chat's max_tokens when it names none. None (the default): the worker decides, with its
+    # Settings.default_max_tokens capped by the room the context leaves.
+    default_max_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if self.routing not in ("cache-aware", "round-robin", "shared"):
@@ -30,6 +38,10 @@ class ApiConfig:
             raise ValueError("job_timeout_s, max_body_bytes and job_ttl_s must be positive")
         if self.api_key is not None and not self.api_key:
             raise ValueError("api_key must be None (no auth) or a non-empty string")
+        if self.tenant_max_jobs < 0:
+            raise ValueError("tenant_max_jobs must be >= 0 (0: no cap)")
+        if self.default_max_tokens is not None and self.default_max_tokens < 1:
+            raise ValueError("default_max_tokens must be None or positive")
 
     @property
     def broker(self) -> BrokerConfig:

@@ -10,6 +10,8 @@ from fastapi import Depends, Request
 from api.config import ApiConfig
 from api.job_client import JobClient
 from api.metrics import ApiMetrics
+from api.tenants import KeyRing
+from api.tier_metrics import TierReader
 
 
 @dataclass(frozen=True, slots=True)
@@ -18,6 +20,8 @@ class ApiContext:
     jobs: JobClient
     metrics: ApiMetrics
     started: int  # unix time the app was built ("created" of /v1/models entries)
+    keys: KeyRing
+    tier: TierReader
 
 
 def context(request: Request) -> ApiContext:

@@ -29,6 +29,7 @@ class ApiError(Exception):
         kind: str = "invalid_request_error",
         param: str | None = None,
         code: str | None = None,
+        headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.status_code = status_code
@@ -36,6 +37,7 @@ class ApiError(Exception):
         self.kind = kind
         self.param = param
         self.code = code
+        self.headers = headers or {}
 
 
 def error_response(
@@ -58,7 +60,9 @@ def _http_kind(status_code: int) -> str:
 
 async def _api_error(_: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, ApiError)
-    return error_response(exc.status_code, exc.message, exc.kind, exc.param, exc.code)
+    response = error_response(exc.status_code, exc.message, exc.kind, exc.param, exc.code)
+    response.headers.update(exc.headers)
+    return response
 
 
 async def _invalid_request(_: Request, exc: Exception) -> JSONResponse:

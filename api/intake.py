@@ -1,24 +1,29 @@
-"""From an HTTP request to a queued job: read the JSON body within its size limit, parse it,
-check the model, choose a queue, record the job's metadata and send it."""
+"""From an HTTP request to a queued job: read the JSON body within its size and depth limits,
+validate it, check the model, admit it under its tenant's job cap, choose a queue, record the
+job's metadata and send it. Nothing is written to Redis before a request is known to be valid."""
 
 from __future__ import annotations
 
 import dataclasses
-import json
+import re
+import time
 import uuid
 from typing import Any
 
 from fastapi import Request
 
+from api import json_guard, tenant_jobs
+from api.context import ApiContext
 from api.errors import ApiError
-from api.job_client import JobClient
 from api.job_meta import JobMeta
 from api.openai_schema import CompletionRequest, parse_request
+from api.request_models import ID_PATTERN
 from api.router import choose_queue
 from broker.errors import InvalidRequestError, UnknownModelError
 
 SESSION_HEADER = "x-session-id"
-MAX_SESSION_ID_CHARS = 256
+RETRY_AFTER_S = 1  # a tenant at its job cap: a job of a few seconds will have finished by then
+_ID = re.compile(ID_PATTERN)
 
 
 async def read_json(request: Request, max_bytes: int) -> Any:
@@ -31,46 +36,51 @@ async def read_json(request: Request, max_bytes: int) -> Any:
         if size > max_bytes:
             raise ApiError(413, f"request body over {max_bytes} bytes", param="body")
         chunks.append(chunk)
-    try:
-        return json.loads(b"".join(chunks))
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ApiError(400, f"the request body is not valid JSON: {exc}", param="body") from None
+    return json_guard.loads(b"".join(chunks))
 
 
-def parse(endpoint: str, body: Any, session_header: str | None, served: tuple[str, ...]) -> CompletionRequest:
-    """A body's session_id wins over the X-Session-Id header."""
-    request = parse_request(endpoint, body)
+def parse(ctx: ApiContext, endpoint: str, body: Any, session_header: str | None) -> CompletionRequest:
+    """A body's session_id wins over the X-Session-Id header (held to the same charset)."""
+    request = parse_request(endpoint, body, ctx.config.default_max_tokens)
+    served = ctx.config.served_models
     if request.model not in served:
         raise UnknownModelError(f"The model `{request.model}` does not exist (served: {', '.join(served)})")
     if request.session_id is None and session_header:
+        if not _ID.match(session_header):
+            raise InvalidRequestError(f"the X-Session-Id header must match {ID_PATTERN}", "session_id")
         request = dataclasses.replace(request, session_id=session_header)
-    if request.session_id is not None and len(request.session_id) > MAX_SESSION_ID_CHARS:
-        raise InvalidRequestError(f"session_id is over {MAX_SESSION_ID_CHARS} characters", "session_id")
     return request
 
 
-async def submit(
-    jobs: JobClient,
-    request: CompletionRequest,
-    body: dict[str, Any],
-    tenant: str,
-    routing: str = "cache-aware",
-    max_waiting: int = 8,
-) -> JobMeta:
+async def submit(ctx: ApiContext, request: CompletionRequest, tenant: str) -> JobMeta:
+    jobs, config = ctx.jobs, ctx.config
     job_id = str(uuid.uuid4())
     job = request.to_job(tenant)
-    route = await choose_queue(jobs.redis, job, routing, max_waiting)
-    queue, reason = route.queue, route.reason
-    meta = JobMeta(
-        job_id=job_id,
-        endpoint=request.endpoint,
-        model=request.model,
-        queue=queue,
-        reason=reason,
-        created=job.submitted_at,
-        body=body,
-        tenant=tenant,
-        session_id=request.session_id,
-    )
-    await jobs.submit(meta, job)
+    deadline = job.submitted_at + config.job_timeout_s
+    if not await tenant_jobs.admit(jobs.redis, tenant, job_id, deadline, config.tenant_max_jobs):
+        ctx.metrics.tenant_rejected.labels(tenant).inc()
+        raise ApiError(
+            429,
+            f"too many unfinished jobs: at most {config.tenant_max_jobs} at once per tenant",
+            "rate_limit_error",
+            code="tenant_job_limit",
+            headers={"Retry-After": str(RETRY_AFTER_S)},
+        )
+    try:
+        route = await choose_queue(jobs.redis, job, config.routing, config.route_max_waiting)
+        meta = JobMeta(
+            job_id=job_id,
+            endpoint=request.endpoint,
+            model=request.model,
+            queue=route.queue,
+            reason=route.reason,
+            created=job.submitted_at or time.time(),
+            tenant=tenant,
+            session_id=request.session_id,
+            params=request.params,
+        )
+        await jobs.submit(meta, job)
+    except Exception:
+        await tenant_jobs.release(jobs.redis, tenant, job_id)
+        raise
     return meta

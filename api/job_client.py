@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import logging
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -14,16 +15,20 @@ from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
 from celery import states
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from api.job_meta import JobMeta
 from broker import keys
 from broker.celery_app import BrokerConfig, make_celery
 from broker.codec import CodecError, decode_event, decode_result, encode_job
 from broker.errors import KvferryError
-from broker.job_events import EVENT_FIELD
+from broker.job_events import EVENT_FIELD, TokenCursor
 from broker.messages import GenerateJob, GenerateResult, JobDone, JobFailed, StreamEvent, Usage
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
+REDIS_RETRY_S = 0.25  # while Redis restarts, a follower asks again this often (until its deadline)
 SYNC_TIMEOUT_S = 10.0  # the longest a request waits for a blocking Celery call
 # kombu's publish retries: a broker that is down fails the request in about a second, not minutes.
 SEND_RETRY_POLICY = {"max_retries": 2, "interval_start": 0.0, "interval_step": 0.25, "interval_max": 0.5}
@@ -155,23 +160,33 @@ class JobClient:
     async def follow(
         self, job_id: str, timeout_s: float, alive: Callable[[], Awaitable[bool]] | None = None
     ) -> AsyncGenerator[StreamEvent, None]:
-        """Every event of the job from the start until its final one (JobDone or JobFailed).
+        """Every event of the job from the start until its final one (JobDone or JobFailed), each
+        token index once and in order however often the job was redelivered (TokenCursor).
         Raises JobTimeoutError past timeout_s, ClientGoneError once `alive()` says so."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         next_poll = loop.time() + self.state_poll_s
         next_alive = loop.time() + self.block_ms / 1000
         stream, last = keys.job_stream(job_id), "0-0"
+        cursor = TokenCursor()
         while True:
             remaining = deadline - loop.time()
             if remaining <= 0:
                 raise JobTimeoutError(f"job {job_id} did not finish within {timeout_s:g}s")
             block = max(1, int(min(self.block_ms / 1000, remaining) * 1000))  # BLOCK 0 is forever
-            reply: Any = await self.redis.xread({stream: last}, block=block, count=256)
+            try:
+                reply: Any = await self.redis.xread({stream: last}, block=block, count=256)
+            except (RedisConnectionError, RedisTimeoutError) as exc:
+                # Redis restarting: the job goes on (AOF keeps its stream); keep following it.
+                log.warning("job %s: stream read failed (%s); retrying", job_id, exc)
+                await asyncio.sleep(REDIS_RETRY_S)
+                continue
             for _, entries in reply or []:
                 for entry_id, fields in entries:
                     last = entry_id
-                    event = decode_event(fields[EVENT_FIELD])
+                    event = cursor.accept(decode_event(fields[EVENT_FIELD]))
+                    if event is None:
+                        continue  # tokens an earlier attempt already streamed
                     yield event
                     if is_final(event):
                         return
@@ -185,7 +200,10 @@ class JobClient:
                 next_poll = now + self.state_poll_s  # its worker is busy with it; no need to ask
             elif now >= next_poll:
                 next_poll = now + self.state_poll_s
-                settled = await self._settled_silently(job_id, last)
+                try:
+                    settled = await self._settled_silently(job_id, last)
+                except (RedisConnectionError, RedisTimeoutError, BrokerUnavailableError):
+                    settled = None  # asked again at the next poll
                 if settled is not None:
                     yield settled
                     return

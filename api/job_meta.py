@@ -1,12 +1,15 @@
-"""JobMeta: what the api knew when it queued a job, kept in the hash `keys.job_meta(job_id)`."""
+"""JobMeta: what the api knew when it queued a job, kept in the hash `keys.job_meta(job_id)` for
+ApiConfig.job_ttl_s. It holds no prompt (no messages, no text, no token ids): only what
+GET /v1/jobs/{id} needs to describe the job and rebuild its answer from the result."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
 
-from api.openai_schema import CompletionRequest, parse_request
+from api.openai_schema import CompletionRequest, Endpoint
+from broker.sampling import SamplingParams
 
 
 @dataclass(frozen=True, slots=True)
@@ -17,12 +20,16 @@ class JobMeta:
     queue: str
     reason: str  # why the router chose that queue
     created: float  # unix time of submission
-    body: dict[str, Any]  # the request body, to rebuild the response body from the result
     tenant: str = ""
     session_id: str | None = None
+    params: SamplingParams = field(default_factory=SamplingParams)
 
     def request(self) -> CompletionRequest:
-        return parse_request(self.endpoint, self.body)
+        """The request as far as building its response body needs (its prompt is not kept)."""
+        endpoint: Endpoint = (
+            "/v1/chat/completions" if self.endpoint == "/v1/chat/completions" else "/v1/completions"
+        )
+        return CompletionRequest(endpoint, self.model, self.params, session_id=self.session_id)
 
     def to_hash(self) -> dict[str, str]:
         return {
@@ -31,7 +38,7 @@ class JobMeta:
             "queue": self.queue,
             "reason": self.reason,
             "created": repr(self.created),
-            "body": json.dumps(self.body, separators=(",", ":")),
+            "params": json.dumps(dataclasses.asdict(self.params), separators=(",", ":")),
             "tenant": self.tenant,
             "session_id": self.session_id or "",
         }
@@ -46,9 +53,9 @@ class JobMeta:
             queue=h["queue"],
             reason=h["reason"],
             created=float(h["created"]),
-            body=json.loads(h["body"]),
             tenant=h.get("tenant", ""),
             session_id=h.get("session_id") or None,
+            params=_params(h.get("params")),
         )
 
     @property
@@ -56,3 +63,11 @@ class JobMeta:
         """The OpenAI object id of this job's answer: chatcmpl-<job id> or cmpl-<job id>."""
         prefix = "chatcmpl" if self.endpoint == "/v1/chat/completions" else "cmpl"
         return f"{prefix}-{self.job_id}"
+
+
+def _params(raw: str | None) -> SamplingParams:
+    if not raw:  # written by an older api
+        return SamplingParams()
+    doc = json.loads(raw)
+    doc["stop"] = tuple(doc.get("stop") or ())
+    return SamplingParams(**doc)

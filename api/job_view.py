@@ -63,6 +63,9 @@ async def job_view(jobs: JobClient, meta: JobMeta) -> dict[str, Any]:
         "error": None,
         "worker": state.hostname if state is not None else None,
         "usage": None,
+        # lease epochs the job has run under (1: never redelivered); its result and stream show
+        # each token once whatever this is
+        "attempts": last.epoch if last is not None else 0,
     }
     if isinstance(outcome, JobDone):
         r = outcome.result

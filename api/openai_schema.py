@@ -1,20 +1,24 @@
 """OpenAI request bodies in, OpenAI response bodies out: plain functions shared by the HTTP API
-and the offline batch runner. Validation raises InvalidRequestError naming the bad field."""
+and the offline batch runner. Bodies are validated by the pydantic models of api/request_models.py;
+a bad one raises InvalidRequestError whose param names the (top-level) field."""
 
 from __future__ import annotations
 
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
+from pydantic import BaseModel, ValidationError
+
+from api.request_models import ChatBody, CompletionBody
 from broker.errors import InvalidRequestError
 from broker.messages import ChatMessage, GenerateJob, Usage
-from broker.sampling import SamplingParams
+from broker.sampling import MAX_STOP_STRINGS, SamplingParams
 
 Endpoint = Literal["/v1/chat/completions", "/v1/completions"]
 ENDPOINTS: tuple[Endpoint, ...] = ("/v1/chat/completions", "/v1/completions")
-_ROLES = frozenset({"system", "user", "assistant", "developer", "tool"})
+M = TypeVar("M", bound=BaseModel)
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,6 +31,7 @@ class CompletionRequest:
     session_id: str | None = None
     stream: bool = False
     include_usage: bool = False  # stream_options.include_usage: a final chunk with usage
+    cache_salt: str = ""  # as vLLM's: requests with different salts never share KV blocks
 
     @property
     def is_chat(self) -> bool:
@@ -43,142 +48,98 @@ class CompletionRequest:
             session_id=self.session_id,
             tenant=tenant,
             submitted_at=time.time(),
+            cache_salt=self.cache_salt,
         )
 
 
-def _text_content(content: Any, where: str) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):  # [{"type": "text", "text": ...}, ...]
-        parts = []
-        for part in content:
-            if (
-                not isinstance(part, dict)
-                or part.get("type") != "text"
-                or not isinstance(part.get("text"), str)
-            ):
-                raise InvalidRequestError(f"{where}: only text content parts are supported", "messages")
-            parts.append(part["text"])
-        return "".join(parts)
-    raise InvalidRequestError(f"{where}: content must be a string or a list of text parts", "messages")
+_TAGS = frozenset({"str", "int", "float", "bool", "list", "dict"})  # pydantic's union member tags
 
 
-def _messages(raw: Any) -> tuple[dict[str, str], ...]:
-    if not isinstance(raw, list) or not raw:
-        raise InvalidRequestError("'messages' must be a non-empty list", "messages")
-    out = []
-    for i, m in enumerate(raw):
-        if not isinstance(m, dict):
-            raise InvalidRequestError(f"messages[{i}] must be an object", "messages")
-        role = m.get("role")
-        if role not in _ROLES:
-            raise InvalidRequestError(f"messages[{i}].role must be one of {sorted(_ROLES)}", "messages")
-        out.append(
-            {
-                "role": "system" if role == "developer" else role,
-                "content": _text_content(m.get("content"), f"messages[{i}]"),
-            }
-        )
-    return tuple(out)
+def _where(loc: tuple[int | str, ...]) -> str:
+    """("messages", 0, "content", "str") -> "messages[0].content"."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part.replace("_", "").isalpha() and part.islower() and part not in _TAGS:
+            out += ("." if out else "") + part
+    return out or "body"
 
 
-def _prompt(raw: Any) -> str | tuple[int, ...]:
-    if isinstance(raw, str):
-        if not raw:
-            raise InvalidRequestError("'prompt' is empty", "prompt")
-        return raw
-    if isinstance(raw, list) and len(raw) == 1 and isinstance(raw[0], (str, list)):
-        return _prompt(raw[0])  # a batch of one
-    if isinstance(raw, list) and raw and all(isinstance(t, int) and not isinstance(t, bool) for t in raw):
-        return tuple(raw)
-    raise InvalidRequestError("'prompt' must be a non-empty string or a list of token ids", "prompt")
+# Fields whose pydantic message (one per union member) would mislead: say what is expected.
+_EXPECTED = {
+    "prompt": "must be a non-empty string or a non-empty list of token ids in [0, 2**31)",
+    "stop": f"must be a non-empty string or a list of at most {MAX_STOP_STRINGS} non-empty strings",
+    "content": "must be a string or a list of text parts ({type: text, text: ...})",
+}
 
 
-def _number(body: dict[str, Any], key: str, default: float, kind: type = float) -> Any:
-    value = body.get(key, default)
-    if value is None:
-        return default
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, (int, float))
-        or (kind is int and not isinstance(value, int))
-    ):
-        raise InvalidRequestError(f"'{key}' must be a{'n integer' if kind is int else ' number'}", key)
-    return kind(value)
+def _invalid(exc: ValidationError) -> InvalidRequestError:
+    first = exc.errors(include_url=False)[0]
+    loc = tuple(first["loc"])
+    param = str(loc[0]) if loc else "body"
+    where = _where(loc)
+    field = where.rsplit(".", 1)[-1].split("[")[0]
+    if field in _EXPECTED and first["type"] not in ("literal_error", "missing"):
+        return InvalidRequestError(f"{where}: {_EXPECTED[field]}", param)
+    return InvalidRequestError(f"{where}: {first['msg']}", param)
 
 
-def sampling_params(body: dict[str, Any], default_max_tokens: int | None) -> SamplingParams:
-    max_tokens = body.get("max_completion_tokens", body.get("max_tokens", default_max_tokens))
-    if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int)):
-        raise InvalidRequestError("'max_tokens' must be an integer", "max_tokens")
-    stop = body.get("stop") or ()
-    if isinstance(stop, str):
-        stop = (stop,)
-    if not isinstance(stop, (list, tuple)):
-        raise InvalidRequestError("'stop' must be a string or a list of strings", "stop")
-    if _number(body, "n", 1, int) != 1:
-        raise InvalidRequestError("only n=1 is supported", "n")
-    seed = body.get("seed")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-        raise InvalidRequestError("'seed' must be an integer", "seed")
-    return SamplingParams(
-        max_tokens=max_tokens,
-        temperature=_number(body, "temperature", 1.0),
-        top_p=_number(body, "top_p", 1.0),
-        top_k=_number(body, "top_k", 0, int),
-        seed=seed,
-        stop=tuple(stop),
-        ignore_eos=bool(body.get("ignore_eos", False)),
-    )
-
-
-def parse_request(endpoint: str, body: Any) -> CompletionRequest:
-    if endpoint not in ENDPOINTS:
-        raise InvalidRequestError(f"unsupported url {endpoint!r}; expected one of {list(ENDPOINTS)}", "url")
+def validate(model: type[M], body: Any) -> M:
+    """The body as `model`, or an InvalidRequestError whose param names the first bad field."""
     if not isinstance(body, dict):
         raise InvalidRequestError("the request body must be a JSON object", "body")
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise InvalidRequestError("'model' is required", "model")
-    session = body.get("session_id")
-    if session is not None and not isinstance(session, str):
-        raise InvalidRequestError("'session_id' must be a string", "session_id")
-    stream, include_usage = _stream_flags(body)
-    if endpoint == "/v1/chat/completions":
-        # OpenAI's chat default: generate until the context is full.
-        return CompletionRequest(
-            endpoint,
-            model,
-            sampling_params(body, None),
-            messages=_messages(body.get("messages")),
-            session_id=session,
-            stream=stream,
-            include_usage=include_usage,
-        )
-    return CompletionRequest(
-        endpoint,
-        model,
-        sampling_params(body, 16),
-        prompt=_prompt(body.get("prompt")),
-        session_id=session,
-        stream=stream,
-        include_usage=include_usage,
+    try:
+        return model.model_validate(body)
+    except ValidationError as exc:
+        raise _invalid(exc) from None
+
+
+def _params(b: ChatBody | CompletionBody, default_max_tokens: int | None) -> SamplingParams:
+    max_tokens = b.max_tokens
+    if isinstance(b, ChatBody) and b.max_completion_tokens is not None:
+        max_tokens = b.max_completion_tokens
+    stop = (b.stop,) if isinstance(b.stop, str) else tuple(b.stop or ())
+    return SamplingParams(
+        max_tokens=max_tokens if max_tokens is not None else default_max_tokens,
+        temperature=1.0 if b.temperature is None else b.temperature,
+        top_p=1.0 if b.top_p is None else b.top_p,
+        top_k=b.top_k or 0,
+        seed=b.seed,
+        stop=stop,
+        ignore_eos=bool(b.ignore_eos),
     )
 
 
-def _stream_flags(body: dict[str, Any]) -> tuple[bool, bool]:
-    stream = body.get("stream")
-    if stream is not None and not isinstance(stream, bool):
-        raise InvalidRequestError("'stream' must be a boolean", "stream")
-    options = body.get("stream_options")
-    if options is None:
-        return bool(stream), False
-    if not isinstance(options, dict):
-        raise InvalidRequestError("'stream_options' must be an object", "stream_options")
-    include_usage = options.get("include_usage")
-    if include_usage is not None and not isinstance(include_usage, bool):
-        raise InvalidRequestError("'stream_options.include_usage' must be a boolean", "stream_options")
-    return bool(stream), bool(include_usage)
+def parse_request(endpoint: str, body: Any, chat_max_tokens: int | None = None) -> CompletionRequest:
+    """An OpenAI body, validated. chat_max_tokens: a chat's max_tokens when it names none
+    (None: until the context is full); a text completion's default is OpenAI's, 16."""
+    if endpoint not in ENDPOINTS:
+        raise InvalidRequestError(f"unsupported url {endpoint!r}; expected one of {list(ENDPOINTS)}", "url")
+    b: ChatBody | CompletionBody
+    if endpoint == "/v1/chat/completions":
+        b = validate(ChatBody, body)
+        messages = tuple(
+            {"role": "system" if m.role == "developer" else m.role, "content": m.text} for m in b.messages
+        )
+        prompt: str | tuple[int, ...] = ""
+        params = _params(b, chat_max_tokens)
+    else:
+        b = validate(CompletionBody, body)
+        messages, prompt = (), b.prompt_value
+        params = _params(b, 16)
+    options = b.stream_options
+    return CompletionRequest(
+        endpoint,
+        b.model,
+        params,
+        messages=messages,
+        prompt=prompt,
+        session_id=b.session_id,
+        stream=bool(b.stream),
+        include_usage=bool(options and options.include_usage),
+        cache_salt=b.cache_salt or "",
+    )
 
 
 def usage_body(usage: Usage) -> dict[str, Any]:

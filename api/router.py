@@ -67,10 +67,12 @@ def _overloaded(w: WorkerStatus, max_waiting: int) -> bool:
 
 
 def _digests(job: GenerateJob) -> list[str]:
+    """Rooted in the job's tenant and cache salt, as the workers' are: a prefix another tenant
+    (or salt) served never matches, so no route reason can tell of it."""
     if job.messages:
-        return chat_digests(job.model, job.tenant, job.messages)
+        return chat_digests(job.model, job.kv_salt, job.messages)
     if job.prompt:
-        return text_digests(job.model, job.tenant, job.prompt)
+        return text_digests(job.model, job.kv_salt, job.prompt)
     return []
 
 
@@ -117,7 +119,7 @@ async def choose_queue(
     loads = {n: _load(w) for n, w in ready.items()}
     note = ""
     if job.session_id:
-        raw: Any = await client.get(keys.session(job.session_id))
+        raw: Any = await client.get(keys.session(job.tenant, job.session_id))
         record = session_store.decode(raw) if raw is not None else None
         if record is not None and record.tenant == job.tenant and record.model == job.model:
             if record.last_worker in ready:

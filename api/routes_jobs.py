@@ -7,13 +7,17 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from api import intake
+from api import intake, tenant_jobs
 from api.auth import Tenant
+from api.completion import settle
 from api.context import Ctx
 from api.errors import ApiError
 from api.job_meta import JobMeta
 from api.job_view import FINAL_STATUSES, job_view
 from api.openai_schema import ENDPOINTS
+from api.openapi_doc import body_of
+from api.request_models import JobBody
+from broker.messages import Usage
 
 router = APIRouter(prefix="/v1/jobs")
 
@@ -25,7 +29,22 @@ async def _meta(ctx: Ctx, job_id: str, tenant: str) -> JobMeta:
     return meta
 
 
-@router.post("", status_code=202)
+async def _view(ctx: Ctx, meta: JobMeta) -> dict[str, Any]:
+    view = await job_view(ctx.jobs, meta)
+    if view["status"] in FINAL_STATUSES:
+        u = view.get("usage") or None
+        usage = (
+            None
+            if u is None
+            else Usage(
+                u["prompt_tokens"], u["completion_tokens"], u["prompt_tokens_details"]["cached_tokens"]
+            )
+        )
+        await settle(ctx, meta, usage)
+    return view
+
+
+@router.post("", status_code=202, openapi_extra=body_of(JobBody))
 async def submit_job(request: Request, ctx: Ctx, tenant: Tenant) -> JSONResponse:
     doc = await intake.read_json(request, ctx.config.max_body_bytes)
     if not isinstance(doc, dict):
@@ -33,14 +52,8 @@ async def submit_job(request: Request, ctx: Ctx, tenant: Tenant) -> JSONResponse
     endpoint = doc.get("endpoint")
     if endpoint not in ENDPOINTS:
         raise ApiError(400, f"'endpoint' must be one of {list(ENDPOINTS)}", param="endpoint")
-    body = doc.get("body")
-    parsed = intake.parse(
-        endpoint, body, request.headers.get(intake.SESSION_HEADER), ctx.config.served_models
-    )
-    assert isinstance(body, dict)  # parse() accepted it
-    meta = await intake.submit(
-        ctx.jobs, parsed, body, tenant, ctx.config.routing, ctx.config.route_max_waiting
-    )
+    parsed = intake.parse(ctx, endpoint, doc.get("body"), request.headers.get(intake.SESSION_HEADER))
+    meta = await intake.submit(ctx, parsed, tenant)
     job = {
         "id": meta.job_id,
         "object": "job",
@@ -56,14 +69,15 @@ async def submit_job(request: Request, ctx: Ctx, tenant: Tenant) -> JSONResponse
 
 @router.get("/{job_id}")
 async def get_job(job_id: str, ctx: Ctx, tenant: Tenant) -> dict[str, Any]:
-    return await job_view(ctx.jobs, await _meta(ctx, job_id, tenant))
+    return await _view(ctx, await _meta(ctx, job_id, tenant))
 
 
 @router.delete("/{job_id}")
 async def cancel_job(job_id: str, ctx: Ctx, tenant: Tenant) -> dict[str, Any]:
     meta = await _meta(ctx, job_id, tenant)
-    view = await job_view(ctx.jobs, meta)
+    view = await _view(ctx, meta)
     if view["status"] in FINAL_STATUSES:
         return view
     await ctx.jobs.cancel(job_id)
+    await tenant_jobs.release(ctx.jobs.redis, tenant, job_id)
     return await job_view(ctx.jobs, meta)

@@ -12,18 +12,16 @@ from api.auth import Tenant
 from api.completion import answer
 from api.context import Ctx
 from api.errors import ApiError
+from api.openapi_doc import body_of
+from api.request_models import ChatBody, CompletionBody
 
 router = APIRouter(prefix="/v1")
 
 
 async def _complete(endpoint: str, request: Request, ctx: Ctx, tenant: str) -> Response:
     body = await intake.read_json(request, ctx.config.max_body_bytes)
-    parsed = intake.parse(
-        endpoint, body, request.headers.get(intake.SESSION_HEADER), ctx.config.served_models
-    )
-    meta = await intake.submit(
-        ctx.jobs, parsed, body, tenant, ctx.config.routing, ctx.config.route_max_waiting
-    )
+    parsed = intake.parse(ctx, endpoint, body, request.headers.get(intake.SESSION_HEADER))
+    meta = await intake.submit(ctx, parsed, tenant)
 
     async def alive() -> bool:
         return not await request.is_disconnected()
@@ -31,12 +29,12 @@ async def _complete(endpoint: str, request: Request, ctx: Ctx, tenant: str) -> R
     return await answer(ctx, meta, parsed, alive)
 
 
-@router.post("/chat/completions")
+@router.post("/chat/completions", openapi_extra=body_of(ChatBody))
 async def chat_completions(request: Request, ctx: Ctx, tenant: Tenant) -> Response:
     return await _complete("/v1/chat/completions", request, ctx, tenant)
 
 
-@router.post("/completions")
+@router.post("/completions", openapi_extra=body_of(CompletionBody))
 async def completions(request: Request, ctx: Ctx, tenant: Tenant) -> Response:
     return await _complete("/v1/completions", request, ctx, tenant)
 

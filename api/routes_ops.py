@@ -25,4 +25,6 @@ async def healthz(ctx: Ctx) -> JSONResponse:
 
 @router.get("/metrics")
 async def metrics(ctx: Ctx) -> Response:
-    return Response(await ctx.metrics.render(ctx.jobs.redis), media_type=CONTENT_TYPE_LATEST)
+    tenants = ctx.keys.tenants() if ctx.keys.enabled else [""]
+    text = await ctx.metrics.render(ctx.jobs.redis, tenants, await ctx.tier.report())
+    return Response(text, media_type=CONTENT_TYPE_LATEST)

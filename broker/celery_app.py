@@ -22,6 +22,15 @@ class BrokerConfig:
     heartbeat_interval_s: float = 1.0
     heartbeat_ttl_s: int = 4
     restore_interval_s: int = 1
+    # A running job's lease (broker/job_lease.py) lapses this long after its worker stopped
+    # renewing it (every heartbeat interval, from a thread of its own); None: heartbeat_ttl_s.
+    # Shorter is faster redelivery after a death; longer tolerates longer stalls of a live worker
+    # (a stall past it costs a duplicate attempt, never a duplicate token: writes are fenced).
+    job_lease_ttl_s: float | None = None
+
+    @property
+    def lease_ttl_s(self) -> float:
+        return self.job_lease_ttl_s if self.job_lease_ttl_s is not None else float(self.heartbeat_ttl_s)
 
     @property
     def visibility_timeout_s(self) -> int:
@@ -57,6 +66,11 @@ def make_celery(config: BrokerConfig, name: str = "kvferry") -> Celery:
         worker_send_task_events=True,  # Flower's task views
         task_send_sent_event=True,
         worker_enable_remote_control=True,
+        # Not worker_cancel_long_running_tasks_on_connection_loss: the threads pool cannot stop a
+        # running thread anyway, and with kombu's Redis transport that setting makes the worker
+        # exit on a Redis restart (celery/celery#9250). The job lease does its work: a job runs
+        # under one epoch at a time, and a copy delivered after a lost connection waits for it.
+        worker_cancel_long_running_tasks_on_connection_loss=False,
         broker_transport_options={
             "visibility_timeout": config.visibility_timeout_s,
             "unacked_restore_interval": config.restore_interval_s,

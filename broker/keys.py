@@ -45,14 +45,44 @@ WORKERS = f"{PREFIX}:workers"  # set of every worker name that has ever announce
 REAPER_LOCK = f"{PREFIX}:reaper:lock"
 
 
-def session(session_id: str) -> str:
-    """The session's record (JSON of broker.messages.SessionRecord)."""
-    return f"{PREFIX}:session:{session_id}"
+def session_member(tenant: str, session_id: str) -> str:
+    """A session's name across tenants: length-prefixed, so no (tenant, id) pair can spell another's
+    whatever characters they hold. The member of SESSION_EXPIRY and the tail of its record's key."""
+    return f"{len(tenant)}:{tenant}:{session_id}"
 
 
-SESSION_EXPIRY = f"{PREFIX}:sessions:expiry"  # ZSET session id -> when it expires (pins are released then)
+def parse_session_member(member: str) -> tuple[str, str]:
+    """(tenant, session id) of a session_member(); ValueError if it is not one."""
+    length, sep, rest = member.partition(":")
+    if not sep or not length.isdigit() or rest[int(length) : int(length) + 1] != ":":
+        raise ValueError(f"not a session member: {member!r}")
+    return rest[: int(length)], rest[int(length) + 1 :]
+
+
+def session(tenant: str, session_id: str) -> str:
+    """The session's record (JSON of broker.messages.SessionRecord), in its tenant's namespace."""
+    return f"{PREFIX}:session:{session_member(tenant, session_id)}"
+
+
+# ZSET session_member(tenant, id) -> when it expires (the sweep releases its pins then)
+SESSION_EXPIRY = f"{PREFIX}:sessions:expiry"
 
 
 def worker_prefixes(worker_name: str) -> str:
     """ZSET of the prompt-prefix digests a worker served recently (score: last use), for routing."""
     return f"{PREFIX}:worker:{worker_name}:prefixes"
+
+
+def job_lease(job_id: str) -> str:
+    """Hash with a TTL: which worker runs the job now (owner, epoch); renewed while it runs."""
+    return f"{PREFIX}:job:{job_id}:lease"
+
+
+def job_epoch(job_id: str) -> str:
+    """Counter: the job's fencing token, raised by every lease taken; old epochs' writes are refused."""
+    return f"{PREFIX}:job:{job_id}:epoch"
+
+
+def tenant_jobs(tenant: str) -> str:
+    """ZSET job id -> deadline: a tenant's jobs not yet finished (the per-tenant job limit)."""
+    return f"{PREFIX}:tenant:{tenant}:jobs"

@@ -30,6 +30,12 @@ class GenerateJob:
     tenant: str = ""
     submitted_at: float = 0.0  # unix time at the api, for queue-wait figures
     pin_prefix: bool = False  # keep the prompt's blocks in the Redis tier for good (`kvferry preload`)
+    cache_salt: str = ""  # as vLLM's: requests with different salts never share KV blocks
+
+    @property
+    def kv_salt(self) -> str:
+        """What roots the job's block hashes and prefix digests: its tenant, and its cache_salt."""
+        return f"{self.tenant}\x00salt:{self.cache_salt}" if self.cache_salt else self.tenant
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +48,9 @@ class Usage:
     pool_tokens: int = 0  # found in the worker's own pool
     warm_tokens: int = 0  # in its host-memory tier
     redis_tokens: int = 0  # fetched from the Redis tier
+    # A redelivered job (resumed on another worker, or after an engine restart): how many of its
+    # prompt + already-streamed output tokens had to be computed again (0 for a first attempt).
+    recomputed_tokens: int = 0
 
     @property
     def computed_tokens(self) -> int:
@@ -70,15 +79,23 @@ class GenerateResult:
 
 @dataclass(frozen=True, slots=True)
 class TokenDelta:
-    """New output since the last event; text may lag tokens by an incomplete character."""
+    """New output since the last event; text may lag tokens by an incomplete character.
+
+    start and text_start index its first token and character in the whole output (-1: right
+    after the previous delta), so a reader shows each once across redeliveries; epoch is the
+    lease epoch that wrote it (broker/job_lease.py)."""
 
     text: str
     token_ids: tuple[int, ...]
+    start: int = -1
+    text_start: int = -1
+    epoch: int = 0
 
 
 @dataclass(frozen=True, slots=True)
 class JobDone:
     result: GenerateResult
+    epoch: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +104,7 @@ class JobFailed:
     message: str
     status_code: int  # the HTTP status the api answers with
     param: str | None = None
+    epoch: int = 0
 
 
 StreamEvent = TokenDelta | JobDone | JobFailed
@@ -133,6 +151,7 @@ class WorkerStatus:
     jobs_failed: int
     sent_at: float
     engine: EngineFigures | None = None  # None until the engine is built (first job)
+    healthy: bool = True  # False while its engine loop is dead or restarting after a failed step
 
     @property
     def state(self) -> Literal["loading", "ready"]:

@@ -2,43 +2,79 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from broker.errors import InvalidRequestError
 
+# torch.Generator.manual_seed takes any integer that fits in 64 bits: [0, 2**64) here (it would
+# also wrap negatives, but a seed is documented as unsigned so -1 does not alias 2**64 - 1).
+SEED_MAX = 2**64 - 1  # inclusive
+# Below this, logits / temperature overflows float32 and softmax yields NaN: the request would
+# fail mid-step. Use 0 for greedy instead.
+MIN_TEMPERATURE = 1e-2
+MAX_TEMPERATURE = 100.0
+MAX_STOP_STRINGS = 4
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
 
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
-    """How to pick tokens. temperature 0 means greedy (token-exact with HF `generate`)."""
+    """How to pick tokens. temperature 0 means greedy (token-exact with HF `generate`).
+
+    temperature: 0, or in [MIN_TEMPERATURE, MAX_TEMPERATURE]. top_k: -1 or 0 disable it.
+    top_p in (0, 1]. seed in [0, SEED_MAX]. Every float is finite. Violations raise
+    InvalidRequestError whose `param` names the field.
+    """
 
     max_tokens: int | None = 16
     temperature: float = 0.0
-    top_k: int = 0  # 0 disables
+    top_k: int = 0  # 0 (or -1) disables
     top_p: float = 1.0
     seed: int | None = None
     stop: tuple[str, ...] = field(default_factory=tuple)
     ignore_eos: bool = False
 
     def __post_init__(self) -> None:
-        if self.max_tokens is not None and (
-            isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens <= 0
-        ):
+        if self.max_tokens is not None and (not _is_int(self.max_tokens) or self.max_tokens <= 0):
             raise InvalidRequestError(
                 f"max_tokens must be a positive integer, got {self.max_tokens!r}", "max_tokens"
             )
-        if not 0.0 <= self.temperature <= 100.0:
+        t = self.temperature
+        if not _is_number(t) or not math.isfinite(t):
+            raise InvalidRequestError(f"temperature must be a finite number, got {t!r}", "temperature")
+        if t != 0 and not MIN_TEMPERATURE <= t <= MAX_TEMPERATURE:
             raise InvalidRequestError(
-                f"temperature must be in [0, 100], got {self.temperature}", "temperature"
+                f"temperature must be 0 (greedy) or in [{MIN_TEMPERATURE}, {MAX_TEMPERATURE}], got {t!r}",
+                "temperature",
             )
-        if self.top_k < 0:
-            raise InvalidRequestError(f"top_k must be >= 0, got {self.top_k}", "top_k")
-        if not 0.0 < self.top_p <= 1.0:
-            raise InvalidRequestError(f"top_p must be in (0, 1], got {self.top_p}", "top_p")
-        if any(not isinstance(s, str) or not s for s in self.stop):
+        if not _is_int(self.top_k) or self.top_k < -1:
+            raise InvalidRequestError(
+                f"top_k must be an integer >= -1 (-1 or 0 disable it), got {self.top_k!r}", "top_k"
+            )
+        p = self.top_p
+        if not _is_number(p) or not math.isfinite(p) or not 0.0 < p <= 1.0:
+            raise InvalidRequestError(f"top_p must be in (0, 1], got {p!r}", "top_p")
+        if self.seed is not None and (not _is_int(self.seed) or not 0 <= self.seed <= SEED_MAX):
+            raise InvalidRequestError(f"seed must be an integer in [0, 2**64 - 1], got {self.seed!r}", "seed")
+        if not isinstance(self.stop, tuple) or any(not isinstance(s, str) or not s for s in self.stop):
             raise InvalidRequestError("stop must be non-empty strings", "stop")
-        if len(self.stop) > 4:
-            raise InvalidRequestError("at most 4 stop strings", "stop")
+        if len(self.stop) > MAX_STOP_STRINGS:
+            raise InvalidRequestError(f"at most {MAX_STOP_STRINGS} stop strings", "stop")
+        if not isinstance(self.ignore_eos, bool):
+            raise InvalidRequestError("ignore_eos must be a boolean", "ignore_eos")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    def check(self) -> None:
+        """Re-run the validation (for instances that may have bypassed the constructor)."""
+        self.__post_init__()

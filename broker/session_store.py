@@ -1,5 +1,7 @@
-"""Session records in Redis (sync side: workers, CLI). Expiry is tracked in a sorted set as well
-as by the key's TTL, so whoever sweeps can release what an expired session held."""
+"""Session records in Redis (sync side: workers, CLI), each in its tenant's namespace: a session
+is named by (tenant, session id), so tenant B's turn with A's session id is B's own session.
+Expiry is tracked in a sorted set as well as by the key's TTL, so whoever sweeps can release what
+an expired session held."""
 
 from __future__ import annotations
 
@@ -15,25 +17,50 @@ from broker.messages import SessionRecord
 
 SWEEP_GRACE_S = 3600  # the record outlives its expiry this long, for the sweep to release its pins
 
+# Newer wins: two turns of one session may finish in either order on two workers; the record of
+# the turn that finished last (last_used) stays, as its pins do (kvstore/lua/pin_owner.lua).
+# KEYS: record, expiry zset; ARGV: json, last_used, ttl with grace, member, expires at.
+_SAVE = """
+local old = redis.call('GET', KEYS[1])
+if old then
+  local last = tonumber(string.match(old, '"last_used": ([%d%.eE%+%-]+)'))
+  if last and last > tonumber(ARGV[2]) then return 0 end
+end
+redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[3])
+redis.call('ZADD', KEYS[2], ARGV[5], ARGV[4])
+return 1
+"""
 
-def save(client: redis.Redis, record: SessionRecord, ttl_s: int) -> None:
-    pipe = client.pipeline(transaction=True)
-    pipe.set(keys.session(record.session_id), json.dumps(to_wire(record)), ex=ttl_s + SWEEP_GRACE_S)
-    pipe.zadd(keys.SESSION_EXPIRY, {record.session_id: time.time() + ttl_s})
-    pipe.execute()
+
+def save(client: redis.Redis, record: SessionRecord, ttl_s: int) -> bool:
+    """Store the record under its tenant; False when a newer turn's record is already there."""
+    member = keys.session_member(record.tenant, record.session_id)
+    saved = client.eval(
+        _SAVE,
+        2,
+        keys.session(record.tenant, record.session_id),
+        keys.SESSION_EXPIRY,
+        json.dumps(to_wire(record)),
+        repr(record.last_used),
+        ttl_s + SWEEP_GRACE_S,
+        member,
+        repr(time.time() + ttl_s),
+    )
+    return bool(saved)
 
 
-def is_live(client: redis.Redis, session_id: str, now: float | None = None) -> bool:
-    expiry: Any = client.zscore(keys.SESSION_EXPIRY, session_id)
+def is_live(client: redis.Redis, tenant: str, session_id: str, now: float | None = None) -> bool:
+    expiry: Any = client.zscore(keys.SESSION_EXPIRY, keys.session_member(tenant, session_id))
     return expiry is not None and float(expiry) > (now or time.time())
 
 
-def load(client: redis.Redis, session_id: str) -> SessionRecord | None:
-    """The live session's record; None when unknown, expired or forgotten."""
-    if not is_live(client, session_id):
+def load(client: redis.Redis, tenant: str, session_id: str) -> SessionRecord | None:
+    """The live session's record; None when unknown, expired, forgotten or another tenant's."""
+    if not is_live(client, tenant, session_id):
         return None
-    raw: Any = client.get(keys.session(session_id))
-    return decode(raw) if raw is not None else None
+    raw: Any = client.get(keys.session(tenant, session_id))
+    record = decode(raw) if raw is not None else None
+    return record if record is not None and record.tenant == tenant else None
 
 
 def decode(raw: bytes | str) -> SessionRecord | None:
@@ -43,17 +70,28 @@ def decode(raw: bytes | str) -> SessionRecord | None:
         return None  # unreadable: treated as no session (the turn is computed, nothing is lost)
 
 
-def claim_expired(client: redis.Redis, now: float | None = None) -> list[SessionRecord]:
-    """Remove the sessions whose time is up (or that were forgotten) and return their records, each
-    to exactly one caller (ZREM decides), so their pins are released once."""
-    ids: Any = client.zrangebyscore(keys.SESSION_EXPIRY, 0, now or time.time())
+def delete(client: redis.Redis, tenant: str, session_id: str) -> bool:
+    """Expire the session now (readers stop seeing it at once); the sweep still claims it, so its
+    pins are released again if a turn pinned after the caller released them. False if not live."""
+    if not is_live(client, tenant, session_id):
+        return False
+    client.zadd(keys.SESSION_EXPIRY, {keys.session_member(tenant, session_id): 0}, xx=True)
+    return True
+
+
+def claim_expired(client: redis.Redis, now: float | None = None) -> list[tuple[str, str]]:
+    """Remove the sessions whose time is up (or that were forgotten) and return their (tenant,
+    session id), each to exactly one caller (ZREM decides), so their pins are released once."""
+    members: Any = client.zrangebyscore(keys.SESSION_EXPIRY, 0, now or time.time())
     claimed = []
-    for raw_id in ids:
-        session_id = raw_id.decode()
-        if client.zrem(keys.SESSION_EXPIRY, session_id) != 1:
+    for raw in members:
+        member = raw.decode()
+        if client.zrem(keys.SESSION_EXPIRY, member) != 1:
             continue  # another worker claimed it
-        raw: Any = client.getdel(keys.session(session_id))
-        record = decode(raw) if raw is not None else None
-        if record is not None:
-            claimed.append(record)
+        try:
+            tenant, session_id = keys.parse_session_member(member)
+        except ValueError:
+            continue  # not ours (an entry of an older format): nothing of it can be found
+        client.delete(keys.session(tenant, session_id))
+        claimed.append((tenant, session_id))
     return claimed

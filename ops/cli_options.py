@@ -63,3 +63,15 @@ def build_engine(settings: Settings) -> Any:
 
 def service_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     return click.option("--redis-url", help="Redis for queues, results and token streams")(fn)
+
+
+def tenant_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Flags of the commands that run the API: tenants and their limits."""
+    fn = click.option(
+        "--tenant-max-jobs", type=int, help="unfinished jobs per tenant at once, over it 429 (0 = no cap)"
+    )(fn)
+    return click.option(
+        "--api-keys-file",
+        type=click.Path(dir_okay=False, path_type=Path),
+        help="one 'key tenant' per line (# comments); re-read when it changes",
+    )(fn)

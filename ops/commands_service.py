@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from ops.cli_options import engine_options, service_options, settings_from
+from ops.cli_options import engine_options, service_options, settings_from, tenant_options
 from ops.settings import Settings
 
 
@@ -23,13 +23,25 @@ def _service_settings(opts: dict[str, Any], *names: str) -> Settings:
 @click.option("--concurrency", "worker_concurrency", type=int, help="jobs at once, batched together (32)")
 @click.option("--preload", is_flag=True, help="build the engine now instead of on the first job")
 @click.option("--loglevel", default="INFO")
+@click.option("--debug-slow-step-s", type=float, hidden=True, help="test hook: prefill steps sleep more")
+@click.option("--debug-crash-step", type=int, hidden=True, help="test hook: the N-th step raises once")
+@click.option("--kv-redis-url", help="Redis for the KV tier's block packs (default: --redis-url)")
+@click.option("--tenant-kv-quota", help="session-pinned bytes per tenant in the Redis tier, e.g. 512M")
 @service_options
 @engine_options
 def worker_cmd(preload: bool, loglevel: str, **opts: Any) -> None:
     """A Celery worker (threads pool) feeding one engine: consumes the shared queue and its own."""
     from workers.worker_main import run_worker
 
-    settings = _service_settings(opts, "worker_name", "worker_concurrency")
+    settings = _service_settings(
+        opts,
+        "worker_name",
+        "worker_concurrency",
+        "debug_slow_step_s",
+        "debug_crash_step",
+        "kv_redis_url",
+        "tenant_kv_quota",
+    )
     run_worker(
         settings.broker_config(),
         settings.engine_config(),
@@ -39,19 +51,24 @@ def worker_cmd(preload: bool, loglevel: str, **opts: Any) -> None:
         loglevel=loglevel,
         preload=preload,
         tiers=settings.tier_config(),
+        kv_redis_url=settings.kv_redis_url,
     )
 
 
 @click.command("api")
 @click.option("--host", "api_host", help="bind address (127.0.0.1)")
 @click.option("--port", "api_port", type=int, help="port (8000)")
+@click.option("--kv-redis-url", help="the KV tier's Redis, for session pins (default: --redis-url)")
+@tenant_options
 @service_options
 @engine_options
 def api_cmd(**opts: Any) -> None:
     """The OpenAI-compatible HTTP API (FastAPI on uvicorn)."""
     from ops.api_server import run_api
 
-    run_api(_service_settings(opts, "api_host", "api_port"))
+    run_api(
+        _service_settings(opts, "api_host", "api_port", "api_keys_file", "tenant_max_jobs", "kv_redis_url")
+    )
 
 
 @click.command("serve")
@@ -60,20 +77,33 @@ def api_cmd(**opts: Any) -> None:
 @click.option("--flower-port", type=int, help="Flower port (5555)")
 @click.option("--demo", is_flag=True, help="run a demo conversation through the queue once ready")
 @click.option("--exit-after-demo", is_flag=True, help="stop everything after the demo")
+@click.option(
+    "--run-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="logs, Redis data and stack.json (URLs, secrets; 0600) [CACHE_DIR/run]",
+)
+@click.option("--kv-redis-url", help="the KV tier's Redis (default: one started here, capped)")
+@tenant_options
 @service_options
 @engine_options
-def serve_cmd(num_workers: int, demo: bool, exit_after_demo: bool, **opts: Any) -> None:
-    """The whole stack on this machine: Redis, N workers, the API, Flower. Ctrl-C stops it all."""
+def serve_cmd(num_workers: int, demo: bool, exit_after_demo: bool, run_dir: Path | None, **opts: Any) -> None:
+    """The whole stack on this machine: two Redis (queue; KV cache), N workers, the API, Flower
+    (basic auth). Passwords are generated; they and the URLs go to RUN_DIR/stack.json. Ctrl-C stops it."""
     from ops.stack import Stack
 
-    settings = _service_settings(opts, "api_port", "flower_port")
-    with Stack(settings, num_workers) as stack:
+    settings = _service_settings(
+        opts, "kv_redis_url", "api_port", "flower_port", "api_keys_file", "tenant_max_jobs"
+    )
+    stack = Stack(settings, num_workers, run_dir=run_dir)
+    click.echo(f"run directory: {stack.run_dir}")
+    with stack:
+        click.echo(f"URLs and secrets: {stack.stack_file} (mode 0600); waiting for the workers...")
         stack.wait_ready()
         click.echo(stack.banner())
         if demo or exit_after_demo:
             from ops.demo import run_demo
 
-            run_demo(stack.api_url, settings.served_model, stack.flower_url)
+            run_demo(stack.api_url, settings.served_model, stack.flower_url, settings.api_key)
         if not exit_after_demo:
             stack.wait()
 
@@ -139,27 +169,40 @@ def ping_cmd(timeout: float, redis_url: str | None) -> None:
 
 @click.command("stats")
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
+@click.option("--kv-redis-url", help="the KV tier's Redis (default: --redis-url)")
 @service_options
-def stats_cmd(as_json: bool, redis_url: str | None) -> None:
-    """Per-worker memory breakdown and prefix-cache hit rates."""
-    from ops.queue_client import worker_stats
+def stats_cmd(as_json: bool, redis_url: str | None, kv_redis_url: str | None) -> None:
+    """Per-worker memory breakdown and prefix-cache hit rates; the Redis tier's counters and pins.
 
-    rows = worker_stats(Settings.from_env(redis_url=redis_url))
+    --json prints {"workers": [...], "redis_tier": {...}}: redis_tier has hits, misses, bytes_read,
+    bytes_written, pinned_bytes_by_tenant and orphan_pins (pins of no session: 0 unless a bug)."""
+    from ops.queue_client import redis_tier_report, worker_stats
+
+    settings = Settings.from_env(redis_url=redis_url, kv_redis_url=kv_redis_url)
+    rows = worker_stats(settings)
+    tier = redis_tier_report(settings)
     if as_json:
-        click.echo(json.dumps(rows, indent=2))
+        click.echo(json.dumps({"workers": rows, "redis_tier": tier}, indent=2))
         return
     if not rows:
         click.echo("no live workers")
     for row in rows:
         click.echo(" ".join(f"{k}={v}" for k, v in row.items()))
+    click.echo("redis tier: " + " ".join(f"{k}={v}" for k, v in tier.items() if k != "models"))
 
 
 @click.command("preload")
 @click.argument("path", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option(
+    "--tenant",
+    default="",
+    help="the tenant whose requests reuse the blocks (its name in KVFERRY_API_KEYS; '' = auth off)",
+)
 @service_options
-def preload_cmd(path: Path, redis_url: str | None) -> None:
-    """Compute and pin common prompt templates (system prompts) in the shared Redis KV tier."""
+def preload_cmd(path: Path, tenant: str, redis_url: str | None) -> None:
+    """Compute and pin common prompt templates (system prompts) in the shared Redis KV tier.
+    Blocks are scoped by tenant: only the named tenant's requests reuse them."""
     from ops.queue_client import preload
 
-    count = preload(Settings.from_env(redis_url=redis_url), path, sys.stdout)
+    count = preload(Settings.from_env(redis_url=redis_url), path, sys.stdout, tenant=tenant)
     click.echo(f"{count} template(s) preloaded", err=True)

@@ -40,8 +40,8 @@ def _show(question: str, answer: str, usage: Any, worker: str, seconds: float) -
     )
 
 
-def run_demo(api_url: str, model: str, flower_url: str) -> None:
-    client = OpenAI(base_url=f"{api_url}/v1", api_key="demo", max_retries=0, timeout=300)
+def run_demo(api_url: str, model: str, flower_url: str, api_key: str | None = None) -> None:
+    client = OpenAI(base_url=f"{api_url}/v1", api_key=api_key or "demo", max_retries=0, timeout=300)
     click.echo("\n=== a conversation: each turn resends the history, the pool serves it ===")
     messages = [{"role": "system", "content": SYSTEM}]
     for question in ("What is the capital of France?", "And what river flows through it?"):
@@ -96,4 +96,7 @@ def run_demo(api_url: str, model: str, flower_url: str) -> None:
         cached = usage.prompt_tokens_details.cached_tokens if usage.prompt_tokens_details else 0
         click.echo(f"  {q} -> {answer.strip()[:70]!r} ({cached} cached, {worker})")
     click.echo(f"  all eight in {time.perf_counter() - started:.1f}s")
-    click.echo(f"\nFlower (workers, queues, tasks, KV figures): {flower_url}\nmetrics: {api_url}/metrics")
+    click.echo(
+        f"\nFlower (workers, queues, tasks, KV figures): {flower_url} (login in stack.json)\n"
+        f"metrics: {api_url}/metrics"
+    )

@@ -140,7 +140,17 @@ def worker_stats(settings: Settings) -> list[dict[str, Any]]:
     return rows
 
 
-def preload(settings: Settings, path: Path, out: TextIO) -> int:
+def redis_tier_report(settings: Settings) -> dict[str, Any]:
+    """The KV tier as every worker left it (kvstore/tier_report.py): counters, pins per tenant,
+    orphan pins (must be 0)."""
+    from kvstore.tier_report import read_report
+
+    queue_client = redis.Redis.from_url(settings.redis_url)
+    kv_client = redis.Redis.from_url(settings.kv_redis_url) if settings.kv_redis_url else queue_client
+    return read_report(kv_client, queue_client)
+
+
+def preload(settings: Settings, path: Path, out: TextIO, tenant: str = "") -> int:
     """Compute and pin prompt templates (JSONL: {"messages": [...]} or {"prompt": "..."}; a plain
     text line is a system prompt) so their blocks stay in the Redis tier for every worker."""
     app = make_celery(settings.broker_config())
@@ -165,6 +175,7 @@ def preload(settings: Settings, path: Path, out: TextIO) -> int:
             prompt=doc.get("prompt"),
             params=SamplingParams(max_tokens=1),
             pin_prefix=True,
+            tenant=tenant,
             submitted_at=time.time(),
         )
         job_id = str(uuid.uuid4())

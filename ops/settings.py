@@ -43,12 +43,16 @@ class Settings:
     warm_cache_size: str = "256M"  # host-memory tier for blocks evicted from the pool; 0 = none
     redis_cache_size: str = "2G"  # byte cap of the shared Redis tier (own LRU); 0 = no Redis tier
     session_ttl_s: int = 3600  # idle sessions expire; their pinned blocks become ordinary cached ones
+    tenant_kv_quota: str | None = None  # bytes of session-pinned blocks per tenant in the Redis tier
     dtype: str = "float32"
     device: str = "cpu"
     torch_threads: int | None = None
+    debug_slow_step_s: float = 0.0  # test hook: prefill steps sleep this much longer
+    debug_crash_step: int = 0  # test hook: the N-th engine step raises once; 0 = never
     cache_dir: Path = Path.home() / ".cache" / "kvferry"
     # the queue service
     redis_url: str = DEFAULT_REDIS_URL
+    kv_redis_url: str | None = None  # the KV tier's own Redis (block packs, index); None: redis_url
     worker_name: str | None = None
     worker_concurrency: int = 32  # jobs one worker runs at once (they share its engine's batches)
     job_time_limit_s: int = 1800
@@ -56,6 +60,10 @@ class Settings:
     api_host: str = "127.0.0.1"
     api_port: int = 8000
     api_key: str | None = None  # when set, requests need "Authorization: Bearer <key>"
+    api_keys: str | None = None  # "key:tenant,key2:tenant2": one tenant per key (api/tenants.py)
+    api_keys_file: Path | None = None  # one "key tenant" per line, # comments; re-read when it changes
+    tenant_max_jobs: int = 0  # unfinished jobs one tenant may have at once (over it: 429); 0 = no cap
+    default_max_tokens: int = 1024  # max_tokens of a request that names none (capped by the context)
     flower_port: int = 5555
     routing: str = "cache-aware"  # "round-robin" and "shared" are the benchmark's baselines
 
@@ -95,7 +103,9 @@ class Settings:
 
     def tier_config(self) -> TierConfig:
         return TierConfig(
-            redis_capacity_bytes=parse_size(self.redis_cache_size), session_ttl_s=self.session_ttl_s
+            redis_capacity_bytes=parse_size(self.redis_cache_size),
+            session_ttl_s=self.session_ttl_s,
+            tenant_kv_quota_bytes=parse_size(self.tenant_kv_quota) if self.tenant_kv_quota else 0,
         )
 
     @property
@@ -116,6 +126,9 @@ class Settings:
             dtype=self.dtype,
             device=self.device,
             torch_threads=self.torch_threads,
+            debug_slow_step_s=self.debug_slow_step_s,
+            debug_crash_step=self.debug_crash_step,
+            default_max_tokens=self.default_max_tokens,
         )
 
 
@@ -127,6 +140,11 @@ def _convert(name: str, annotation: Any, raw: str) -> Any:
         if raw.lower() in ("0", "false", "no", "off"):
             return False
         raise ValueError(f"{ENV_PREFIX}{name.upper()} must be a boolean, got {raw!r}")
+    if "float" in kind:
+        try:
+            return float(raw)
+        except ValueError:
+            raise ValueError(f"{ENV_PREFIX}{name.upper()} must be a number, got {raw!r}") from None
     if "int" in kind:
         if raw == "" and "None" in kind:
             return None

@@ -1,8 +1,17 @@
-"""Stack: the whole service on one machine (Redis, N workers, the API, Flower) as child processes."""
+"""Stack: the whole service on one machine (two Redis, N workers, the API, Flower) as child processes.
+
+Secure by default: both Redis servers get a generated password and Flower generated basic-auth
+credentials (its API, which can revoke tasks and shut workers down, then needs them too). The
+URLs and secrets go to ``stack.json`` (0600) in the run directory, never to the terminal, and
+never on a command line (any local user can read those in `ps`).
+"""
 
 from __future__ import annotations
 
+import json
 import os
+import re
+import secrets
 import subprocess
 import sys
 import time
@@ -13,8 +22,26 @@ import httpx
 import redis
 
 from broker.worker_registry import live_workers
-from ops.redis_server import RedisServer
-from ops.settings import DEFAULT_REDIS_URL, Settings
+from ops.redis_server import RedisServer, write_private
+from ops.settings import DEFAULT_REDIS_URL, Settings, parse_size
+
+# The KV Redis evicts only keys with a TTL: the tier's block packs carry one, its index, LRU, byte
+# counter and pins none, so Redis may drop a pack (the tier reads that as a miss) but never the
+# bookkeeping that tells which packs exist. allkeys-lru could evict the index itself.
+KV_EVICTION_POLICY = "volatile-lru"
+FLOWER_USER = "kvferry"
+STACK_FILE = "stack.json"
+
+
+def kv_maxmemory(redis_cache_bytes: int) -> int:
+    """The KV Redis's cap: a little above the tier's own byte cap, which counts pack bytes only
+    (not the index, key overhead, allocator slack), so Redis evicts only when the tier's LRU lags."""
+    return int(redis_cache_bytes * 1.1) + 64 * 1024**2
+
+
+def redact(url: str) -> str:
+    """The URL with its password replaced by ***, for logs and banners."""
+    return re.sub(r"(://[^:@/]*):[^@/]+@", r"\1:***@", url)
 
 
 class Stack:
@@ -25,8 +52,12 @@ class Stack:
         self.num_workers = num_workers
         self.with_flower = with_flower
         self.run_dir = run_dir or settings.cache_dir / "run"
-        self.redis_server: RedisServer | None = None
+        self.redis_servers: list[RedisServer] = []
         self.children: dict[str, subprocess.Popen[bytes]] = {}
+        self._specs: dict[str, tuple[list[str], dict[str, str], tuple[str, ...]]] = {}  # to restart one
+        self.flower_user = FLOWER_USER
+        self.flower_password = secrets.token_urlsafe(18)
+        self._wrote_stack_file = False
 
     @property
     def api_url(self) -> str:
@@ -35,6 +66,14 @@ class Stack:
     @property
     def flower_url(self) -> str:
         return f"http://127.0.0.1:{self.settings.flower_port}"
+
+    @property
+    def stack_file(self) -> Path:
+        return self.run_dir / STACK_FILE
+
+    @property
+    def kv_redis_url(self) -> str:
+        return self.settings.kv_redis_url or self.settings.redis_url
 
     def __enter__(self) -> Stack:
         try:
@@ -49,18 +88,41 @@ class Stack:
     ) -> None:
         self.stop()
 
-    def _spawn(self, name: str, args: list[str], env: dict[str, str]) -> None:
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+    def _spawn(self, name: str, args: list[str], env: dict[str, str], drop: tuple[str, ...] = ()) -> None:
+        self._specs[name] = (args, env, drop)
         log = (self.run_dir / f"{name}.log").open("ab")
+        child_env = {k: v for k, v in os.environ.items() if k not in drop}
         self.children[name] = subprocess.Popen(
-            args, env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT
+            args, env={**child_env, **env}, stdout=log, stderr=subprocess.STDOUT
         )
 
+    def _start_redis(self) -> None:
+        """Our own Redis servers unless given URLs: the queue's (noeviction, AOF: jobs survive a
+        restart) and the KV tier's (capped, evicting, no persistence: a cache)."""
+        queue_url = self.settings.redis_url
+        own = queue_url == DEFAULT_REDIS_URL  # no Redis given: bring our own
+        if own:
+            queue = RedisServer(self.run_dir / "redis", persist=True, password=secrets.token_urlsafe(24))
+            self.redis_servers.append(queue.start())
+            queue_url = queue.url
+        kv_url = self.settings.kv_redis_url
+        cap = parse_size(self.settings.redis_cache_size)
+        if own and kv_url is None and cap > 0:
+            kv = RedisServer(
+                self.run_dir / "kv-redis",
+                password=secrets.token_urlsafe(24),
+                maxmemory_bytes=kv_maxmemory(cap),
+                policy=KV_EVICTION_POLICY,
+            )
+            self.redis_servers.append(kv.start())
+            kv_url = kv.url
+        # A user's KVFERRY_REDIS_URL without a KV URL: the tier shares it, as before.
+        self.settings = self.settings.with_overrides(redis_url=queue_url, kv_redis_url=kv_url or queue_url)
+
     def start(self) -> None:
-        if self.settings.redis_url == DEFAULT_REDIS_URL:  # no Redis given: bring our own, persistent
-            self.redis_server = RedisServer(self.run_dir / "redis", persist=True).start()
-            self.settings = self.settings.with_overrides(redis_url=self.redis_server.url)
-        threads = self.settings.torch_threads or max(1, (os.cpu_count() or 1) // self.num_workers)
+        self.run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self._start_redis()
+        threads = self.settings.torch_threads or max(1, (os.cpu_count() or 1) // max(1, self.num_workers))
         env = self.settings.with_overrides(torch_threads=threads).to_env()
         cli = [sys.executable, "-m", "ops.cli"]
         for i in range(1, self.num_workers + 1):
@@ -68,22 +130,47 @@ class Stack:
                 f"worker{i}", [*cli, "worker", "--name", f"w{i}", "--preload", "--loglevel", "WARNING"], env
             )
         self._spawn("api", [*cli, "api"], env)
-        if not self.with_flower:
-            return
+        if self.with_flower:
+            self._start_flower(env)
+        self._write_stack_file()
+
+    def _start_flower(self, env: dict[str, str]) -> None:
+        # Broker URL and credentials through the environment (celery's BROKER_URL, Flower's
+        # FLOWER_<OPTION>), not argv. FLOWER_UNAUTHENTICATED_API never reaches it.
+        flower_env = {
+            **env,
+            "BROKER_URL": self.settings.redis_url,
+            "FLOWER_BASIC_AUTH": f"{self.flower_user}:{self.flower_password}",
+        }
         self._spawn(
             "flower",
             [
                 sys.executable,
                 "-m",
                 "celery",
-                "-b",
-                self.settings.redis_url,
                 "flower",
                 f"--port={self.settings.flower_port}",
                 "--address=127.0.0.1",
             ],
-            {**env, "FLOWER_UNAUTHENTICATED_API": "true"},
+            flower_env,
+            drop=("FLOWER_UNAUTHENTICATED_API",),
         )
+
+    def _write_stack_file(self) -> None:
+        info = {
+            "api_url": self.api_url,
+            "redis_url": self.settings.redis_url,
+            "kv_redis_url": self.kv_redis_url,
+            "flower_url": self.flower_url if self.with_flower else None,
+            "flower_user": self.flower_user if self.with_flower else None,
+            "flower_password": self.flower_password if self.with_flower else None,
+            "model": self.settings.served_model,
+            "workers": self.num_workers,
+            "run_dir": str(self.run_dir),
+            "pid": os.getpid(),
+        }
+        write_private(self.stack_file, json.dumps(info, indent=2) + "\n")
+        self._wrote_stack_file = True
 
     def _check_children(self) -> None:
         for name, child in self.children.items():
@@ -101,6 +188,7 @@ class Stack:
             if (
                 len(ready) >= self.num_workers
                 and self._http_ok(f"{self.api_url}/healthz")
+                # /healthcheck is Flower's one page without auth
                 and (not self.with_flower or self._http_ok(f"{self.flower_url}/healthcheck"))
             ):
                 return
@@ -115,21 +203,50 @@ class Stack:
             return False
 
     def banner(self) -> str:
+        flower = f"{self.flower_url}   (user {self.flower_user!r}; password in stack.json)"
         return (
             f"kvferry is up: {self.num_workers} worker(s) serving {self.settings.served_model!r}\n"
             f"  API (OpenAI-compatible): {self.api_url}/v1   metrics: {self.api_url}/metrics\n"
-            f"  Flower:                  {self.flower_url}\n"
-            f"  Redis:                   {self.settings.redis_url}\n"
+            f"  Flower:                  {flower if self.with_flower else 'off'}\n"
+            f"  Redis (queue):           {redact(self.settings.redis_url)}\n"
+            f"  Redis (KV tier):         {redact(self.kv_redis_url)}\n"
+            f"  URLs and secrets:        {self.stack_file} (mode 0600)\n"
             f"  logs:                    {self.run_dir}"
         )
 
     def wait(self) -> None:
+        """Until Ctrl-C. A worker that exits (its supervisor gave up on a broken engine, or it was
+        killed) is started again under its name, as compose's restart policy would; its jobs were
+        handed back by the other workers' reapers, or are released by its own start."""
         try:
             while True:
+                for name, child in list(self.children.items()):
+                    if name.startswith("worker") and child.poll() is not None:
+                        print(f"{name} exited with {child.returncode}; restarting it", flush=True)
+                        self.restart_child(name)
                 self._check_children()
                 time.sleep(1)
         except KeyboardInterrupt:
             pass
+
+    def restart_child(self, name: str) -> None:
+        """SIGKILL one child and start it again, same command, same name (`kvferry chaos`)."""
+        child = self.children[name]
+        child.kill()
+        child.wait(10)
+        args, env, drop = self._specs[name]
+        self._spawn(name, args, env, drop)
+
+    def restart_queue_redis(self, down_s: float = 1.0) -> bool:
+        """Stop the queue's Redis (SIGTERM: it syncs its AOF) and start it again on the same port,
+        directory and password. False when the stack runs on a Redis it did not start."""
+        if not self.redis_servers or self.redis_servers[0].url != self.settings.redis_url:
+            return False
+        server = self.redis_servers[0]
+        server.stop()
+        time.sleep(down_s)
+        server.start()
+        return True
 
     def stop(self) -> None:
         for child in self.children.values():
@@ -143,6 +260,9 @@ class Stack:
                 child.kill()
                 child.wait()
         self.children.clear()
-        if self.redis_server is not None:
-            self.redis_server.stop()
-            self.redis_server = None
+        for server in reversed(self.redis_servers):
+            server.stop()
+        self.redis_servers.clear()
+        if self._wrote_stack_file:  # its passwords die with the servers; a stale file misleads
+            self.stack_file.unlink(missing_ok=True)
+            self._wrote_stack_file = False

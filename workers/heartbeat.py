@@ -1,5 +1,8 @@
-"""Heartbeat: a worker's status in Redis every interval (TTL'd, so a dead worker disappears),
-and a reaper pass for workers that did disappear."""
+"""Heartbeat: a worker's status in Redis every interval (TTL'd, so a dead worker disappears).
+
+Its thread does nothing else: the status is built without waiting on the engine, its lock or the
+model load (workers/status.py), and reaping and session sweeps run on their own thread
+(workers/maintenance.py), so a busy engine or a slow sweep never delays a beat."""
 
 from __future__ import annotations
 
@@ -10,15 +13,16 @@ import redis
 
 from broker import keys
 from broker.worker_registry import HEARTBEAT_FIELD, encode_status
-from workers import reaper
-from workers.engine_service import EngineService
+from workers.status import StatusReader
 
 log = logging.getLogger(__name__)
 
 
 class Heartbeat:
-    def __init__(self, service: EngineService, interval_s: float, ttl_s: int) -> None:
-        self.service = service
+    def __init__(self, status: StatusReader, interval_s: float, ttl_s: int) -> None:
+        self.status = status
+        self.redis = status.service.redis
+        self.name = status.service.identity.name
         self.interval_s = interval_s
         self.ttl_s = ttl_s
         self._stop = threading.Event()
@@ -30,13 +34,12 @@ class Heartbeat:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(5)
-        name = self.service.identity.name
-        self.service.redis.delete(keys.worker_heartbeat(name))  # a clean exit is not a death
-        self.service.redis.srem(keys.WORKERS, name)
+        self.redis.delete(keys.worker_heartbeat(self.name))  # a clean exit is not a death
+        self.redis.srem(keys.WORKERS, self.name)
 
     def beat(self) -> None:
-        status = self.service.status()
-        pipe = self.service.redis.pipeline(transaction=False)
+        status = self.status.read()
+        pipe = self.redis.pipeline(transaction=False)
         key = keys.worker_heartbeat(status.name)
         pipe.hset(key, HEARTBEAT_FIELD, encode_status(status))
         pipe.expire(key, self.ttl_s)
@@ -47,8 +50,8 @@ class Heartbeat:
         while not self._stop.is_set():
             try:
                 self.beat()
-                reaper.reap(self.service.redis, self.service.identity.name)
-                self.service.sweep_sessions()
-            except (redis.RedisError, TimeoutError) as exc:
+            except (redis.RedisError, OSError) as exc:
                 log.warning("heartbeat failed: %s", exc)
+            except Exception:  # the beat thread must outlive any one bad status
+                log.exception("heartbeat failed")
             self._stop.wait(self.interval_s)

@@ -4,10 +4,13 @@ kombu keeps every delivered-but-unacked message in a hash until the worker acks 
 it restores one only after the visibility timeout, which must outlast the longest job. A worker
 whose heartbeat has expired is dead, so its jobs need not wait that long: the reaper moves them
 back itself, onto the shared queue when they had been routed to the dead worker's own queue.
+A job is handed back only once its lease has lapsed (broker/job_lease.py): a worker whose
+heartbeat merely went missing still renews its leases, and its jobs stay where they are.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 from typing import Any
@@ -15,6 +18,7 @@ from typing import Any
 import redis
 
 from broker import keys
+from broker.job_lease import JobLeases
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +51,52 @@ def _restore(client: redis.Redis, tag: bytes, dead_queue: str) -> str | None:
             return None
 
 
+def _restore_jobs(client: redis.Redis, job_ids: set[str], dead_queue: str) -> list[str]:
+    moved: list[str] = []
+    if job_ids:
+        for tag, raw in client.hscan_iter(keys.KOMBU_UNACKED):
+            if _task_id(raw)[0] in job_ids:
+                task_id = _restore(client, tag, dead_queue)
+                if task_id:
+                    moved.append(task_id)
+    return moved
+
+
+def _release(client: redis.Redis, name: str) -> tuple[list[str], int]:
+    """Hand back the jobs of dead worker `name` whose leases have lapsed; returns the ids moved
+    and how many are still leased (a lease outlives its holder by at most its TTL)."""
+    leases = JobLeases(client, ttl_s=1.0)
+    job_ids = {j.decode() for j in client.smembers(keys.worker_jobs(name))}  # type: ignore[union-attr]
+    ready = set()
+    for job_id in job_ids:
+        holder = leases.holder(job_id)
+        if holder is None or holder.worker != name:  # lapsed, or another worker took it over
+            ready.add(job_id)
+    dead_queue = keys.worker_queue(name)
+    moved = _restore_jobs(client, ready, dead_queue)
+    if ready:
+        client.srem(keys.worker_jobs(name), *ready)
+    # Jobs still waiting on the dead worker's own queue go to the shared one.
+    while client.lmove(dead_queue, keys.SHARED_QUEUE, "RIGHT", "RIGHT") is not None:
+        moved.append("(queued)")
+    return moved, len(job_ids - ready)
+
+
+def release_own(client: redis.Redis, name: str, owner: str) -> list[str]:
+    """At start, before consuming: hand back at once the jobs this worker name held in its
+    previous life (a restart under the same name), dropping that life's leases; the restored
+    copies resume from their streams under new epochs. Its own queue stays as it is."""
+    leases = JobLeases(client, ttl_s=1.0)
+    job_ids = {j.decode() for j in client.smembers(keys.worker_jobs(name))}  # type: ignore[union-attr]
+    for job_id in job_ids:
+        leases.drop_previous(job_id, name, owner)
+    moved = _restore_jobs(client, job_ids, keys.worker_queue(name))
+    client.delete(keys.worker_jobs(name))
+    if moved:
+        log.warning("restarted as %s: handed back %d job(s) of the previous process", name, len(moved))
+    return moved
+
+
 def reap(client: redis.Redis, self_name: str) -> list[str]:
     """Release the jobs of every worker whose heartbeat is gone; returns the job ids moved."""
     moved: list[str] = []
@@ -55,24 +105,20 @@ def reap(client: redis.Redis, self_name: str) -> list[str]:
         name = raw_name.decode()
         if name == self_name or client.exists(keys.worker_heartbeat(name)):
             continue
-        if not client.set(keys.REAPER_LOCK, self_name, nx=True, ex=10):
+        # redis-py's Lock: token-checked release, so a slow reaper never frees another's lock
+        lock = client.lock(keys.REAPER_LOCK, timeout=10, blocking=False)
+        if not lock.acquire(blocking=False):
             return moved  # another worker is reaping
         try:
-            job_ids = {j.decode() for j in client.smembers(keys.worker_jobs(name))}  # type: ignore[union-attr]
-            dead_queue = keys.worker_queue(name)
-            if job_ids:
-                for tag, raw in client.hscan_iter(keys.KOMBU_UNACKED):
-                    if _task_id(raw)[0] in job_ids:
-                        task_id = _restore(client, tag, dead_queue)
-                        if task_id:
-                            moved.append(task_id)
-            # Jobs still waiting on the dead worker's own queue go to the shared one.
-            while client.lmove(dead_queue, keys.SHARED_QUEUE, "RIGHT", "RIGHT") is not None:
-                moved.append("(queued)")
-            client.delete(keys.worker_jobs(name))
-            client.srem(keys.WORKERS, name)
-            if moved:
-                log.warning("worker %s is dead: handed back %d job(s)", name, len(moved))
+            if client.exists(keys.worker_heartbeat(name)):
+                continue  # it came back while we took the lock
+            released, still_leased = _release(client, name)
+            if not still_leased:
+                client.srem(keys.WORKERS, name)
+            if released:
+                log.warning("worker %s is dead: handed back %d job(s)", name, len(released))
+            moved.extend(released)
         finally:
-            client.delete(keys.REAPER_LOCK)
+            with contextlib.suppress(redis.exceptions.LockError):
+                lock.release()
     return moved

@@ -8,9 +8,16 @@ from pathlib import Path
 from broker import keys
 from broker.celery_app import BrokerConfig, make_celery, queue
 from workers.bootstep import KVFiguresStep
+from workers.control import register_control
 from workers.engine.config import EngineConfig
 from workers.engine_service import EngineService, TierConfig, WorkerIdentity
 from workers.heartbeat import Heartbeat
+from workers.job_runner import JobRunner
+from workers.lease_keeper import LeaseKeeper
+from workers.maintenance import Maintenance
+from workers.reaper import release_own
+from workers.status import StatusReader
+from workers.supervisor import Supervisor
 from workers.tasks import register_tasks
 
 
@@ -27,21 +34,26 @@ def run_worker(
     loglevel: str = "INFO",
     preload: bool = False,
     tiers: TierConfig | None = None,
+    kv_redis_url: str | None = None,
 ) -> None:
     """Blocks until the worker shuts down. Concurrency = how many jobs share the engine's batch."""
     identity = WorkerIdentity(node_name(name))
     app = make_celery(broker)
     app.conf.task_queues = [queue(keys.SHARED_QUEUE), queue(identity.queue)]
-    service = EngineService(engine, cache_dir, broker.redis_url, identity, tiers)
-    register_tasks(app, service)
-    step = type(
-        "KVFigures",
-        (KVFiguresStep,),
-        {"heartbeat": Heartbeat(service, broker.heartbeat_interval_s, broker.heartbeat_ttl_s)},
-    )
+    service = EngineService(engine, cache_dir, broker.redis_url, identity, tiers, kv_redis_url)
+    leases = LeaseKeeper(service.redis, identity.name, broker.lease_ttl_s, broker.heartbeat_interval_s)
+    register_tasks(app, JobRunner(service, leases, broker.job_time_limit_s))
+    register_control(service)  # `kvferry_integrity`, for `kvferry chaos`
+    heartbeat = Heartbeat(StatusReader(service), broker.heartbeat_interval_s, broker.heartbeat_ttl_s)
+    maintenance = Maintenance(service, broker.heartbeat_interval_s)
+    parts = {"heartbeat": heartbeat, "maintenance": maintenance, "supervisor": Supervisor(service)}
+    step = type("KVFigures", (KVFiguresStep,), parts)
     app.steps["worker"].add(step)
     if preload:
         service.loop()
+    # A restart under the same name (compose keeps the hostname): the previous process's jobs go
+    # back now, not after the visibility timeout, before this one takes any.
+    release_own(service.redis, identity.name, leases.owner)
     worker = app.Worker(
         hostname=identity.name,
         pool="threads",
@@ -55,3 +67,4 @@ def run_worker(
         worker.start()
     finally:
         service.shutdown()
+        leases.stop()

@@ -226,3 +226,20 @@ def test_client_leaving_a_request_cancels_its_job(api: Served, worker: FakeWorke
         c.post(CHAT, json=chat("SLOW"), timeout=0.5)
     assert wait_until(lambda: len(worker.seen) == 1)
     assert wait_until(lambda: rds.exists(keys.job_cancel(worker.seen[0].job_id)))
+
+
+def test_redis_lost_mid_stream_is_an_error_chunk(
+    api: Served, worker: FakeWorker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from broker.messages import TokenDelta
+
+    async def follow(*args: Any, **kwargs: Any) -> Any:
+        yield TokenDelta("Hel", (1,))
+        raise redis.ConnectionError("Redis went away")
+
+    monkeypatch.setattr(api.app.state.ctx.jobs, "follow", follow)
+    with api.client() as c:
+        r = c.post(CHAT, json=chat("hi", stream=True))
+    data = sse_data(r)  # a whole body, not a connection cut mid-way
+    assert data[-1] == "[DONE]"
+    assert json.loads(data[-2])["error"]["type"] == "service_unavailable_error"

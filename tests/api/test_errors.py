@@ -128,9 +128,16 @@ def test_framework_validation_errors_are_400_not_422(redis_url: str) -> None:
 
 
 def test_config_validates_itself() -> None:
-    for bad in ({"served_models": ()}, {"job_timeout_s": 0}, {"api_key": ""}):
+    bad: list[dict[str, Any]] = [
+        {"served_models": ()},
+        {"job_timeout_s": 0},
+        {"api_key": ""},
+        {"tenant_max_jobs": -1},
+        {"default_max_tokens": 0},
+    ]
+    for fields in bad:
         with pytest.raises(ValueError):
-            ApiConfig(**bad)  # type: ignore[arg-type]
+            ApiConfig(**fields)
 
 
 def test_redis_down_is_503() -> None:

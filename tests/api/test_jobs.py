@@ -121,7 +121,7 @@ def test_a_waiting_request_sees_a_revoked_job_as_aborted(
         while not rds.keys("kvferry:job:*:meta") and time.monotonic() < deadline:
             time.sleep(0.02)
         (key,) = rds.keys("kvferry:job:*:meta")
-        job_id = key.decode().split(":")[2]
+        job_id = (key.decode() if isinstance(key, bytes) else key).split(":")[2]
         c.delete(f"/v1/jobs/{job_id}")
         worker.resume()
         t.join(10)

@@ -86,8 +86,18 @@ def test_metrics_families(fresh_api: Served, rds: redis.Redis, worker: FakeWorke
         'kvferry_worker_blocks_used{worker="w1"} 25.0',
         'kvferry_worker_blocks_cached{worker="w1"} 10.0',
         'kvferry_worker_blocks_total{worker="w1"} 100.0',
-        'kvferry_worker_prefix_cache_queries_tokens{worker="w1"} 64.0',
-        'kvferry_worker_prefix_cache_hits_tokens{worker="w1"} 48.0',
+        'kvferry_worker_prefix_cache_queries_tokens_total{worker="w1"} 64.0',
+        'kvferry_worker_prefix_cache_hits_tokens_total{worker="w1"} 48.0',
+        'kvferry_worker_generation_tokens_total{worker="w1"} 50.0',
+        'kvferry_worker_jobs_done_total{worker="w1"} 5.0',
+        'kvferry_tenant_requests_total{tenant=""} 3.0',
+        'kvferry_tenant_prompt_tokens_total{tenant=""} 7.0',
+        'kvferry_tenant_completion_tokens_total{tenant=""} 3.0',
+        'kvferry_tenant_cached_tokens_total{tenant=""} 4.0',
+        'kvferry_tenant_jobs{tenant=""} 0.0',
+        "# TYPE kvferry_api_requests_total counter",
+        "# TYPE kvferry_worker_prefix_cache_hits_tokens_total counter",
+        "# TYPE kvferry_worker_blocks_used gauge",
         'kvferry_worker_num_running_seqs{worker="w1"} 2.0',
         'kvferry_worker_num_waiting_seqs{worker="w1"} 1.0',
         'kvferry_worker_fragmentation_ratio{worker="w1"} 0.125',
@@ -103,3 +113,23 @@ def test_metrics_forget_vanished_workers(api: Served, rds: redis.Redis) -> None:
         assert 'worker="w9"' in c.get("/metrics").text
         rds.delete(keys.WORKERS, keys.worker_heartbeat("w9"))
         assert 'worker="w9"' not in c.get("/metrics").text
+
+
+def test_metrics_show_the_redis_tier(fresh_api: Served, rds: redis.Redis) -> None:
+    from kvstore.tier_keys import TIER_REGISTRY, TierKeys
+
+    rds.sadd(TIER_REGISTRY, "fp1")
+    rds.hset(
+        TierKeys("fp1").counters, mapping={"hits": 5, "misses": 2, "bytes_read": 640, "bytes_written": 1280}
+    )
+    with fresh_api.client() as c:
+        text = c.get("/metrics").text
+    for line in (
+        "kvferry_redis_tier_hits_total 5.0",
+        "kvferry_redis_tier_misses_total 2.0",
+        "kvferry_redis_tier_bytes_read_total 640.0",
+        "kvferry_redis_tier_bytes_written_total 1280.0",
+        "kvferry_redis_tier_orphan_pins 0.0",
+        "# TYPE kvferry_redis_tier_hits_total counter",
+    ):
+        assert line in text, line

@@ -9,21 +9,29 @@ from api.openai_schema import parse_request
 from api.sse import DONE, ChunkWriter
 from broker import keys
 from broker.messages import Usage
+from broker.sampling import SamplingParams
 
 
 def test_job_meta_round_trips_through_a_redis_hash() -> None:
-    body = {"model": "m", "messages": [{"role": "user", "content": "héllo"}], "max_tokens": 3}
-    meta = JobMeta("j1", "/v1/chat/completions", "m", keys.SHARED_QUEUE, "shared", 12.5, body, "t", "s")
+    params = SamplingParams(max_tokens=3, temperature=0.5, seed=2**64 - 1, stop=("x", "y"))
+    meta = JobMeta("j1", "/v1/chat/completions", "m", keys.SHARED_QUEUE, "shared", 12.5, "t", "s", params)
     raw = {k.encode(): v.encode() for k, v in meta.to_hash().items()}
     assert JobMeta.from_hash("j1", raw) == meta
     assert meta.response_id == "chatcmpl-j1"
-    assert meta.request().params.max_tokens == 3
-    no_session = JobMeta("j2", "/v1/completions", "m", "q", "r", 1.0, {"model": "m", "prompt": "x"})
+    assert meta.request().params.max_tokens == 3 and meta.request().is_chat
+    no_session = JobMeta("j2", "/v1/completions", "m", "q", "r", 1.0)
     assert (
         JobMeta.from_hash("j2", {k.encode(): v.encode() for k, v in no_session.to_hash().items()})
         == no_session
     )
     assert no_session.response_id == "cmpl-j2"
+
+
+def test_job_meta_holds_no_prompt() -> None:
+    body = {"model": "m", "messages": [{"role": "user", "content": "secret words"}], "max_tokens": 3}
+    request = parse_request("/v1/chat/completions", body)
+    meta = JobMeta("j1", request.endpoint, "m", "q", "r", 1.0, "t", None, request.params)
+    assert "secret" not in json.dumps(meta.to_hash())
 
 
 def decode(frame: bytes) -> dict[str, object]:

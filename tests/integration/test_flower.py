@@ -1,4 +1,5 @@
-"""Flower, as `kvferry serve` runs it, lists the workers with their KV figures."""
+"""Flower, as `kvferry serve` runs it (basic auth, its API too), lists the workers with their KV
+figures."""
 
 from __future__ import annotations
 
@@ -13,22 +14,17 @@ import pytest
 from ops.redis_server import RedisServer, free_port
 from tests.integration.conftest import ROOT, WorkerProcess, wait_for
 
+AUTH = ("kvferry", "flower-test-password")
+
 
 @pytest.fixture
 def flower_url(redis_server: RedisServer, tmp_path: object) -> Iterator[str]:
     port = free_port()
-    env = {**os.environ, "FLOWER_UNAUTHENTICATED_API": "true"}
+    env = {k: v for k, v in os.environ.items() if k != "FLOWER_UNAUTHENTICATED_API"}
+    # As ops/stack.py starts it: broker and credentials through the environment, not argv.
+    env |= {"BROKER_URL": redis_server.url, "FLOWER_BASIC_AUTH": ":".join(AUTH)}
     process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "celery",
-            "-b",
-            redis_server.url,
-            "flower",
-            f"--port={port}",
-            "--address=127.0.0.1",
-        ],
+        [sys.executable, "-m", "celery", "flower", f"--port={port}", "--address=127.0.0.1"],
         cwd=ROOT,
         env=env,
         stdout=subprocess.DEVNULL,
@@ -53,7 +49,12 @@ def flower_url(redis_server: RedisServer, tmp_path: object) -> Iterator[str]:
 def test_flower_api_lists_workers_with_kv_figures(
     two_workers: tuple[WorkerProcess, WorkerProcess], flower_url: str
 ) -> None:
-    workers = httpx.get(f"{flower_url}/api/workers", params={"refresh": "1"}, timeout=30).json()
+    api = f"{flower_url}/api/workers"
+    assert httpx.get(api, params={"refresh": "1"}, timeout=30).status_code == 401
+    assert httpx.get(api, auth=(AUTH[0], "wrong"), timeout=30).status_code == 401
+    response = httpx.get(api, params={"refresh": "1"}, auth=AUTH, timeout=30)
+    assert response.status_code == 200
+    workers = response.json()
     for worker in two_workers:
         assert worker.name in workers, sorted(workers)
         figures = workers[worker.name]["stats"]["kvferry"]

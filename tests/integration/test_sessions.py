@@ -78,7 +78,7 @@ def test_session_migrates_to_another_worker_from_redis(
     # The shared system prompt may already sit in w2's pool; the rest of turn 1 came from Redis.
     assert r2.usage.redis_tokens > 0, r2.usage
     assert r2.usage.computed_tokens < r2.usage.prompt_tokens - r1.usage.prompt_tokens + BLOCK, r2.usage
-    raw: Any = redis_client.get(keys.session(session))
+    raw: Any = redis_client.get(keys.session("", session))
     assert raw is not None and b'"last_worker"' in raw and w2.name.encode() in raw
 
 
@@ -147,7 +147,9 @@ def test_sessions_survive_redis_and_worker_restarts(
         server.stop()  # Redis goes down with the session and its blocks in the AOF
         server = RedisServer(data, port=server.port, persist=True).start()
         client = redis.Redis.from_url(server.url)
-        wait_for(lambda: client.get(keys.session(session)) is not None, 10, "the session after the restart")
+        wait_for(
+            lambda: client.get(keys.session("", session)) is not None, 10, "the session after the restart"
+        )
         worker = worker_factory("aof2", redis_url=server.url)  # every worker is new
         turn2 = [
             *turn1,
@@ -192,8 +194,13 @@ def test_preload_pins_a_system_prompt_for_every_worker(
     out = io.StringIO()
     assert preload(Settings(redis_url=redis_server.url, served_model_name=MODEL), templates, out) == 1
     assert "pinned" in out.getvalue(), out.getvalue()
-    pins = [k for k in redis_client.scan_iter(match="kvferry:kv:*:pins")]
-    assert pins and redis_client.hlen(pins[0]) > 0
+    from kvstore import tier_pins
+    from kvstore.tier_keys import PinOwner, TierKeys
+
+    owner = PinOwner.preload("")  # the templates' pins belong to their tenant, not to a session
+    assert (
+        sum(redis_client.scard(TierKeys(fp).pinset(owner)) for fp in tier_pins.fingerprints(redis_client)) > 0
+    )
     # Any worker now starts the prompt from the pinned blocks (its pool, or Redis).
     for worker in two_workers:
         turn = [{"role": "system", "content": system}, {"role": "user", "content": f"hi from {worker.name}"}]

@@ -14,6 +14,7 @@ from kvstore.block_codec import encode_pack
 from kvstore.kv_cache import KVCache
 from kvstore.redis_tier import RedisTier, TierKeys
 from kvstore.stored_block import KVFormat, StoredBlock
+from kvstore.tier_keys import TIER_REGISTRY
 from tests.kvstore.conftest import TINY_LAYOUT, MakeBlocks
 
 BIG = 10**9
@@ -85,7 +86,7 @@ def test_seven_blocks_by_three_make_three_packs(
     assert packs == [packs[0]] * 3 + [packs[3]] * 3 + [packs[6]]
     assert len(set(packs)) == 3
     k = tier.keys
-    namespace = {s.encode() for s in (k.index, k.lru, k.bytes, k.packs)}
+    namespace = {s.encode() for s in (k.index, k.lru, k.bytes, k.packs, k.counters, TIER_REGISTRY)}
     assert set(redis_client.keys("*")) == namespace | set(packs)
     assert redis_client.hlen(k.index) == 7 and redis_client.zcard(k.lru) == 3
     sizes = [redis_client.strlen(p) for p in dict.fromkeys(packs)]
@@ -279,27 +280,31 @@ def test_byte_cap_in_one_put_keeps_the_prefix(
     tier.check_integrity()
 
 
-def test_pinned_packs_survive_the_cap_until_unpinned(
+def test_pinned_packs_survive_the_cap_until_released(
     redis_client: redis.Redis, tiny_fmt: KVFormat, make_blocks: MakeBlocks
 ) -> None:
     a, b, c, d, e = make_blocks(5)
     size = len(encode_pack(tiny_fmt, [a]))
     loader = RedisTier(redis_client, tiny_fmt, BIG, blocks_per_pack=1)
     loader.put([a, b, c, d])
-    loader.pin([a.block_hash, b.block_hash])
-    loader.pin([b.block_hash, e.block_hash])  # e is not stored: ignored
-    tier = RedisTier(redis_client, tiny_fmt, size, blocks_per_pack=1)  # another worker, a tight cap
+    loader.pin_session("t", "s1", [a.block_hash, b.block_hash])
+    loader.pin_session("t", "s2", [b.block_hash, e.block_hash])  # e is not stored: ignored
+    loader.check_integrity()
+    assert loader.pinned_bytes_by_tenant() == {"t": 3 * tiny_fmt.nbytes}
+    tier = RedisTier(redis_client, tiny_fmt, 3 * size, blocks_per_pack=1)  # another worker, a tighter cap
     assert tier.put([e]) == 1
-    assert held(tier, [a, b, c, d, e]) == [0, 1]  # d, c, then e itself went; a and b are pinned
-    assert tier.stats().packs_evicted == 3
+    assert held(tier, [a, b, c, d, e]) == [0, 1, 4]  # d, then c went; a and b are pinned
+    assert tier.stats().packs_evicted == 2
     tier.check_integrity()
-    tier.unpin([a.block_hash])  # over the cap, so a goes now
-    assert held(tier, [a, b]) == [1]
-    tier.unpin([b.block_hash])
-    assert redis_client.hget(tier.keys.pins, pack_of(redis_client, tier, b)) == b"1"
-    tier.unpin([b.block_hash, b.block_hash])  # never below zero
-    assert redis_client.exists(tier.keys.pins) == 0
-    assert held(tier, [b]) == [0]  # b alone fits the cap
+    assert tier.release_session("t", "s1") == 2  # a is evictable now; b is still s2's
+    assert tier.release_session("t", "s1") == 0  # idempotent
+    assert held(tier, [a, b, e]) == [0, 1, 2]  # the cap holds: nothing had to go yet
+    tier.put([c])  # over the cap: the oldest unpinned pack (a) goes, b stays pinned
+    assert held(tier, [a, b, c, e]) == [1, 2, 3]
+    tier.check_integrity()
+    tier.release_session("t", "s2")
+    assert redis_client.exists(tier.keys.block_pins, tier.keys.tenant_bytes, tier.keys.owner_bytes) == 0
+    assert tier.pinned_bytes_by_tenant() == {}
     tier.check_integrity()
 
 
@@ -320,7 +325,7 @@ def test_clear_deletes_only_this_models_keys(
     tier = RedisTier(redis_client, tiny_fmt, BIG, blocks_per_pack=1)
     other = RedisTier(redis_client, dataclasses.replace(tiny_fmt, model_fingerprint="tiny-test:v2"), BIG)
     tier.put(blocks)
-    tier.pin(hashes(blocks))
+    tier.pin_session("t", "s", hashes(blocks))
     other.put(blocks)
     assert other.get_run(hashes(blocks)) == blocks  # each model has its own copy
     redis_client.set("kvferry:job:x:meta", b"1")

@@ -19,8 +19,15 @@ class EngineConfig:
     dtype: str = "float32"
     device: str = "cpu"
     torch_threads: int | None = None  # None: leave torch's default
+    default_max_tokens: int | None = None  # a request naming no max_tokens; None: the room left
+    # Fault hooks for tests: a step that computes prompt tokens sleeps this much longer, and the
+    # N-th step (1-based) raises RuntimeError once. 0 disables each.
+    debug_slow_step_s: float = 0.0
+    debug_crash_step: int = 0
 
     def __post_init__(self) -> None:
+        if self.default_max_tokens is not None and self.default_max_tokens < 1:
+            raise ValueError(f"default_max_tokens must be None or >= 1, got {self.default_max_tokens}")
         if self.block_size < 1 or self.block_size > 1024:
             raise ValueError(f"block_size must be in [1, 1024], got {self.block_size}")
         if self.cache_size_bytes <= 0:
@@ -31,3 +38,7 @@ class EngineConfig:
             raise ValueError("max_num_batched_tokens must be at least one block")
         if self.dtype not in ("float32", "float16", "bfloat16"):
             raise ValueError(f"dtype must be float32, float16 or bfloat16, got {self.dtype}")
+        if not 0.0 <= self.debug_slow_step_s < 3600.0:
+            raise ValueError(f"debug_slow_step_s must be in [0, 3600), got {self.debug_slow_step_s}")
+        if self.debug_crash_step < 0:
+            raise ValueError(f"debug_crash_step must be >= 0, got {self.debug_crash_step}")

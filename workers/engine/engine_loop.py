@@ -6,59 +6,26 @@ import itertools
 import logging
 import queue
 import threading
+import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from broker.sampling import SamplingParams
+from workers.engine.engine_stats import EngineStats
+from workers.engine.errors import EngineFailedError, RequestFailedError
 from workers.engine.llm_engine import LLMEngine
-from workers.engine.request_output import RequestOutput
+from workers.engine.request_handle import RequestHandle
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-_STREAM_END = object()
-
-
-class RequestHandle:
-    """A submitted request: iterate it for deltas as they are made, or wait for the final output."""
-
-    def __init__(self, request_id: str, loop: EngineLoop) -> None:
-        self.request_id = request_id
-        self._loop = loop
-        self._deltas: queue.Queue[Any] = queue.Queue()
-        self._future: Future[RequestOutput] = Future()
-
-    def _publish(self, out: RequestOutput) -> None:
-        self._deltas.put(out)
-        if out.finished:
-            self._deltas.put(_STREAM_END)
-            self._future.set_result(out)
-
-    def _fail(self, exc: BaseException) -> None:
-        if not self._future.done():
-            self._deltas.put(exc)
-            self._deltas.put(_STREAM_END)
-            self._future.set_exception(exc)
-
-    def __iter__(self) -> Iterator[RequestOutput]:
-        while True:
-            item = self._deltas.get()
-            if item is _STREAM_END:
-                return
-            if isinstance(item, BaseException):
-                raise item
-            yield item
-
-    def result(self, timeout: float | None = None) -> RequestOutput:
-        return self._future.result(timeout)
-
-    def done(self) -> bool:
-        return self._future.done()
-
-    def cancel(self) -> None:
-        self._loop.abort(self.request_id)
+STATS_IDLE_S = 0.5  # while idle, latest_stats is refreshed at least this often
+STATS_MIN_GAP_S = 0.05  # while busy, at most this often (pool.stats() walks every block)
+# Failed steps in a row, with no good step between, after which the loop gives up and dies (a
+# broken device fails every step): the worker then reports unhealthy instead of churning jobs.
+MAX_FAILED_STEPS_IN_ROW = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,16 +49,40 @@ class _Call:
     future: Future[Any]
 
 
+_Message = _Submit | _Abort | _Call
+
+
 class EngineLoop:
-    """Concurrent submitters are batched together: every step takes whatever has arrived."""
+    """Concurrent submitters are batched together: every step takes whatever has arrived.
+
+    Supervision: a step that raises fails every request in flight with EngineFailedError
+    (retryable), releases their blocks, checks the pool and goes on serving (`restarts` counts
+    these). If the loop thread itself dies, `healthy` turns False and every submit fails at once.
+    `latest_stats` is a snapshot the loop thread stores after steps and at least every
+    STATS_IDLE_S while idle: other threads read it without waiting on the loop.
+    """
 
     def __init__(self, engine: LLMEngine, name: str = "kvferry-engine") -> None:
         self.engine = engine
-        self._inbox: queue.Queue[_Submit | _Abort | _Call | None] = queue.Queue()
+        self._inbox: queue.Queue[_Message | None] = queue.Queue()
         self._handles: dict[str, RequestHandle] = {}
         self._ids = itertools.count()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._stopped = threading.Event()
+        # Held only around "is it stopped? then queue" and the final "stop, then drain", so that
+        # no message is queued after the last drain. Never held during a step.
+        self._gate = threading.Lock()
+        self._recovering = False
+        self._stats_at = 0.0
+        self.latest_stats: EngineStats | None = None
+        self.restarts = 0  # steps that failed and were recovered from
+        self._failed_in_row = 0
+        self.failure: BaseException | None = None  # what killed the loop thread, if anything did
+
+    @property
+    def healthy(self) -> bool:
+        """True while the loop thread runs and is not recovering from a failed step."""
+        return self._thread.is_alive() and not self._stopped.is_set() and not self._recovering
 
     def start(self) -> EngineLoop:
         self._thread.start()
@@ -118,50 +109,87 @@ class EngineLoop:
     ) -> RequestHandle:
         """Queue a request (see LLMEngine.add_request); errors arrive through the handle."""
         handle = RequestHandle(request_id or f"req-{uuid.uuid4().hex[:12]}-{next(self._ids)}", self)
-        if self._stopped.is_set():
-            handle._fail(RuntimeError("the engine loop has stopped"))
-            return handle
-        self._inbox.put(
-            _Submit(
-                handle, list(prompt_token_ids), params, cache_salt, list(output_token_ids), streamed_chars
-            )
+        msg = _Submit(
+            handle, list(prompt_token_ids), params, cache_salt, list(output_token_ids), streamed_chars
         )
+        if not self._put(msg):
+            handle._fail(self._stopped_error())
         return handle
 
     def abort(self, request_id: str) -> None:
-        self._inbox.put(_Abort(request_id))
+        self._put(_Abort(request_id))
 
     def call(self, fn: Callable[[LLMEngine], T], timeout: float | None = 30.0) -> T:
         """Run fn(engine) on the loop thread, between steps (figures, integrity checks)."""
         future: Future[T] = Future()
-        self._inbox.put(_Call(fn, future))
+        if not self._put(_Call(fn, future)):
+            raise self._stopped_error()
         return future.result(timeout)
+
+    def _put(self, msg: _Message) -> bool:
+        with self._gate:
+            if self._stopped.is_set():
+                return False
+            self._inbox.put(msg)
+            return True
+
+    def _stopped_error(self) -> EngineFailedError:
+        if self.failure is not None:
+            why = f"{type(self.failure).__name__}: {self.failure}"
+            err = EngineFailedError(f"the engine loop has died: {why}")
+            err.__cause__ = self.failure
+            return err
+        return EngineFailedError("the engine loop has stopped")
 
     # -- the loop thread ------------------------------------------------------------------------
 
     def _run(self) -> None:
         try:
+            self._refresh_stats(force=True)
             while self._drain(block=not self.engine.has_unfinished()):
                 if self.engine.has_unfinished():
                     self._step()
+        except BaseException as exc:
+            self.failure = exc
+            log.exception("the engine loop thread died; failing every request")
         finally:
-            self._stopped.set()
+            with self._gate:
+                self._stopped.set()
+            err = self._stopped_error()
             for handle in list(self._handles.values()):
-                handle._fail(RuntimeError("the engine loop stopped"))
+                handle._fail(err)
             self._handles.clear()
+            self._fail_queued(err)
+
+    def _fail_queued(self, err: EngineFailedError) -> None:
+        while True:
+            try:
+                msg = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            if isinstance(msg, _Submit):
+                msg.handle._fail(err)
+            elif isinstance(msg, _Call):
+                msg.future.set_exception(err)
 
     def _drain(self, block: bool) -> bool:
-        """Handle every waiting message (waiting for one when idle); False once asked to stop."""
+        """Handle every waiting message (waiting up to STATS_IDLE_S for one when idle); False once
+        asked to stop."""
         try:
-            msg = self._inbox.get(block=block)
-            while msg is not None:
-                self._handle(msg)
-                msg = self._inbox.get_nowait()
-            return False
+            msg = self._inbox.get(timeout=STATS_IDLE_S) if block else self._inbox.get_nowait()
         except queue.Empty:
+            if block:
+                self._refresh_stats(force=True)
             return True
+        while msg is not None:
+            self._handle(msg)
+            try:
+                msg = self._inbox.get_nowait()
+            except queue.Empty:
+                return True
+        return False
 
-    def _handle(self, msg: _Submit | _Abort | _Call) -> None:
+    def _handle(self, msg: _Message) -> None:
         if isinstance(msg, _Submit):
             rid = msg.handle.request_id
             try:
@@ -178,7 +206,11 @@ class EngineLoop:
                 return
             self._handles[rid] = msg.handle
         elif isinstance(msg, _Abort):
-            out = self.engine.abort_request(msg.request_id)
+            try:
+                out = self.engine.abort_request(msg.request_id)
+            except Exception as exc:
+                self._restart(exc)
+                return
             handle = self._handles.pop(msg.request_id, None)
             if out is not None and handle is not None:
                 handle._publish(out)
@@ -194,15 +226,47 @@ class EngineLoop:
         try:
             outputs = self.engine.step()
         except Exception as exc:
-            log.exception("engine step failed; failing the requests in flight")
-            for rid, failed in list(self._handles.items()):
-                self.engine.abort_request(rid)
-                failed._fail(exc)
-            self._handles.clear()
+            self._restart(exc)
             return
+        self._failed_in_row = 0
+        errors = self.engine.last_errors
         for out in outputs:
             target = (
                 self._handles.pop(out.request_id, None) if out.finished else self._handles.get(out.request_id)
             )
-            if target is not None:
+            if target is None:
+                continue
+            if out.finish_reason == "error":
+                target._fail(errors.get(out.request_id) or RequestFailedError(out.error or "failed", None))
+            else:
                 target._publish(out)
+        self._refresh_stats(force=not self.engine.has_unfinished())
+
+    def _restart(self, exc: Exception) -> None:
+        """A failure not tied to one request: fail and release everything in flight, check the
+        pool, go on. If the check fails, the error escapes and the loop thread dies (unhealthy)."""
+        log.error("engine step failed; failing %d requests in flight", len(self._handles), exc_info=exc)
+        self._recovering = True  # stays True if recovery raises: the thread is about to die
+        self.restarts += 1
+        self.engine.abort_all()
+        self.engine.check_integrity()
+        self._refresh_stats(force=True)
+        self._recovering = False  # before the handles fail: their owners may check at once
+        err = EngineFailedError(f"the engine step failed: {type(exc).__name__}: {exc}")
+        err.__cause__ = exc
+        handles, self._handles = list(self._handles.values()), {}
+        for handle in handles:
+            handle._fail(err)
+        self._failed_in_row += 1
+        if self._failed_in_row >= MAX_FAILED_STEPS_IN_ROW:
+            raise EngineFailedError(f"{self._failed_in_row} engine steps failed in a row") from exc
+
+    def _refresh_stats(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self._stats_at < STATS_MIN_GAP_S:
+            return
+        try:
+            self.latest_stats = self.engine.stats()  # one attribute store: readers need no lock
+        except Exception:
+            log.exception("engine stats failed")
+        self._stats_at = now

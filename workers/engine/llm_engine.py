@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 import uuid
 from pathlib import Path
 
 import torch
 
-from broker.errors import InvalidRequestError, PromptTooLongError
+from broker.errors import InvalidRequestError
 from broker.sampling import SamplingParams
 from kvstore.block_pool import BlockPool
 from kvstore.kv_cache import KVCache, KVLayout
@@ -17,15 +18,19 @@ from workers.engine.block_manager import BlockManager, cdiv
 from workers.engine.config import EngineConfig
 from workers.engine.detokenizer import Detokenizer
 from workers.engine.engine_stats import EngineStats, MemoryBreakdown
+from workers.engine.errors import RequestFailedError
+from workers.engine.faults import StepFaults
 from workers.engine.kv_tiers import TierCache
 from workers.engine.model_loader import LoadedModel, load_model
 from workers.engine.model_runner import ModelRunner
+from workers.engine.request_checks import check_request
 from workers.engine.request_output import RequestOutput
 from workers.engine.sampler import Sampler
 from workers.engine.scheduler import ScheduledSeq, Scheduler
-from workers.engine.sequence import FinishReason, Sequence
+from workers.engine.sequence import FinishReason, Sequence, SequenceStatus
 
 DEFAULT_CACHE_DIR = Path.home() / ".cache" / "kvferry"
+log = logging.getLogger(__name__)
 
 
 def kv_layout(loaded: LoadedModel, block_size: int, dtype: torch.dtype) -> KVLayout:
@@ -73,6 +78,10 @@ class LLMEngine:
         self.max_model_len = min(config.max_model_len or self.loaded.max_model_len, self.loaded.max_model_len)
         self.vocab_size = int(self.loaded.model.config.vocab_size)
         self._seqs: dict[str, Sequence] = {}
+        self._ready: dict[str, RequestOutput] = {}  # resumed requests complete on arrival
+        self.faults = StepFaults(config)
+        # Why each request that the last step failed alone failed (finish_reason "error").
+        self.last_errors: dict[str, InvalidRequestError] = {}
         self.num_steps = 0
         self.max_batch_seqs = 0
         self.max_batch_tokens = 0
@@ -103,59 +112,68 @@ class LLMEngine:
         """
         if request_id in self._seqs:
             raise InvalidRequestError(f"request id {request_id!r} is already running", "request_id")
-        if not prompt_token_ids:
-            raise InvalidRequestError("the prompt is empty", "prompt")
-        if any(not isinstance(t, int) or t < 0 or t >= self.vocab_size for t in prompt_token_ids):
-            raise InvalidRequestError(
-                f"prompt token ids must be integers in [0, {self.vocab_size})", "prompt"
-            )
-        n = len(prompt_token_ids)
-        room = self.max_model_len - n
-        if room < 1:
-            raise PromptTooLongError(
-                f"the prompt has {n} tokens; the context holds {self.max_model_len} including at least "
-                "one output token",
-                "prompt",
-            )
-        max_tokens = params.max_tokens if params.max_tokens is not None else room
-        if n + max_tokens > self.max_model_len:
-            raise PromptTooLongError(
-                f"prompt ({n} tokens) + max_tokens ({max_tokens}) exceeds the context length "
-                f"({self.max_model_len})",
-                "max_tokens",
-            )
-        if cdiv(n + 1, self.pool.block_size) > self.pool.num_blocks:
-            raise PromptTooLongError(
-                f"the prompt has {n} tokens but the KV pool holds only "
-                f"{self.pool.num_blocks * self.pool.block_size}: raise --cache-size",
-                "prompt",
-            )
+        max_tokens = check_request(
+            prompt_token_ids,
+            params,
+            output_token_ids or (),
+            vocab_size=self.vocab_size,
+            max_model_len=self.max_model_len,
+            block_size=self.pool.block_size,
+            num_blocks=self.pool.num_blocks,
+            default_max_tokens=self.config.default_max_tokens,
+        )
         seq = Sequence(request_id, list(prompt_token_ids), params, max_tokens, cache_salt)
         if output_token_ids:
-            if len(output_token_ids) >= max_tokens:
-                raise InvalidRequestError(
-                    "nothing left to generate: the resumed output is complete", "max_tokens"
-                )
             seq.output_token_ids = list(output_token_ids)
-            self.detokenizer.update(seq)
+            try:
+                stop = self.detokenizer.update(seq)
+            except Exception as exc:
+                raise RequestFailedError.wrap(exc, "detokenize") from exc
             seq.num_streamed_chars = min(streamed_chars, len(seq.output_text))
+            reason = self._resumed_reason(seq, stop)
+            if reason is not None:  # its worker died after the last token, before the result
+                seq.finish_reason, seq.status = reason, SequenceStatus.FINISHED
+                self._ready[request_id] = self._output(seq, [])
+                return
         self._seqs[request_id] = seq
         self.scheduler.add(seq)
 
+    def _resumed_reason(self, seq: Sequence, stop: str | None) -> FinishReason | None:
+        """Why a resumed output is already complete (the next step would not have run), if it is."""
+        if not seq.params.ignore_eos and any(t in self.loaded.eos_token_ids for t in seq.output_token_ids):
+            return "stop"
+        if stop is not None:
+            seq.stop_reason = stop
+            return "stop"
+        if len(seq.output_token_ids) >= seq.max_tokens or seq.num_tokens >= self.max_model_len:
+            return "length"
+        return None
+
     def abort_request(self, request_id: str) -> RequestOutput | None:
+        if request_id in self._ready:
+            return self._ready.pop(request_id)
         seq = self._seqs.get(request_id)
         if seq is None:
             return None
         return self._finish(seq, "abort", [])
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished()
+        return bool(self._ready) or self.scheduler.has_unfinished()
 
     # -- the step -----------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
+        """One batch. A request whose sampling or detokenising raises ends alone with
+        finish_reason "error" (its reason in last_errors); anything else that raises is the
+        engine's failure: the caller must then call abort_all() before stepping again."""
+        self.last_errors = {}
         scheduled = self.scheduler.schedule()
-        outputs = [self._finish(seq, "length", []) for seq in self.scheduler.outgrown]
+        self.faults.on_step(scheduled)
+        outputs = [
+            *self._ready.values(),
+            *(self._finish(seq, "length", []) for seq in self.scheduler.outgrown),
+        ]
+        self._ready.clear()
         self.scheduler.outgrown.clear()
         if not scheduled:
             return outputs
@@ -163,18 +181,18 @@ class LLMEngine:
             self.kv_cache.write_block(block_id, stored.kv)
         logits = self.runner.run(scheduled)
         sampling = [s for s in scheduled if s.samples]
-        tokens = (
-            self.sampler.sample(logits, [(s.seq.request_id, s.seq.params) for s in sampling])
-            if sampling
-            else []
-        )
+        requests = [(s.seq.request_id, s.seq.params) for s in sampling]
+        tokens = self.sampler.sample_isolated(logits, requests) if sampling else []
         self._account(scheduled)
         for item in scheduled:
             prev = item.seq.num_computed_tokens
             item.seq.num_computed_tokens += item.num_new_tokens
             self.block_manager.commit(item.seq, prev)
         for item, token in zip(sampling, tokens, strict=True):
-            outputs.append(self._append_token(item.seq, token))
+            if isinstance(token, Exception):
+                outputs.append(self._fail(item.seq, RequestFailedError.wrap(token, "sampling")))
+            else:
+                outputs.append(self._append_token(item.seq, token))
         return outputs
 
     def _account(self, scheduled: list[ScheduledSeq]) -> None:
@@ -194,7 +212,10 @@ class LLMEngine:
         reason: FinishReason | None = None
         if not seq.params.ignore_eos and token in self.loaded.eos_token_ids:
             reason, seq.stop_reason = "stop", token
-        stop = self.detokenizer.update(seq)
+        try:
+            stop = self.detokenizer.update(seq)
+        except Exception as exc:
+            return self._fail(seq, RequestFailedError.wrap(exc, "detokenize"))
         if reason is None and stop is not None:
             reason, seq.stop_reason = "stop", stop
         if reason is None and (
@@ -216,11 +237,44 @@ class LLMEngine:
         del self._seqs[seq.request_id]
         return self._output(seq, delta)
 
-    def _output(self, seq: Sequence, delta: list[int]) -> RequestOutput:
+    def _release(self, seq: Sequence, reason: FinishReason) -> None:
+        """Free seq's blocks and forget it, persisting nothing (it failed, or the engine did)."""
+        seq.finish_reason = reason
+        self.scheduler.finish(seq)
+        self.sampler.forget(seq.request_id)
+        self._seqs.pop(seq.request_id, None)
+
+    def _fail(self, seq: Sequence, err: InvalidRequestError) -> RequestOutput:
+        """End one request alone, with finish_reason "error"; the step's others go on."""
+        log.warning("request %s failed alone: %s", seq.request_id, err)
+        self.last_errors[seq.request_id] = err
+        self._release(seq, "error")
+        return self._output(seq, [], delta_text="", error=str(err))
+
+    def abort_all(self) -> list[str]:
+        """After a failed step: release every sequence; returns their ids.
+
+        Prefix hashes are forgotten too: a block hashed for a tier load that the failed step never
+        wrote would otherwise serve garbage to the next hit (refused while a block is in use)."""
+        seqs = {id(s): s for s in [*self._seqs.values(), *self.scheduler.running, *self.scheduler.waiting]}
+        ids = [*self._ready, *(s.request_id for s in seqs.values())]
+        self._ready.clear()
+        for seq in seqs.values():
+            self._release(seq, "abort")
+        self.scheduler.outgrown.clear()
+        self.block_manager.take_loads()
+        self.last_errors = {}
+        if not self.pool.reset_prefix_cache():
+            log.warning("blocks still in use after abort_all; the prefix cache was kept")
+        return ids
+
+    def _output(
+        self, seq: Sequence, delta: list[int], delta_text: str | None = None, error: str | None = None
+    ) -> RequestOutput:
         return RequestOutput(
             request_id=seq.request_id,
             delta_token_ids=tuple(delta),
-            delta_text=self.detokenizer.stream_delta(seq),
+            delta_text=self.detokenizer.stream_delta(seq) if delta_text is None else delta_text,
             finished=seq.is_finished,
             finish_reason=seq.finish_reason,
             token_ids=tuple(seq.output_token_ids),
@@ -230,6 +284,7 @@ class LLMEngine:
             pool_tokens=max(0, seq.num_cached_tokens),
             warm_tokens=seq.num_warm_tokens - seq.num_redis_tokens,
             redis_tokens=seq.num_redis_tokens,
+            error=error,
         )
 
     # -- convenience and figures --------------------------------------------------------------

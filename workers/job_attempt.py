@@ -1,0 +1,164 @@
+"""JobAttempt: one leased run of a job on this worker's engine. Resumes after the tokens the
+stream holds, streams new ones (each with its index and the lease epoch, through the fenced
+script), enforces the job time limit, and publishes the result."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from broker import keys
+from broker.errors import KvferryError, UnknownModelError
+from broker.job_events import FencedStream, StreamProgress
+from broker.job_lease import StaleLeaseError
+from broker.messages import GenerateJob, GenerateResult, JobDone, JobFailed, TokenDelta, Usage
+from workers.engine.engine_loop import EngineLoop
+from workers.engine.errors import EngineFailedError
+from workers.engine.request_handle import RequestHandle
+from workers.engine.request_output import RequestOutput
+from workers.engine_service import EngineService
+from workers.lease_keeper import HeldLease
+from workers.prompt import prompt_token_ids
+
+STREAM_FLUSH_S = 0.03
+HEALTHY_WAIT_S = 5.0  # a job that finds its engine loop restarting waits this long for it
+
+
+class JobTimeLimitError(KvferryError, TimeoutError):
+    """The job ran past KVFERRY_JOB_TIME_LIMIT_S and was stopped (its blocks freed)."""
+
+
+def wait_healthy(loop: EngineLoop, timeout_s: float = HEALTHY_WAIT_S) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not loop.healthy:
+        if time.monotonic() > deadline:
+            raise EngineFailedError("the engine loop is not healthy")
+        time.sleep(0.05)
+
+
+class JobAttempt:
+    def __init__(
+        self,
+        service: EngineService,
+        stream: FencedStream,
+        job_id: str,
+        job: GenerateJob,
+        held: HeldLease,
+        time_limit_s: float,
+    ) -> None:
+        self.service = service
+        self.stream = stream
+        self.job_id = job_id
+        self.job = job
+        self.held = held
+        self.epoch = held.epoch
+        self.time_limit_s = time_limit_s
+        self.started = time.time()
+        self.timed_out = threading.Event()
+
+    def publish_failed(self, error_type: str, message: str, status: int, param: str | None = None) -> None:
+        event = JobFailed(error_type, message, status, param, epoch=self.epoch)
+        self.stream.publish(self.job_id, self.job.tenant, event)
+
+    def run(self, before: StreamProgress) -> GenerateResult:
+        service, job, job_id = self.service, self.job, self.job_id
+        if job.model != service.served_model:
+            raise UnknownModelError(
+                f"model {job.model!r} is not served (this worker serves {service.served_model!r})"
+            )
+        loop = service.loop()
+        wait_healthy(loop)
+        ids = prompt_token_ids(job, loop.engine.tokenizer)
+        service.prefetch(loop.engine, ids, job.kv_salt)
+        resumed = len(before.token_ids)
+        handle = loop.submit(
+            ids,
+            job.params,
+            request_id=job_id,
+            cache_salt=job.kv_salt,
+            output_token_ids=before.token_ids,
+            streamed_chars=before.text_chars,
+        )
+        if service.redis.exists(keys.job_cancel(job_id)):
+            handle.cancel()
+
+        def time_up() -> None:
+            self.timed_out.set()
+            handle.cancel()  # the engine aborts it and frees its blocks
+
+        timer = threading.Timer(max(0.0, self.time_limit_s), time_up)
+        timer.daemon = True
+        timer.start()
+        try:
+            final, first_token_at = self._stream(handle, resumed, before.text_chars)
+        finally:
+            timer.cancel()
+        if self.timed_out.is_set():
+            message = f"the job ran past its time limit of {self.time_limit_s:g}s"
+            self.publish_failed("timeout", message, 504)
+            raise JobTimeLimitError(message)
+        now = time.time()
+        submitted = job.submitted_at or self.started
+        recomputed = (
+            max(0, len(ids) + resumed - final.cached_tokens) if self.epoch > 1 else 0
+        )  # a redelivery: what the blocks that survived (pool, warm tier, Redis) did not cover
+        result = GenerateResult(
+            job_id=job_id,
+            model=service.served_model,
+            text=final.text,
+            token_ids=final.token_ids,
+            finish_reason=final.finish_reason or "stop",
+            usage=Usage(
+                final.prompt_tokens,
+                final.completion_tokens,
+                final.cached_tokens,
+                pool_tokens=final.pool_tokens,
+                warm_tokens=final.warm_tokens,
+                redis_tokens=final.redis_tokens,
+                recomputed_tokens=recomputed,
+            ),
+            worker=service.identity.name,
+            queue_wait_s=max(0.0, self.started - submitted),
+            ttft_s=(first_token_at or now) - submitted,
+            latency_s=now - submitted,
+        )
+        if final.finish_reason in ("stop", "length"):
+            service.sessions.remember(job, loop.engine, ids, final.token_ids, final.text)
+        self.stream.publish(job_id, job.tenant, JobDone(result, epoch=self.epoch))
+        return result
+
+    def _stream(
+        self, handle: RequestHandle, start: int, text_start: int
+    ) -> tuple[RequestOutput, float | None]:
+        """Publish the handle's deltas; returns its final output and when the first token came."""
+        first_token_at = None
+        final = None
+        texts: list[str] = []
+        token_ids: list[int] = []
+        last_publish = 0.0
+        for out in handle:
+            if self.held.lost.is_set():
+                handle.cancel()
+                raise StaleLeaseError(f"job {self.job_id}: lease epoch {self.epoch} lost")
+            if out.delta_token_ids and first_token_at is None:
+                first_token_at = time.time()
+            texts.append(out.delta_text)
+            token_ids.extend(out.delta_token_ids)
+            now = time.monotonic()
+            # The first token goes out at once; later ones ride together within STREAM_FLUSH_S
+            # (one XADD per step per job costs the worker, Redis, the api and the client alike).
+            if (token_ids or any(texts)) and (out.finished or now - last_publish >= STREAM_FLUSH_S):
+                text = "".join(texts)
+                event = TokenDelta(text, tuple(token_ids), start, text_start, self.epoch)
+                start, text_start = start + len(token_ids), text_start + len(text)
+                texts, token_ids, last_publish = [], [], now
+                try:
+                    cancelled = self.stream.publish(self.job_id, self.job.tenant, event)
+                except StaleLeaseError:
+                    handle.cancel()  # a zombie: stop the request, write nothing more
+                    raise
+                if cancelled and not out.finished:
+                    handle.cancel()
+            final = out
+        assert final is not None and final.finish_reason is not None
+        return final, first_token_at

@@ -1,0 +1,166 @@
+"""JobRunner: runs one delivered copy of a job. It takes the job's lease (or waits while another
+worker, or another copy in this process, holds it), replays a job that already ended, runs one
+JobAttempt, and maps errors to what Celery should do with the message.
+
+What the task does with each outcome (workers/tasks.py):
+- a result: success (a copy of a job that ended elsewhere returns that same result);
+- InvalidRequestError, JobTimeLimitError, other errors: a final JobFailed in the stream, the
+  message is acked as failed;
+- EngineFailedError (the engine failed, not the job): no event, the lease released, the message
+  requeued for redelivery (it resumes after the tokens the stream holds);
+- StaleLeaseError (another epoch runs the job) and LeaseBusyError: nothing written, no state.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import logging
+import threading
+import time
+from typing import Any
+
+from broker import job_events, keys
+from broker.codec import decode_event
+from broker.errors import InvalidRequestError, KvferryError, UnknownModelError
+from broker.job_events import FencedStream, StreamProgress
+from broker.job_lease import StaleLeaseError
+from broker.messages import GenerateJob, GenerateResult, JobDone, JobFailed
+from workers.engine.errors import EngineFailedError
+from workers.engine_service import EngineService
+from workers.job_attempt import JobAttempt, JobTimeLimitError
+from workers.lease_keeper import HeldLease, LeaseKeeper
+
+log = logging.getLogger(__name__)
+LEASE_POLL_S = 0.25
+UNHEALTHY_BACKOFF_S = 1.0
+
+
+class LeaseBusyError(KvferryError):
+    """Another worker kept the job's lease for longer than a job may run; this copy gives up."""
+
+
+class JobEndedError(KvferryError):
+    """A copy of a job that already failed: the same failure again, without running it."""
+
+
+class JobRunner:
+    def __init__(self, service: EngineService, leases: LeaseKeeper, time_limit_s: float) -> None:
+        self.service = service
+        self.redis = service.redis
+        self.leases = leases
+        self.stream = FencedStream(service.redis)
+        self.time_limit_s = time_limit_s
+        self._copies: collections.Counter[str] = collections.Counter()  # copies here, per job id
+        self._copies_lock = threading.Lock()
+
+    def run(self, job_id: str, job: GenerateJob) -> GenerateResult:
+        self._enter(job_id)  # listed from the start, so the reaper hands it back if we die
+        try:
+            got = self._take(job_id)
+            if isinstance(got, StreamProgress):
+                return self._replay(job_id, got)
+            held, before = got
+            try:
+                return self._run_leased(job_id, job, held, before)
+            finally:
+                self.leases.release(held)  # a requeued copy must not wait for it
+        finally:
+            self._leave(job_id)
+
+    def refuse(self, job_id: str, raw: Any, exc: Exception) -> None:
+        """The final 400 of a job whose message does not decode (nothing ran; no lease taken)."""
+        tenant = raw.get("tenant") if isinstance(raw, dict) else None
+        param = exc.param if isinstance(exc, InvalidRequestError) else None
+        event = JobFailed("invalid_request_error", f"the job does not decode: {exc}", 400, param)
+        with contextlib.suppress(StaleLeaseError):  # a copy under a lease answers it instead
+            self.stream.publish(job_id, tenant if isinstance(tenant, str) else "", event)
+        self.service.count(failed=1)
+
+    def _enter(self, job_id: str) -> None:
+        with self._copies_lock:
+            self._copies[job_id] += 1
+        self.redis.sadd(keys.worker_jobs(self.service.identity.name), job_id)
+
+    def _leave(self, job_id: str) -> None:
+        with self._copies_lock:
+            self._copies[job_id] -= 1
+            last = self._copies[job_id] <= 0
+            if last:
+                del self._copies[job_id]
+        if last:
+            self.redis.srem(keys.worker_jobs(self.service.identity.name), job_id)
+
+    def _final_event(self, job_id: str) -> bool:
+        last: Any = self.redis.xrevrange(keys.job_stream(job_id), count=1)
+        return bool(last) and isinstance(
+            decode_event(last[0][1][job_events.EVENT_FIELD]), (JobDone, JobFailed)
+        )
+
+    def _take(self, job_id: str) -> tuple[HeldLease, StreamProgress] | StreamProgress:
+        """The job's lease, or (when it ended meanwhile) what its stream says. While another holds
+        the lease this copy waits: its holder renews it while alive, and it lapses soon after a
+        death, so a wait ends in the job's final event or in a lease of our own."""
+        deadline = time.monotonic() + self.time_limit_s + 60
+        waited = False
+        while True:
+            if self._final_event(job_id):
+                return job_events.progress(self.redis, job_id)
+            got = self.leases.try_take(job_id)
+            if isinstance(got, HeldLease):
+                # Read after the epoch was raised: no older epoch can append from here on.
+                before = job_events.progress(self.redis, job_id)
+                if before.final:
+                    self.leases.release(got)
+                    return before
+                if waited:
+                    log.info("job %s: lease taken (epoch %d) after waiting", job_id, got.epoch)
+                return got, before
+            if not waited:
+                log.info("job %s is leased by %s (epoch %d); waiting", job_id, got.owner, got.epoch)
+                waited = True
+            if time.monotonic() > deadline:
+                raise LeaseBusyError(f"job {job_id} is still leased by {got.owner}")
+            time.sleep(LEASE_POLL_S)
+
+    def _replay(self, job_id: str, ended: StreamProgress) -> GenerateResult:
+        if ended.done is not None:  # finished before this copy: the same answer again
+            return ended.done.result
+        assert ended.failed is not None
+        raise JobEndedError(f"job {job_id} already failed: {ended.failed.message}")
+
+    def _run_leased(
+        self, job_id: str, job: GenerateJob, held: HeldLease, before: StreamProgress
+    ) -> GenerateResult:
+        service = self.service
+        attempt = JobAttempt(service, self.stream, job_id, job, held, self.time_limit_s)
+        service.count(running=1)
+        try:
+            result = attempt.run(before)
+            service.count(done=1)
+            return result
+        except StaleLeaseError:
+            raise  # another epoch runs the job: nothing to publish
+        except EngineFailedError:
+            loop = service.current_loop
+            if loop is not None and not loop.healthy:
+                time.sleep(UNHEALTHY_BACKOFF_S)  # the copy requeued now must not spin on this worker
+            raise  # not the job's failure: it is redelivered and resumes
+        except JobTimeLimitError:
+            service.count(failed=1)
+            raise
+        except InvalidRequestError as exc:
+            service.count(failed=1)
+            kind, status = (
+                ("not_found_error", 404)
+                if isinstance(exc, UnknownModelError)
+                else ("invalid_request_error", 400)
+            )
+            attempt.publish_failed(kind, exc.message, status, exc.param)
+            raise
+        except Exception as exc:
+            service.count(failed=1)
+            attempt.publish_failed("server_error", f"{type(exc).__name__}: {exc}", 500)
+            raise
+        finally:
+            service.count(running=-1)

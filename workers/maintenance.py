@@ -1,0 +1,43 @@
+"""Maintenance: the reaper and the session sweep, on a thread of their own so that neither can
+delay the heartbeat (a sweep may unpin many blocks; a reap may move many messages)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import redis
+
+from workers import reaper
+from workers.engine_service import EngineService
+
+log = logging.getLogger(__name__)
+
+
+class Maintenance:
+    def __init__(self, service: EngineService, interval_s: float) -> None:
+        self.service = service
+        self.interval_s = interval_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="kvferry-maintenance", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+    def run_once(self) -> None:
+        reaper.reap(self.service.redis, self.service.identity.name)
+        self.service.sessions.sweep_sessions()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.run_once()
+            except (redis.RedisError, OSError) as exc:
+                log.warning("maintenance failed: %s", exc)
+            except Exception:
+                log.exception("maintenance failed")
+            self._stop.wait(self.interval_s)
