@@ -155,6 +155,8 @@ def usage_body(usage: Usage) -> dict[str, Any]:
             "redis": usage.redis_tokens,
             "computed": usage.computed_tokens,
         },
+        # tokens a redelivered job computed again (0 unless its worker died or its engine failed)
+        "recomputed_tokens": usage.recomputed_tokens,
     }
 
 

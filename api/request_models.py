@@ -11,8 +11,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from broker.sampling import MAX_STOP_STRINGS, MAX_TEMPERATURE, MIN_TEMPERATURE, SEED_MAX
 
-# A session id or cache salt: safe in a URL path segment and a Redis key; no '/', no spaces.
-ID_PATTERN = r"^[A-Za-z0-9._:-]{1,128}$"
+# A session id or cache salt: safe in a URL path segment and a Redis key; no '/', no spaces, and
+# a letter or digit first (clients rewrite the path segments "." and "..": never addressable).
+ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
 MAX_TOKENS_CAP = 1 << 20  # far above any context; the worker checks against the real one
 TOKEN_ID_LIMIT = 1 << 31  # the worker checks against the true vocabulary (a 400 there too)
 MAX_MODEL_CHARS = 256

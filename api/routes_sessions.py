@@ -70,7 +70,11 @@ async def delete_session(session_id: str, ctx: Ctx, tenant: Tenant, request: Req
     # Expire it now (readers stop seeing it at once), then release its pins. The record stays for
     # the sweep, which releases again whatever a turn still in flight pins after this.
     member = keys.session_member(tenant, session_id)
-    await ctx.jobs.redis.zadd(keys.SESSION_EXPIRY, {member: 0}, xx=True)
+    mark, when, ttl = session_store.tombstone(tenant, session_id)  # turns in flight stay out
+    pipe = ctx.jobs.redis.pipeline(transaction=True)
+    pipe.set(mark, when, ex=ttl)
+    pipe.zadd(keys.SESSION_EXPIRY, {member: 0}, xx=True)
+    await pipe.execute()
     unpinned = await asyncio.to_thread(
         tier_pins.release_session, _kv_client(request, ctx), tenant, session_id
     )

@@ -14,6 +14,7 @@ import logging
 import re
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -62,11 +63,19 @@ def parse_file(text: str, where: str) -> Pairs:
     return tuple(pairs)
 
 
+def _check_unique(pairs: Sequence[tuple[str, str]], where: str) -> None:
+    tenants: dict[str, str] = {}
+    for key, tenant in pairs:
+        if tenants.setdefault(key, tenant) != tenant:
+            raise ValueError(f"{where}: one key is listed for two tenants ({tenants[key]}, {tenant})")
+
+
 class KeyRing:
     def __init__(self, api_key: str | None, api_keys: Pairs, api_keys_file: Path | None) -> None:
         static = list(api_keys)
         if api_key is not None:
             static.append((api_key, tenant_of(api_key)))
+        _check_unique(static, "KVFERRY_API_KEY(S)")
         self._static = tuple((k.encode(), t) for k, t in static)
         self.path = api_keys_file
         self._file: tuple[tuple[bytes, str], ...] = ()
@@ -87,6 +96,7 @@ class KeyRing:
             if not force and mtime == self._mtime:
                 return
             pairs = parse_file(self.path.read_text(encoding="utf-8"), str(self.path))
+            _check_unique([*((k.decode(), t) for k, t in self._static), *pairs], str(self.path))
         except (OSError, ValueError) as exc:
             if force:
                 raise ValueError(f"cannot read the API keys file: {exc}") from exc

@@ -89,8 +89,9 @@ def publish(client: redis.Redis, job_id: str, event: StreamEvent, check_cancel: 
 class FencedStream:
     """Epoch-checked appends to job streams (the script is registered once per client)."""
 
-    def __init__(self, client: redis.Redis) -> None:
+    def __init__(self, client: redis.Redis, ttl_s: int = STREAM_TTL_S) -> None:
         self._xadd = client.register_script(_FENCED_XADD)
+        self.ttl_s = ttl_s
 
     def publish(self, job_id: str, tenant: str, event: StreamEvent) -> bool:
         """Append `event` if its epoch is the job's current one, else raise StaleLeaseError. A
@@ -103,11 +104,17 @@ class FencedStream:
                 keys.job_cancel(job_id),
                 keys.tenant_jobs(tenant),
             ],
-            args=[event.epoch, encode_event(event), STREAM_TTL_S, "1" if final else "0", job_id],
+            args=[event.epoch, encode_event(event), self.ttl_s, "1" if final else "0", job_id],
         )
         if int(reply) < 0:
             raise StaleLeaseError(f"job {job_id}: epoch {event.epoch} is no longer current; write refused")
         return bool(int(reply))
+
+
+def ended(client: redis.Redis, job_id: str) -> bool:
+    """Whether the job's stream ends in its final event (JobDone or JobFailed)."""
+    last: Any = client.xrevrange(keys.job_stream(job_id), count=1)
+    return bool(last) and isinstance(decode_event(last[0][1][EVENT_FIELD]), (JobDone, JobFailed))
 
 
 def progress(client: redis.Redis, job_id: str) -> StreamProgress:

@@ -64,6 +64,11 @@ def session(tenant: str, session_id: str) -> str:
     return f"{PREFIX}:session:{session_member(tenant, session_id)}"
 
 
+def session_deleted(tenant: str, session_id: str) -> str:
+    """When the session was last deleted (a tombstone): a turn that began before cannot revive it."""
+    return f"{PREFIX}:session:{session_member(tenant, session_id)}:deleted"
+
+
 # ZSET session_member(tenant, id) -> when it expires (the sweep releases its pins then)
 SESSION_EXPIRY = f"{PREFIX}:sessions:expiry"
 

@@ -16,11 +16,16 @@ from broker.codec import CodecError, from_wire, to_wire
 from broker.messages import SessionRecord
 
 SWEEP_GRACE_S = 3600  # the record outlives its expiry this long, for the sweep to release its pins
+TOMBSTONE_TTL_S = 86400  # longer than any turn may run: one that began before a DELETE stays out
 
 # Newer wins: two turns of one session may finish in either order on two workers; the record of
-# the turn that finished last (last_used) stays, as its pins do (kvstore/lua/pin_owner.lua).
-# KEYS: record, expiry zset; ARGV: json, last_used, ttl with grace, member, expires at.
+# the turn that finished last (last_used) stays, as its pins do (kvstore/lua/pin_owner.lua). A
+# turn that began before the session was deleted does not bring it back.
+# KEYS: record, expiry zset, tombstone; ARGV: json, last_used, ttl with grace, member, expires at,
+# when the turn began.
 _SAVE = """
+local deleted = redis.call('GET', KEYS[3])
+if deleted and tonumber(deleted) >= tonumber(ARGV[6]) then return 0 end
 local old = redis.call('GET', KEYS[1])
 if old then
   local last = tonumber(string.match(old, '"last_used": ([%d%.eE%+%-]+)'))
@@ -32,21 +37,29 @@ return 1
 """
 
 
-def save(client: redis.Redis, record: SessionRecord, ttl_s: int) -> bool:
-    """Store the record under its tenant; False when a newer turn's record is already there."""
+def save(client: redis.Redis, record: SessionRecord, ttl_s: int, began: float | None = None) -> bool:
+    """Store the record under its tenant; False when a newer turn's record is already there, or
+    the session was deleted after this turn began (`began`, default: record.last_used)."""
     member = keys.session_member(record.tenant, record.session_id)
     saved = client.eval(
         _SAVE,
-        2,
+        3,
         keys.session(record.tenant, record.session_id),
         keys.SESSION_EXPIRY,
+        keys.session_deleted(record.tenant, record.session_id),
         json.dumps(to_wire(record)),
         repr(record.last_used),
         ttl_s + SWEEP_GRACE_S,
         member,
         repr(time.time() + ttl_s),
+        repr(record.last_used if began is None else began),
     )
     return bool(saved)
+
+
+def tombstone(tenant: str, session_id: str, now: float | None = None) -> tuple[str, str, int]:
+    """(key, value, ttl) of the mark a DELETE leaves (written by the sync and the async side)."""
+    return keys.session_deleted(tenant, session_id), repr(now or time.time()), TOMBSTONE_TTL_S
 
 
 def is_live(client: redis.Redis, tenant: str, session_id: str, now: float | None = None) -> bool:
@@ -75,7 +88,11 @@ def delete(client: redis.Redis, tenant: str, session_id: str) -> bool:
     pins are released again if a turn pinned after the caller released them. False if not live."""
     if not is_live(client, tenant, session_id):
         return False
-    client.zadd(keys.SESSION_EXPIRY, {keys.session_member(tenant, session_id): 0}, xx=True)
+    key, value, ttl = tombstone(tenant, session_id)
+    pipe = client.pipeline(transaction=True)
+    pipe.set(key, value, ex=ttl)
+    pipe.zadd(keys.SESSION_EXPIRY, {keys.session_member(tenant, session_id): 0}, xx=True)
+    pipe.execute()
     return True
 
 

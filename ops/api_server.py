@@ -20,6 +20,7 @@ def api_config(settings: Settings) -> ApiConfig:
         api_keys_file=settings.api_keys_file,
         tenant_max_jobs=settings.tenant_max_jobs,
         job_timeout_s=float(settings.job_time_limit_s),
+        job_ttl_s=settings.job_ttl_s,
         routing=settings.routing,  # type: ignore[arg-type]  # ApiConfig validates it
     )
 

@@ -79,6 +79,7 @@ class RedisServer:
 
     def start(self, timeout_s: float = 10.0) -> RedisServer:
         self.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self.data_dir.chmod(0o700)
         config = self.data_dir / "redis.conf"
         write_private(config, f"requirepass {self.password}\n" if self.password else "")
         args = [

@@ -56,6 +56,7 @@ class Settings:
     worker_name: str | None = None
     worker_concurrency: int = 32  # jobs one worker runs at once (they share its engine's batches)
     job_time_limit_s: int = 1800
+    job_ttl_s: int = 86400  # a finished job's result, stream and metadata live this long (no prompt)
     heartbeat_ttl_s: int = 4
     api_host: str = "127.0.0.1"
     api_port: int = 8000
@@ -99,6 +100,7 @@ class Settings:
             job_time_limit_s=self.job_time_limit_s,
             heartbeat_ttl_s=self.heartbeat_ttl_s,
             heartbeat_interval_s=max(0.25, self.heartbeat_ttl_s / 4),
+            result_ttl_s=self.job_ttl_s,
         )
 
     def tier_config(self) -> TierConfig:

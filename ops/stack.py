@@ -121,6 +121,7 @@ class Stack:
 
     def start(self) -> None:
         self.run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self.run_dir.chmod(0o700)  # an older, wider one too: its logs and AOF hold prompts
         self._start_redis()
         threads = self.settings.torch_threads or max(1, (os.cpu_count() or 1) // max(1, self.num_workers))
         env = self.settings.with_overrides(torch_threads=threads).to_env()

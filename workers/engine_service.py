@@ -6,9 +6,12 @@ heartbeat's figures are workers/status.py."""
 
 from __future__ import annotations
 
+import logging
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+
+import redis
 
 from broker import keys, redis_client
 from kvstore.redis_tier import RedisTier
@@ -18,6 +21,8 @@ from workers.engine.llm_engine import LLMEngine
 from workers.kv_writer import KVWriter
 from workers.prefetch import prefetch
 from workers.session_keeper import SessionKeeper
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,4 +116,7 @@ class EngineService:
 
     def prefetch(self, engine: LLMEngine, ids: list[int], salt: str) -> None:
         if self.redis_tier is not None:
-            prefetch(engine, self.redis_tier, ids, salt)
+            try:
+                prefetch(engine, self.redis_tier, ids, salt)
+            except redis.RedisError as exc:  # the tier only ever misses: the engine computes it
+                log.warning("prefetch from the Redis tier failed: %s", exc)

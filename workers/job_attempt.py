@@ -4,8 +4,11 @@ script), enforces the job time limit, and publishes the result."""
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
+
+import redis
 
 from broker import keys
 from broker.errors import KvferryError, UnknownModelError
@@ -20,6 +23,7 @@ from workers.engine_service import EngineService
 from workers.lease_keeper import HeldLease
 from workers.prompt import prompt_token_ids
 
+log = logging.getLogger(__name__)
 STREAM_FLUSH_S = 0.03
 HEALTHY_WAIT_S = 5.0  # a job that finds its engine loop restarting waits this long for it
 
@@ -79,8 +83,6 @@ class JobAttempt:
             output_token_ids=before.token_ids,
             streamed_chars=before.text_chars,
         )
-        if service.redis.exists(keys.job_cancel(job_id)):
-            handle.cancel()
 
         def time_up() -> None:
             self.timed_out.set()
@@ -90,7 +92,15 @@ class JobAttempt:
         timer.daemon = True
         timer.start()
         try:
+            if service.redis.exists(keys.job_cancel(job_id)):
+                handle.cancel()
             final, first_token_at = self._stream(handle, resumed, before.text_chars)
+        except BaseException:
+            # Whatever stopped this attempt (Redis, a lost lease), the request must not run on in
+            # the engine: its blocks would stay taken, and a copy delivered here later would find
+            # its request id still running.
+            handle.cancel()
+            raise
         finally:
             timer.cancel()
         if self.timed_out.is_set():
@@ -99,9 +109,13 @@ class JobAttempt:
             raise JobTimeLimitError(message)
         now = time.time()
         submitted = job.submitted_at or self.started
+        # A redelivery: what the blocks that survived (pool, warm tier, Redis) did not cover; none
+        # when the stream already held the whole answer (it finished without a step).
         recomputed = (
-            max(0, len(ids) + resumed - final.cached_tokens) if self.epoch > 1 else 0
-        )  # a redelivery: what the blocks that survived (pool, warm tier, Redis) did not cover
+            max(0, len(ids) + resumed - final.cached_tokens)
+            if self.epoch > 1 and final.completion_tokens > resumed
+            else 0
+        )
         result = GenerateResult(
             job_id=job_id,
             model=service.served_model,
@@ -123,7 +137,10 @@ class JobAttempt:
             latency_s=now - submitted,
         )
         if final.finish_reason in ("stop", "length"):
-            service.sessions.remember(job, loop.engine, ids, final.token_ids, final.text)
+            try:
+                service.sessions.remember(job, loop.engine, ids, final.token_ids, final.text)
+            except redis.RedisError as exc:  # a full or absent KV Redis costs the next turn a miss
+                log.warning("job %s: the session/tier update failed: %s", job_id, exc)
         self.stream.publish(job_id, job.tenant, JobDone(result, epoch=self.epoch))
         return result
 

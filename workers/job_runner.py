@@ -20,12 +20,13 @@ import threading
 import time
 from typing import Any
 
+import redis
+
 from broker import job_events, keys
-from broker.codec import decode_event
 from broker.errors import InvalidRequestError, KvferryError, UnknownModelError
-from broker.job_events import FencedStream, StreamProgress
+from broker.job_events import STREAM_TTL_S, FencedStream, StreamProgress
 from broker.job_lease import StaleLeaseError
-from broker.messages import GenerateJob, GenerateResult, JobDone, JobFailed
+from broker.messages import GenerateJob, GenerateResult, JobFailed
 from workers.engine.errors import EngineFailedError
 from workers.engine_service import EngineService
 from workers.job_attempt import JobAttempt, JobTimeLimitError
@@ -34,10 +35,15 @@ from workers.lease_keeper import HeldLease, LeaseKeeper
 log = logging.getLogger(__name__)
 LEASE_POLL_S = 0.25
 UNHEALTHY_BACKOFF_S = 1.0
+MAX_ATTEMPTS = 8  # epochs: each redelivery after a worker death or an engine failure takes one
 
 
 class LeaseBusyError(KvferryError):
     """Another worker kept the job's lease for longer than a job may run; this copy gives up."""
+
+
+class JobAttemptsError(KvferryError):
+    """The job's engine failed on every attempt (MAX_ATTEMPTS): it ends failed, not redelivered."""
 
 
 class JobEndedError(KvferryError):
@@ -45,11 +51,13 @@ class JobEndedError(KvferryError):
 
 
 class JobRunner:
-    def __init__(self, service: EngineService, leases: LeaseKeeper, time_limit_s: float) -> None:
+    def __init__(
+        self, service: EngineService, leases: LeaseKeeper, time_limit_s: float, ttl_s: int = STREAM_TTL_S
+    ) -> None:
         self.service = service
         self.redis = service.redis
         self.leases = leases
-        self.stream = FencedStream(service.redis)
+        self.stream = FencedStream(service.redis, ttl_s)
         self.time_limit_s = time_limit_s
         self._copies: collections.Counter[str] = collections.Counter()  # copies here, per job id
         self._copies_lock = threading.Lock()
@@ -91,12 +99,6 @@ class JobRunner:
         if last:
             self.redis.srem(keys.worker_jobs(self.service.identity.name), job_id)
 
-    def _final_event(self, job_id: str) -> bool:
-        last: Any = self.redis.xrevrange(keys.job_stream(job_id), count=1)
-        return bool(last) and isinstance(
-            decode_event(last[0][1][job_events.EVENT_FIELD]), (JobDone, JobFailed)
-        )
-
     def _take(self, job_id: str) -> tuple[HeldLease, StreamProgress] | StreamProgress:
         """The job's lease, or (when it ended meanwhile) what its stream says. While another holds
         the lease this copy waits: its holder renews it while alive, and it lapses soon after a
@@ -104,12 +106,16 @@ class JobRunner:
         deadline = time.monotonic() + self.time_limit_s + 60
         waited = False
         while True:
-            if self._final_event(job_id):
+            if job_events.ended(self.redis, job_id):
                 return job_events.progress(self.redis, job_id)
             got = self.leases.try_take(job_id)
             if isinstance(got, HeldLease):
                 # Read after the epoch was raised: no older epoch can append from here on.
-                before = job_events.progress(self.redis, job_id)
+                try:
+                    before = job_events.progress(self.redis, job_id)
+                except BaseException:
+                    self.leases.release(got)
+                    raise
                 if before.final:
                     self.leases.release(got)
                     return before
@@ -136,12 +142,20 @@ class JobRunner:
         attempt = JobAttempt(service, self.stream, job_id, job, held, self.time_limit_s)
         service.count(running=1)
         try:
-            result = attempt.run(before)
+            try:
+                result = attempt.run(before)
+            except redis.RedisError as exc:  # Redis gone past the client's retries: not the job's fault
+                raise EngineFailedError(f"Redis failed under the job: {exc}") from exc
             service.count(done=1)
             return result
         except StaleLeaseError:
             raise  # another epoch runs the job: nothing to publish
-        except EngineFailedError:
+        except EngineFailedError as exc:
+            if held.epoch >= MAX_ATTEMPTS:  # it fails every engine it meets: a poison, not bad luck
+                service.count(failed=1)
+                message = f"the job failed {held.epoch} attempts, each in its engine: {exc}"
+                attempt.publish_failed("server_error", message, 500)
+                raise JobAttemptsError(message) from exc
             loop = service.current_loop
             if loop is not None and not loop.healthy:
                 time.sleep(UNHEALTHY_BACKOFF_S)  # the copy requeued now must not spin on this worker

@@ -15,9 +15,10 @@ log = logging.getLogger(__name__)
 
 
 class Maintenance:
-    def __init__(self, service: EngineService, interval_s: float) -> None:
+    def __init__(self, service: EngineService, interval_s: float, orphan_grace_s: float = 12.0) -> None:
         self.service = service
         self.interval_s = interval_s
+        self.orphan_grace_s = orphan_grace_s  # past a lease TTL, with room for a slow start
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="kvferry-maintenance", daemon=True)
 
@@ -30,6 +31,7 @@ class Maintenance:
 
     def run_once(self) -> None:
         reaper.reap(self.service.redis, self.service.identity.name)
+        reaper.sweep_orphans(self.service.redis, self.orphan_grace_s)
         self.service.sessions.sweep_sessions()
 
     def _run(self) -> None:

@@ -13,11 +13,12 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import time
 from typing import Any
 
 import redis
 
-from broker import keys
+from broker import job_events, keys
 from broker.job_lease import JobLeases
 
 log = logging.getLogger(__name__)
@@ -95,6 +96,41 @@ def release_own(client: redis.Redis, name: str, owner: str) -> list[str]:
     if moved:
         log.warning("restarted as %s: handed back %d job(s) of the previous process", name, len(moved))
     return moved
+
+
+def sweep_orphans(client: redis.Redis, grace_s: float, now: float | None = None) -> tuple[list[str], int]:
+    """Unacked messages that nobody runs: delivered more than grace_s ago, no live lease, no final
+    event. No job set names them when their worker lost its broker connection before it could
+    requeue or ack, or was killed during a clean shutdown; without this they would wait for the
+    visibility timeout. They go back to the shared queue (an extra copy is harmless: the lease lets
+    one run). A job that ended has its leftover message dropped: the ack its worker could not send.
+    Returns (job ids restored, leftovers dropped)."""
+    leases = JobLeases(client, ttl_s=1.0)
+    restored: list[str] = []
+    dropped = 0
+    cutoff = (now or time.time()) - grace_s
+    tags: Any = client.zrangebyscore(keys.KOMBU_UNACKED_INDEX, 0, cutoff)
+    for tag in tags:
+        raw: Any = client.hget(keys.KOMBU_UNACKED, tag)
+        if raw is None:
+            continue
+        job_id, payload, _, routing_key = _task_id(raw)
+        if job_id is None or payload.get("headers", {}).get("task") != keys.GENERATE_TASK:
+            continue
+        if job_events.ended(client, job_id):
+            pipe = client.pipeline(transaction=True)
+            pipe.hdel(keys.KOMBU_UNACKED, tag)
+            pipe.zrem(keys.KOMBU_UNACKED_INDEX, tag)
+            pipe.execute()
+            dropped += 1
+        elif leases.holder(job_id) is None:
+            # a worker's own queue may have no consumer any more: those go to the shared one
+            worker_queue = routing_key if routing_key.startswith(keys.worker_queue("")) else ""
+            if _restore(client, tag, dead_queue=worker_queue):
+                restored.append(job_id)
+    if restored:
+        log.warning("handed back %d orphaned job(s): %s", len(restored), ", ".join(restored))
+    return restored, dropped
 
 
 def reap(client: redis.Redis, self_name: str) -> list[str]:

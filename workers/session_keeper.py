@@ -86,8 +86,10 @@ class SessionKeeper:
         )
         if tier is not None and self.writer is not None:
             self.writer.flush()  # the turn's blocks are in Redis before the session says they are
-        if not session_store.save(self.redis, record, self.tier_config.session_ttl_s):
-            return  # a newer turn of the session finished first: its record and pins stand
+        if not session_store.save(
+            self.redis, record, self.tier_config.session_ttl_s, job.submitted_at or now
+        ):
+            return  # a newer turn finished first (its record and pins stand), or it was deleted
         if tier is not None:
             tier.pin_session(job.tenant, job.session_id, hashes, version=now)
 

@@ -34,7 +34,8 @@ def register_tasks(app: Celery, runner: JobRunner) -> None:
         try:
             return encode_result(runner.run(job_id, decoded))
         except EngineFailedError as exc:
-            # The engine failed, not the job: back on its queue (front), to resume on a new lease.
+            # The engine failed, not the job: back on its queue (kombu requeues at the far end,
+            # behind what waits), to resume on a new lease after the tokens its stream holds.
             log.warning("job %s: %s; handing it back for redelivery", job_id, exc)
             raise Reject(str(exc), requeue=True) from exc
         except (StaleLeaseError, LeaseBusyError) as exc:

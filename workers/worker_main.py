@@ -42,10 +42,10 @@ def run_worker(
     app.conf.task_queues = [queue(keys.SHARED_QUEUE), queue(identity.queue)]
     service = EngineService(engine, cache_dir, broker.redis_url, identity, tiers, kv_redis_url)
     leases = LeaseKeeper(service.redis, identity.name, broker.lease_ttl_s, broker.heartbeat_interval_s)
-    register_tasks(app, JobRunner(service, leases, broker.job_time_limit_s))
+    register_tasks(app, JobRunner(service, leases, broker.job_time_limit_s, broker.result_ttl_s))
     register_control(service)  # `kvferry_integrity`, for `kvferry chaos`
     heartbeat = Heartbeat(StatusReader(service), broker.heartbeat_interval_s, broker.heartbeat_ttl_s)
-    maintenance = Maintenance(service, broker.heartbeat_interval_s)
+    maintenance = Maintenance(service, broker.heartbeat_interval_s, orphan_grace_s=3 * broker.lease_ttl_s)
     parts = {"heartbeat": heartbeat, "maintenance": maintenance, "supervisor": Supervisor(service)}
     step = type("KVFigures", (KVFiguresStep,), parts)
     app.steps["worker"].add(step)

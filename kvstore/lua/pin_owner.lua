@@ -39,4 +39,4 @@ else
   redis.call('ZREM', owners, owner)
 end
 local released = enforce_quota(tenant, quota)
-return {added, removed, released, evict(capacity, quota), 0}
+return {added, removed, released, evict(capacity, quota, tenant), 0}

@@ -70,9 +70,11 @@ local function enforce_quota(tenant, quota)
   return released
 end
 
--- Pinned packs alone are over the cap: the oldest owner of the tenant most over its quota (the
--- biggest one, with no quota) loses its pins. Returns 0 when no owner is left to release.
-local function release_for_cap(quota)
+-- Pinned packs alone are over the cap: an owner loses its pins, never another tenant's for the
+-- pinning tenant's sake. First the oldest owner of a tenant over its quota (most over first);
+-- else the pinning tenant's own oldest owner (actor); else, when the cap was crossed by a write no
+-- tenant made (actor nil), the biggest tenant's oldest. Returns 0 when no owner is left to release.
+local function release_for_cap(quota, actor)
   local all = redis.call('HGETALL', tenant_bytes)
   local best, excess = nil, nil
   for i = 1, #all, 2 do
@@ -80,6 +82,10 @@ local function release_for_cap(quota)
     if best == nil or over > excess then best, excess = all[i], over end
   end
   if best == nil then return 0 end
+  if actor and not (quota > 0 and excess > 0) then
+    if redis.call('ZCARD', owners_of(actor)) == 0 then return 0 end
+    best = actor
+  end
   local oldest = redis.call('ZRANGE', owners_of(best), 0, 0)
   if #oldest == 0 then redis.call('HDEL', tenant_bytes, best) return 1 end
   release(best, oldest[1])
@@ -88,12 +94,12 @@ end
 
 -- The LRU byte cap holds for pinned packs too: unpinned packs go first, oldest first; when only
 -- pinned ones are left, whole owners are released (release_for_cap) and the scan starts over.
-local function evict(capacity, quota)
+local function evict(capacity, quota, actor)
   local evicted, skip = 0, 0
   while tonumber(redis.call('GET', bytes_key) or '0') > capacity do
     local oldest = redis.call('ZRANGE', lru, skip, skip)
     if #oldest == 0 then
-      if skip == 0 or release_for_cap(quota) == 0 then break end
+      if skip == 0 or release_for_cap(quota, actor) == 0 then break end
       skip = 0
     elseif pinned(oldest[1]) then
       skip = skip + 1

@@ -55,6 +55,7 @@ def test_chat_body_shape_and_cached_tokens(api: Served, worker: FakeWorker) -> N
         "total_tokens": 10,
         "prompt_tokens_details": {"cached_tokens": 4},
         "kv_sources": {"pool": 0, "warm": 0, "redis": 0, "computed": 3},
+        "recomputed_tokens": 0,
     }
     (seen,) = worker.seen
     assert seen.job_id == job_id

@@ -78,4 +78,5 @@ def test_completion_chunks_with_usage() -> None:
         "total_tokens": 7,
         "prompt_tokens_details": {"cached_tokens": 3},
         "kv_sources": {"pool": 2, "warm": 0, "redis": 1, "computed": 2},
+        "recomputed_tokens": 0,
     }

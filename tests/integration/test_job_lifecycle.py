@@ -127,3 +127,25 @@ def test_job_time_limit_is_enforced_and_frees_blocks(
         return status.engine is not None and status.engine.pool_blocks_used == 0 and status.jobs_running == 0
 
     wait_for(freed, 10, "the timed-out job's blocks to be freed")
+
+
+def test_orphan_sweep_hands_back_what_nobody_runs_and_drops_what_ended(redis_client: redis.Redis) -> None:
+    """Unacked messages of no job set (a requeue lost with a broker connection, a shutdown cut
+    short): back on their queue once past the grace; never while leased or young; a job that ended
+    has its leftover message dropped."""
+    orphan, leased, ended, young = (f"job-{uuid.uuid4().hex[:8]}" for _ in range(4))
+    tags = {job: _fake_unacked(redis_client, job, VOID) for job in (orphan, leased, ended, young)}
+    old = time.time() - 60
+    redis_client.zadd(keys.KOMBU_UNACKED_INDEX, {tags[j]: old for j in (orphan, leased, ended)})
+    assert isinstance(JobLeases(redis_client, ttl_s=30).acquire(leased, make_owner("w@h", "p")), Lease)
+    job_events.publish(redis_client, ended, JobFailed("invalid_request_error", "bad", 400))
+    restored, _ = reaper.sweep_orphans(redis_client, grace_s=30)  # live workers' sweeps may race it
+    assert leased not in restored and young not in restored
+    assert _queued_ids(redis_client, VOID) == [orphan]  # back on its own queue (not a worker's)
+    assert not redis_client.hexists(keys.KOMBU_UNACKED, tags[orphan])
+    assert not redis_client.hexists(keys.KOMBU_UNACKED, tags[ended])
+    for job in (leased, young):
+        assert redis_client.hexists(keys.KOMBU_UNACKED, tags[job])
+        redis_client.hdel(keys.KOMBU_UNACKED, tags[job])
+        redis_client.zrem(keys.KOMBU_UNACKED_INDEX, tags[job])
+    redis_client.delete(VOID, keys.job_lease(leased))

@@ -109,6 +109,24 @@ def test_the_cap_holds_when_pinned_packs_alone_exceed_it(
     tier.check_integrity()
 
 
+def test_without_quotas_a_tenant_pinning_past_the_cap_loses_its_own_pins_not_others(
+    redis_client: redis.Redis, tiny_fmt: KVFormat, make_blocks: MakeBlocks
+) -> None:
+    # B holds the most pins, so "the biggest tenant pays" would strip B for A's new pin
+    b_blocks, a1, a2 = make_blocks(4, seed=20), make_blocks(1, seed=21), make_blocks(1, seed=22)
+    size = len(encode_pack(tiny_fmt, b_blocks[:1]))
+    loader = RedisTier(redis_client, tiny_fmt, BIG, blocks_per_pack=1)
+    loader.put(b_blocks + a1 + a2)
+    loader.pin_session("B", "b", hashes(b_blocks), version=1.0)  # B pinned first and is older
+    loader.pin_session("A", "a1", hashes(a1), version=2.0)
+    tier = RedisTier(redis_client, tiny_fmt, 5 * size, blocks_per_pack=1)  # no quota at all
+    tier.pin_session("A", "a2", hashes(a2), version=3.0)  # 6 pinned packs over a cap of 5
+    assert pins_of(tier, "B", "b") == set(hashes(b_blocks))  # never B's, for A's sake
+    assert pins_of(tier, "A", "a1") == set() and pins_of(tier, "A", "a2") == set(hashes(a2))
+    assert tier.stats().bytes_stored <= 5 * size
+    tier.check_integrity()
+
+
 def test_concurrent_turns_of_one_session_leave_exactly_the_newest_chain(
     redis_server: object, redis_client: redis.Redis, tiny_fmt: KVFormat, make_blocks: MakeBlocks
 ) -> None:

@@ -280,7 +280,8 @@ class LLMEngine:
             token_ids=tuple(seq.output_token_ids),
             text=seq.output_text,
             prompt_tokens=seq.num_prompt_tokens,
-            cached_tokens=max(0, seq.num_cached_tokens) + seq.num_warm_tokens,
+            # a resumed request also matches its earlier output: count prompt tokens only
+            cached_tokens=min(seq.num_prompt_tokens, max(0, seq.num_cached_tokens) + seq.num_warm_tokens),
             pool_tokens=max(0, seq.num_cached_tokens),
             warm_tokens=seq.num_warm_tokens - seq.num_redis_tokens,
             redis_tokens=seq.num_redis_tokens,
