@@ -7,7 +7,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import json
 import logging
+import time
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -108,15 +110,20 @@ class JobClient:
         """Record the job's metadata, then queue it; if queueing fails, the metadata goes too."""
         key = keys.job_meta(meta.job_id)
         fields: dict[Any, Any] = meta.to_hash()
+        message = json.dumps({"job": encode_job(job), "queue": meta.queue})
         try:
             pipe = self.redis.pipeline(transaction=True)
             pipe.hset(key, mapping=fields)
             pipe.expire(key, self.job_ttl_s)
+            # until a worker starts it (then the worker deletes both): see workers/lost_jobs.py
+            pipe.set(keys.job_message(meta.job_id), message, ex=self.job_ttl_s)
+            pipe.zadd(keys.PENDING_JOBS, {meta.job_id: time.time()})
             await pipe.execute()
             await self.send(meta.job_id, job, meta.queue)
         except Exception as exc:
             with contextlib.suppress(aioredis.RedisError):  # else its TTL removes it
-                await self.redis.delete(key)
+                await self.redis.delete(key, keys.job_message(meta.job_id))
+                await self.redis.zrem(keys.PENDING_JOBS, meta.job_id)
             raise BrokerUnavailableError(f"could not queue the job: {type(exc).__name__}: {exc}") from exc
 
     async def send(self, job_id: str, job: GenerateJob, queue: str) -> None:
@@ -140,6 +147,8 @@ class JobClient:
         """Flag the job (a running worker stops at its next token) and revoke it (a worker that
         has not started it yet drops it)."""
         await self.redis.set(keys.job_cancel(job_id), b"1", ex=self.job_ttl_s)
+        await self.redis.delete(keys.job_message(job_id))  # never sent again (nor its prompt kept)
+        await self.redis.zrem(keys.PENDING_JOBS, job_id)
         await self._sync(self.celery.control.revoke, job_id)
 
     async def is_cancelled(self, job_id: str) -> bool:

@@ -88,6 +88,16 @@ def job_epoch(job_id: str) -> str:
     return f"{PREFIX}:job:{job_id}:epoch"
 
 
+PENDING_JOBS = f"{PREFIX}:jobs:pending"  # ZSET job id -> when sent: queued, not yet started
+
+
+def job_message(job_id: str) -> str:
+    """A queued job's message (JSON: the encoded job and its queue) until a worker starts it: kombu's
+    Redis transport pops a message before it records it as unacked, so a worker killed in between
+    loses it; from this copy it is sent again (workers/lost_jobs.py)."""
+    return f"{PREFIX}:job:{job_id}:message"
+
+
 def tenant_jobs(tenant: str) -> str:
     """ZSET job id -> deadline: a tenant's jobs not yet finished (the per-tenant job limit)."""
     return f"{PREFIX}:tenant:{tenant}:jobs"

@@ -31,6 +31,7 @@ from workers.engine.errors import EngineFailedError
 from workers.engine_service import EngineService
 from workers.job_attempt import JobAttempt, JobTimeLimitError
 from workers.lease_keeper import HeldLease, LeaseKeeper
+from workers.lost_jobs import forget_message
 
 log = logging.getLogger(__name__)
 LEASE_POLL_S = 0.25
@@ -81,6 +82,7 @@ class JobRunner:
         tenant = raw.get("tenant") if isinstance(raw, dict) else None
         param = exc.param if isinstance(exc, InvalidRequestError) else None
         event = JobFailed("invalid_request_error", f"the job does not decode: {exc}", 400, param)
+        forget_message(self.redis, job_id)
         with contextlib.suppress(StaleLeaseError):  # a copy under a lease answers it instead
             self.stream.publish(job_id, tenant if isinstance(tenant, str) else "", event)
         self.service.count(failed=1)
@@ -110,6 +112,7 @@ class JobRunner:
                 return job_events.progress(self.redis, job_id)
             got = self.leases.try_take(job_id)
             if isinstance(got, HeldLease):
+                forget_message(self.redis, job_id)  # started: no copy of it is needed any more
                 # Read after the epoch was raised: no older epoch can append from here on.
                 try:
                     before = job_events.progress(self.redis, job_id)

@@ -45,15 +45,18 @@ def run_worker(
     register_tasks(app, JobRunner(service, leases, broker.job_time_limit_s, broker.result_ttl_s))
     register_control(service)  # `kvferry_integrity`, for `kvferry chaos`
     heartbeat = Heartbeat(StatusReader(service), broker.heartbeat_interval_s, broker.heartbeat_ttl_s)
-    maintenance = Maintenance(service, broker.heartbeat_interval_s, orphan_grace_s=3 * broker.lease_ttl_s)
+    maintenance = Maintenance(
+        service, broker.heartbeat_interval_s, orphan_grace_s=3 * broker.lease_ttl_s, app=app
+    )
     parts = {"heartbeat": heartbeat, "maintenance": maintenance, "supervisor": Supervisor(service)}
     step = type("KVFigures", (KVFiguresStep,), parts)
     app.steps["worker"].add(step)
+    # A restart under the same name (compose keeps the hostname): the previous process's jobs go
+    # back now (before the model load, so the other workers resume them meanwhile), not after the
+    # visibility timeout, and before this one takes any.
+    release_own(service.redis, identity.name, leases.owner)
     if preload:
         service.loop()
-    # A restart under the same name (compose keeps the hostname): the previous process's jobs go
-    # back now, not after the visibility timeout, before this one takes any.
-    release_own(service.redis, identity.name, leases.owner)
     worker = app.Worker(
         hostname=identity.name,
         pool="threads",

@@ -149,3 +149,32 @@ def test_orphan_sweep_hands_back_what_nobody_runs_and_drops_what_ended(redis_cli
         redis_client.hdel(keys.KOMBU_UNACKED, tags[job])
         redis_client.zrem(keys.KOMBU_UNACKED_INDEX, tags[job])
     redis_client.delete(VOID, keys.job_lease(leased))
+
+
+def test_a_message_lost_between_pop_and_unacked_is_sent_again(
+    redis_client: redis.Redis, celery_app: Any
+) -> None:
+    """kombu pops a message before it records it as unacked: a worker killed in between loses it.
+    The api's copy (keys.job_message) sends it again once past the grace, under the same id;
+    never while it waits on a queue, and not once a worker started it."""
+    from workers import lost_jobs
+
+    lost, waiting, started = (f"job-{uuid.uuid4().hex[:8]}" for _ in range(3))
+    job = encode_job(GenerateJob(MODEL, prompt_token_ids=(1, 2, 3)))
+    old = time.time() - 60
+    for job_id in (lost, waiting, started):
+        redis_client.set(keys.job_message(job_id), json.dumps({"job": job, "queue": VOID}))
+        redis_client.zadd(keys.PENDING_JOBS, {job_id: old})
+    redis_client.set(keys.job_epoch(started), 1)
+    tag = _fake_unacked(redis_client, waiting, VOID)  # delivered to a live worker: present
+    try:
+        lost_jobs.resend_lost(redis_client, celery_app, grace_s=30)  # live workers' passes may race it
+        assert set(_queued_ids(redis_client, VOID)) == {lost}  # same id: the lease lets one copy run
+        assert not redis_client.exists(keys.job_message(started))
+        assert redis_client.zscore(keys.PENDING_JOBS, started) is None
+    finally:
+        redis_client.hdel(keys.KOMBU_UNACKED, tag)
+        redis_client.zrem(keys.KOMBU_UNACKED_INDEX, tag)
+        redis_client.delete(VOID, keys.job_epoch(started))
+        for job_id in (lost, waiting, started):
+            lost_jobs.forget_message(redis_client, job_id)

@@ -15,6 +15,9 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+MAX_CACHED_ROOTS = 4096
+
+
 class BlockManager:
     """Bookkeeping only: it never touches tensors. Block ids are meaningful only in this pool."""
 
@@ -27,9 +30,12 @@ class BlockManager:
 
     def root(self, cache_salt: str) -> BlockHash:
         """Parent of a sequence's first block: model weights and tenant salt, so no cross-tenant hit."""
-        if cache_salt not in self._roots:
-            self._roots[cache_salt] = root_hash((self.model_fingerprint, cache_salt))
-        return self._roots[cache_salt]
+        root = self._roots.get(cache_salt)
+        if root is None:
+            if len(self._roots) >= MAX_CACHED_ROOTS:  # clients choose salts: memoise a bounded few
+                self._roots.clear()
+            root = self._roots[cache_salt] = root_hash((self.model_fingerprint, cache_salt))
+        return root
 
     def match_prefix(self, seq: Sequence) -> tuple[list[Block], list[BlockHash]]:
         """Cached full blocks covering seq's prefix, and the hashes of all its full blocks but the
