@@ -43,10 +43,8 @@ def _message_ids(raws: Any) -> set[str]:
 
 def _present(client: redis.Redis) -> set[str]:
     """Ids of every job on a kvferry queue or delivered and unacked (one pass, only when needed)."""
-    queues = [keys.SHARED_QUEUE] + [
-        keys.worker_queue(n.decode())
-        for n in client.smembers(keys.WORKERS)  # type: ignore[union-attr]
-    ]
+    names: Any = client.smembers(keys.WORKERS)
+    queues = [keys.SHARED_QUEUE] + [keys.worker_queue(n.decode()) for n in names]
     pipe = client.pipeline(transaction=False)
     for queue in queues:
         pipe.lrange(queue, 0, -1)
