@@ -30,6 +30,8 @@ return 1
 # TTL is untouched: HSETNX only on a hash that exists.
 _FINISH = """
 redis.call('ZREM', KEYS[1], ARGV[1])
+redis.call('DEL', KEYS[3])  -- the queued message's copy (workers/lost_jobs.py): its prompt goes
+redis.call('ZREM', KEYS[4], ARGV[1])
 if redis.call('EXISTS', KEYS[2]) == 0 then return 0 end
 return redis.call('HSETNX', KEYS[2], 'accounted', '1')
 """
@@ -48,7 +50,15 @@ async def release(client: aioredis.Redis, tenant: str, job_id: str) -> None:
 
 async def finish(client: aioredis.Redis, tenant: str, job_id: str) -> bool:
     """The job is over: it stops counting against its tenant; True the first time only."""
-    reply: Any = await client.eval(_FINISH, 2, keys.tenant_jobs(tenant), keys.job_meta(job_id), job_id)
+    reply: Any = await client.eval(
+        _FINISH,
+        4,
+        keys.tenant_jobs(tenant),
+        keys.job_meta(job_id),
+        keys.job_message(job_id),
+        keys.PENDING_JOBS,
+        job_id,
+    )
     return bool(int(reply))
 
 

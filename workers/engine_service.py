@@ -17,6 +17,7 @@ from broker import keys, redis_client
 from kvstore.redis_tier import RedisTier
 from workers.engine.config import EngineConfig
 from workers.engine.engine_loop import EngineLoop
+from workers.engine.errors import EngineFailedError
 from workers.engine.llm_engine import LLMEngine
 from workers.kv_writer import KVWriter
 from workers.prefetch import prefetch
@@ -72,6 +73,7 @@ class EngineService:
         self._lock = threading.Lock()  # held through the model load: never taken by the heartbeat
         self._counts_lock = threading.Lock()
         self._loop: EngineLoop | None = None
+        self.load_error: Exception | None = None  # the last failed engine build, if any
         self._counts = JobCounts(0, 0, 0)
         self.sessions = SessionKeeper(self)
 
@@ -81,9 +83,15 @@ class EngineService:
         return self._loop
 
     def loop(self) -> EngineLoop:
+        """The engine loop, built on first use. A build that fails is the worker's failure, not
+        the job's: EngineFailedError (the job is redelivered), and the supervisor sees load_error."""
         with self._lock:
             if self._loop is None:
-                engine = LLMEngine(self.config, cache_dir=self.cache_dir)
+                try:
+                    engine = LLMEngine(self.config, cache_dir=self.cache_dir)
+                except Exception as exc:
+                    self.load_error = exc
+                    raise EngineFailedError(f"the engine could not be built: {exc}") from exc
                 if self.tier_config.redis_capacity_bytes > 0 and engine.tiers is not None:
                     self.redis_tier = RedisTier(
                         self.kv_redis,

@@ -3,12 +3,10 @@ latest published snapshot (a plain attribute) and the service's immutable job co
 
 from __future__ import annotations
 
-import contextlib
 import time
-import typing
-from typing import Any
 
 from broker.messages import EngineFigures, WorkerStatus
+from workers.engine.engine_loop import EngineLoop
 from workers.engine.engine_stats import EngineStats
 from workers.engine_service import EngineService
 
@@ -33,29 +31,20 @@ def figures_of(stats: EngineStats) -> EngineFigures:
     )
 
 
-def loop_healthy(loop: Any) -> bool:
-    return bool(getattr(loop, "healthy", True)) if loop is not None else True
+def loop_healthy(loop: EngineLoop | None) -> bool:
+    return loop.healthy if loop is not None else True
 
 
 class StatusReader:
-    """Builds the heartbeat's WorkerStatus. Never blocks: no engine lock, no Redis, and no call
-    into the loop thread once the loop publishes `latest_stats` (an older loop without it is
-    asked between steps, for at most FALLBACK_WAIT_S, and its last answer kept)."""
-
-    FALLBACK_WAIT_S = 0.2
+    """Builds the heartbeat's WorkerStatus. Never blocks: no engine lock, no Redis, no call into
+    the loop thread (it reads the snapshot the loop publishes after each step, `latest_stats`)."""
 
     def __init__(self, service: EngineService) -> None:
         self.service = service
-        self._last: EngineStats | None = None
 
-    def _stats(self, loop: Any) -> EngineStats | None:
-        if loop is None:
-            return None
-        if hasattr(loop, "latest_stats"):
-            return typing.cast(EngineStats | None, loop.latest_stats)
-        with contextlib.suppress(Exception):  # TimeoutError while a step runs: keep the last one
-            self._last = loop.call(lambda e: e.stats(), timeout=self.FALLBACK_WAIT_S)
-        return self._last
+    @staticmethod
+    def _stats(loop: EngineLoop | None) -> EngineStats | None:
+        return loop.latest_stats if loop is not None else None
 
     def read(self) -> WorkerStatus:
         service = self.service

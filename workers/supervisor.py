@@ -45,7 +45,8 @@ class Supervisor:
         """One look; True when it decided to exit."""
         now = time.monotonic() if now is None else now
         loop = self.service.current_loop
-        if loop is None or loop.healthy:
+        broken = self.service.load_error is not None and loop is None  # its engine cannot be built
+        if not broken and (loop is None or loop.healthy):
             self._unhealthy_since = None
             return False
         if self._unhealthy_since is None:
@@ -56,7 +57,7 @@ class Supervisor:
         log.critical(
             "the engine loop has been unhealthy for %.0fs (%r); exiting so its jobs are redelivered",
             now - self._unhealthy_since,
-            getattr(loop, "failure", None),
+            getattr(loop, "failure", None) or self.service.load_error,
         )
         self.exit_fn(EXIT_CODE)
         return True

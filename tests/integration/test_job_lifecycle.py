@@ -87,6 +87,7 @@ class _FakeLoop:
 
 class _FakeService:
     current_loop: Any = _FakeLoop()
+    load_error: Exception | None = None
 
 
 def test_supervisor_exits_after_the_loop_stays_unhealthy() -> None:
@@ -98,6 +99,15 @@ def test_supervisor_exits_after_the_loop_stays_unhealthy() -> None:
     _FakeLoop.healthy = False
     assert not sup.check(now=105.0) and not sup.check(now=109.0)
     assert sup.check(now=110.5) and exits == [EXIT_CODE]
+
+
+def test_supervisor_exits_when_the_engine_cannot_be_built() -> None:
+    exits: list[int] = []
+    service = _FakeService()
+    service.current_loop = None
+    service.load_error = OSError("weights unreadable")
+    sup = Supervisor(service, grace_s=5, exit_fn=exits.append)  # type: ignore[arg-type]
+    assert not sup.check(now=100.0) and sup.check(now=105.5) and exits == [EXIT_CODE]
 
 
 def test_job_time_limit_is_enforced_and_frees_blocks(
