@@ -20,7 +20,7 @@ class BrokerConfig:
     # restore_interval_s) puts them back on their queue. The visibility timeout is only the
     # backstop for messages no reaper saw, so it is longer than any job may run.
     heartbeat_interval_s: float = 1.0
-    heartbeat_ttl_s: int = 4
+    heartbeat_ttl_s: int = 3
     restore_interval_s: int = 1
     # A running job's lease (broker/job_lease.py) lapses this long after its worker stopped
     # renewing it (every heartbeat interval, from a thread of its own); None: heartbeat_ttl_s.

@@ -57,7 +57,7 @@ class Settings:
     worker_concurrency: int = 32  # jobs one worker runs at once (they share its engine's batches)
     job_time_limit_s: int = 1800
     job_ttl_s: int = 86400  # a finished job's result, stream and metadata live this long (no prompt)
-    heartbeat_ttl_s: int = 4
+    heartbeat_ttl_s: int = 3  # the heartbeat never waits on the engine, so a short TTL is safe
     api_host: str = "127.0.0.1"
     api_port: int = 8000
     api_key: str | None = None  # when set, requests need "Authorization: Bearer <key>"
