@@ -1,0 +1,134 @@
+"""Multi-turn workload through the whole stack (2 workers): sessions sharing system prompts, each
+turn resending the history; prefix hit rate and TTFT per routing/tier set-up (part of `kvferry
+bench tiers`)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from ops.redis_server import free_port
+from ops.settings import Settings
+from ops.stack import Stack
+
+QUESTIONS = (
+    "Tell me more.",
+    "Why is that?",
+    "Give an example.",
+    "Summarise it.",
+    "What else?",
+    "And then?",
+    "Explain simply.",
+    "Is that always true?",
+)
+
+
+async def _session(
+    client: httpx.AsyncClient,
+    model: str,
+    system: str,
+    sid: str,
+    turns: int,
+    max_tokens: int,
+    rng: random.Random,
+    rows: list[dict[str, Any]],
+) -> None:
+    messages = [{"role": "system", "content": system}]
+    for turn in range(turns):
+        messages.append({"role": "user", "content": f"{rng.choice(QUESTIONS)} (#{sid}.{turn})"})
+        body = {
+            "model": model,
+            "messages": messages,
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "session_id": sid,
+        }
+        started = time.perf_counter()
+        ttft, text = float("nan"), []
+        usage: dict[str, Any] = {}
+        async with client.stream("POST", "/v1/chat/completions", json=body) as response:
+            async for line in response.aiter_lines():
+                if not line.startswith("data: {"):
+                    continue
+                chunk = json.loads(line[6:])
+                if chunk.get("choices") and chunk["choices"][0].get("delta", {}).get("content"):
+                    if ttft != ttft:
+                        ttft = time.perf_counter() - started
+                    text.append(chunk["choices"][0]["delta"]["content"])
+                usage = chunk.get("usage") or usage
+        messages.append({"role": "assistant", "content": "".join(text)})
+        rows.append(
+            {
+                "turn": turn,
+                "ttft_s": ttft,
+                "prompt": usage.get("prompt_tokens", 0),
+                "cached": (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0),
+                "sources": usage.get("kv_sources", {}),
+            }
+        )
+
+
+def workload(
+    settings: Settings,
+    routing: str,
+    redis_cache: str,
+    sessions: int,
+    turns: int,
+    max_tokens: int,
+    run_dir: Path,
+) -> dict[str, Any]:
+    stack_settings = settings.with_overrides(
+        routing=routing, redis_cache_size=redis_cache, api_port=free_port(), torch_threads=1
+    )
+    # Four system prompts of ~300 tokens (production ones are often longer), shared by the sessions.
+    systems = [
+        f"You are assistant number {i}. " + "Answer carefully, briefly and politely. " * 40 for i in range(4)
+    ]
+    rows: list[dict[str, Any]] = []
+    with Stack(stack_settings, 2, run_dir=run_dir, with_flower=False) as stack:
+        stack.wait_ready()
+
+        async def run() -> None:
+            async with httpx.AsyncClient(base_url=stack.api_url, timeout=600) as client:
+                await asyncio.gather(
+                    *(
+                        _session(
+                            client,
+                            settings.served_model,
+                            systems[i % 4],
+                            f"s{i}-{routing}-{redis_cache}",
+                            turns,
+                            max_tokens,
+                            random.Random(i),
+                            rows,
+                        )
+                        for i in range(sessions)
+                    )
+                )
+
+        started = time.perf_counter()
+        asyncio.run(run())
+        wall = time.perf_counter() - started
+    later = [r for r in rows if r["turn"] > 0]
+    ttfts = sorted(r["ttft_s"] for r in rows if r["ttft_s"] == r["ttft_s"])
+    return {
+        "routing": routing,
+        "redis_tier": redis_cache != "0",
+        "requests": len(rows),
+        "wall_s": wall,
+        "hit_rate": sum(r["cached"] for r in rows) / max(1, sum(r["prompt"] for r in rows)),
+        "hit_rate_after_first_turn": sum(r["cached"] for r in later)
+        / max(1, sum(r["prompt"] for r in later)),
+        "ttft_p50_s": ttfts[len(ttfts) // 2] if ttfts else float("nan"),
+        "ttft_mean_s": statistics.fmean(ttfts) if ttfts else float("nan"),
+        "redis_tokens": sum(r["sources"].get("redis", 0) for r in rows),
+    }
