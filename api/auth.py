@@ -13,7 +13,7 @@ from api.tenants import tenant_of
 __all__ = ["Tenant", "require_tenant", "tenant_of"]
 
 
-def require_tenant(request: Request, ctx: Ctx) -> str:
+async def require_tenant(request: Request, ctx: Ctx) -> str:
     """The caller's tenant: empty when auth is off; else from a valid key, or 401."""
     tenant = ""
     if ctx.keys.enabled:

@@ -20,6 +20,8 @@ from api.job_client import ClientGoneError, JobTimeoutError, is_final
 from api.job_meta import JobMeta
 from api.job_view import failed_body
 from api.openai_schema import CompletionRequest, error_body, response_body
+from api.stage_clock import StageClock
+from broker.errors import CodecError
 from broker.messages import JobDone, JobFailed, StreamEvent, TokenDelta, Usage
 
 log = logging.getLogger(__name__)
@@ -29,14 +31,21 @@ CLIENT_CLOSED = 499  # nginx's code: nobody reads it, the access log does
 
 
 async def answer(
-    ctx: ApiContext, meta: JobMeta, request: CompletionRequest, alive: Callable[[], Awaitable[bool]]
+    ctx: ApiContext,
+    meta: JobMeta,
+    request: CompletionRequest,
+    alive: Callable[[], Awaitable[bool]],
+    clock: StageClock | None = None,
 ) -> Response:
-    events = _observed(ctx, meta, request, ctx.jobs.follow(meta.job_id, ctx.config.job_timeout_s, alive))
     if request.stream:
+        events = _observed(ctx, meta, request, ctx.jobs.follow(meta.job_id, ctx.config.job_timeout_s, alive))
         response = await _stream(ctx, meta, request, events)
     else:
-        response = await _whole(ctx, meta, request, events)
+        response = await _whole(ctx, meta, request, alive, clock)
     response.headers[JOB_ID_HEADER] = meta.job_id  # to poll GET /v1/jobs/{id} about it, even after an error
+    if clock is not None:
+        clock.mark("respond")
+        response.headers.update(clock.header())
     return response
 
 
@@ -52,9 +61,13 @@ async def _observed(
                 ctx.metrics.ttft.labels(label).observe(max(0.0, time.time() - meta.created))
                 first = False
             if is_final(event):
-                ctx.metrics.job_latency.labels(label).observe(max(0.0, time.time() - meta.created))
-                await settle(ctx, meta, event.result.usage if isinstance(event, JobDone) else None)
+                await _ended(ctx, meta, label, event)
             yield event
+
+
+async def _ended(ctx: ApiContext, meta: JobMeta, label: str, event: StreamEvent) -> None:
+    ctx.metrics.job_latency.labels(label).observe(max(0.0, time.time() - meta.created))
+    await settle(ctx, meta, event.result.usage if isinstance(event, JobDone) else None)
 
 
 async def settle(ctx: ApiContext, meta: JobMeta, usage: Usage | None) -> None:
@@ -88,20 +101,31 @@ async def _gave_up(ctx: ApiContext, meta: JobMeta, exc: JobTimeoutError | Client
 
 
 async def _whole(
-    ctx: ApiContext, meta: JobMeta, request: CompletionRequest, events: AsyncGenerator[StreamEvent, None]
+    ctx: ApiContext,
+    meta: JobMeta,
+    request: CompletionRequest,
+    alive: Callable[[], Awaitable[bool]],
+    clock: StageClock | None,
 ) -> Response:
+    """Waits for the final event alone (one blocking read), never for the tokens before it: the
+    result holds the whole answer."""
     try:
-        async with aclosing(events):
-            async for event in events:
-                if isinstance(event, JobFailed):
-                    return failed_response(event)
-                if isinstance(event, JobDone):
-                    r = event.result
-                    body = response_body(request, r.text, r.finish_reason, r.usage, meta.response_id)
-                    return JSONResponse(body, headers={WORKER_HEADER: r.worker})
+        event = await ctx.jobs.wait_final(meta.job_id, ctx.config.job_timeout_s, alive)
     except (JobTimeoutError, ClientGoneError) as exc:
         return await _gave_up(ctx, meta, exc)
-    raise RuntimeError(f"job {meta.job_id}: its stream ended without a final event")
+    if clock is not None:
+        clock.mark("woken")
+    label = "chat" if request.is_chat else "completion"
+    if isinstance(event, JobDone):  # no token was followed: the worker's own first-token time
+        ctx.metrics.ttft.labels(label).observe(max(0.0, event.result.ttft_s))
+    await _ended(ctx, meta, label, event)
+    if isinstance(event, JobFailed):
+        return failed_response(event)
+    if isinstance(event, JobDone):
+        r = event.result
+        body = response_body(request, r.text, r.finish_reason, r.usage, meta.response_id)
+        return JSONResponse(body, headers={WORKER_HEADER: r.worker})
+    raise RuntimeError(f"job {meta.job_id}: its end stream holds a {type(event).__name__}")
 
 
 async def _stream(
@@ -162,6 +186,10 @@ async def _sse(
         log.warning("job %s: lost the queue service mid-stream: %s", meta.job_id, exc)
         message = f"the queue service is unavailable: {exc}"
         yield sse.error_frame(error_body(message, "service_unavailable_error"))
+        yield sse.DONE
+    except CodecError as exc:  # our bug, not the queue's: a 500 frame, its cause in the log
+        log.error("job %s: a stream event does not decode", meta.job_id, exc_info=exc)
+        yield sse.error_frame(error_body(f"internal error: {exc}", "server_error"))
         yield sse.DONE
     finally:
         with anyio.CancelScope(shield=True):  # runs even when the response task is cancelled

@@ -4,33 +4,35 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import get_args
 
 from broker.celery_app import BrokerConfig
+from broker.defaults import DEFAULTS, Routing
 
-Routing = Literal["cache-aware", "round-robin", "shared"]
+__all__ = ["ApiConfig", "Routing"]
 
 
 @dataclass(frozen=True, slots=True)
 class ApiConfig:
-    redis_url: str = "redis://127.0.0.1:6379/0"
+    redis_url: str = DEFAULTS.redis_url
     kv_redis_url: str | None = None  # the KV tier's Redis (session DELETE unpins there); None: redis_url
-    served_models: tuple[str, ...] = ("smollm2",)  # a request naming another model gets 404
+    served_models: tuple[str, ...] = (DEFAULTS.model,)  # a request naming another model gets 404
     api_key: str | None = None  # None: no auth; else "Authorization: Bearer <key>" is required
-    job_timeout_s: float = 600.0  # the longest a request waits for its job's final event
+    job_timeout_s: float = float(DEFAULTS.job_time_limit_s)  # the longest a request waits for its job
     max_body_bytes: int = 4 * 1024 * 1024
-    job_ttl_s: int = 86400  # how long job metadata (and so GET /v1/jobs/{id}) lives
-    routing: Routing = "cache-aware"  # or "round-robin" / "shared" (baselines for the benchmark)
+    job_ttl_s: int = DEFAULTS.job_ttl_s  # how long job metadata (and so GET /v1/jobs/{id}) lives
+    routing: Routing = DEFAULTS.routing  # or "round-robin" / "shared" (baselines for the benchmark)
+    prefetch_hints: bool = DEFAULTS.prefetch_hints  # see api/router.py choose_queue
     route_max_waiting: int = 8  # a worker with more sequences waiting than this is not routed to
     api_keys: tuple[tuple[str, str], ...] = ()  # (key, tenant) pairs; see api/tenants.py
     api_keys_file: Path | None = None  # one "key tenant" per line, re-read when it changes
-    tenant_max_jobs: int = 0  # unfinished jobs one tenant may have at once (over it: 429); 0 = no cap
+    tenant_max_jobs: int = DEFAULTS.tenant_max_jobs  # unfinished jobs per tenant (over it: 429); 0 = no cap
     # A chat's max_tokens when it names none. None (the default): the worker decides, with its
     # Settings.default_max_tokens capped by the room the context leaves.
     default_max_tokens: int | None = None
 
     def __post_init__(self) -> None:
-        if self.routing not in ("cache-aware", "round-robin", "shared"):
+        if self.routing not in get_args(Routing):
             raise ValueError(f"routing must be cache-aware, round-robin or shared, got {self.routing!r}")
         if not self.served_models:
             raise ValueError("served_models must name at least one model")

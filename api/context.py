@@ -24,7 +24,8 @@ class ApiContext:
     tier: TierReader
 
 
-def context(request: Request) -> ApiContext:
+async def context(request: Request) -> ApiContext:
+    # async: a plain def dependency would run in the thread pool, a hop per request for no I/O
     ctx = request.app.state.ctx
     assert isinstance(ctx, ApiContext)
     return ctx

@@ -8,12 +8,13 @@ import redis
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from kombu.exceptions import OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from api.job_client import BrokerUnavailableError
 from api.job_view import failed_body
 from api.openai_schema import error_body
-from broker.errors import InvalidRequestError, UnknownModelError
+from broker.errors import CodecError, InvalidRequestError, UnknownModelError
 from broker.messages import JobFailed
 
 log = logging.getLogger(__name__)
@@ -91,6 +92,13 @@ async def _unavailable(_: Request, exc: Exception) -> JSONResponse:
     return error_response(503, f"the queue service is unavailable: {exc}", "service_unavailable_error")
 
 
+async def _codec(_: Request, exc: Exception) -> JSONResponse:
+    # A message between our own processes that does not decode: a bug or a version mismatch.
+    # Neither the client's fault (400) nor the queue service's (503).
+    log.error("a broker message does not decode", exc_info=exc)
+    return error_response(500, f"internal error: {exc}", "server_error")
+
+
 async def _internal(_: Request, exc: Exception) -> JSONResponse:
     log.exception("unhandled error", exc_info=exc)
     return error_response(500, f"internal error: {type(exc).__name__}", "server_error")
@@ -103,4 +111,6 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(StarletteHTTPException, _http)
     app.add_exception_handler(BrokerUnavailableError, _unavailable)
     app.add_exception_handler(redis.RedisError, _unavailable)
+    app.add_exception_handler(OperationalError, _unavailable)  # kombu's: the broker is unreachable
+    app.add_exception_handler(CodecError, _codec)
     app.add_exception_handler(Exception, _internal)

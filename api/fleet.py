@@ -9,6 +9,7 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from broker import keys
+from broker.codec import CodecError
 from broker.messages import WorkerStatus
 from broker.worker_registry import HEARTBEAT_FIELD, decode_status
 
@@ -36,7 +37,7 @@ def _status(raw: bytes | None) -> WorkerStatus | None:
         return None
     try:
         return decode_status(raw)
-    except ValueError:  # CodecError, or bytes that are not even JSON: alive, but unreadable
+    except CodecError:  # another kvferry version's, or not even JSON: alive, but unreadable
         return None
 
 

@@ -19,6 +19,7 @@ from api.job_meta import JobMeta
 from api.openai_schema import CompletionRequest, parse_request
 from api.request_models import ID_PATTERN
 from api.router import choose_queue
+from api.stage_clock import StageClock
 from broker.errors import InvalidRequestError, UnknownModelError
 
 SESSION_HEADER = "x-session-id"
@@ -52,7 +53,9 @@ def parse(ctx: ApiContext, endpoint: str, body: Any, session_header: str | None)
     return request
 
 
-async def submit(ctx: ApiContext, request: CompletionRequest, tenant: str) -> JobMeta:
+async def submit(
+    ctx: ApiContext, request: CompletionRequest, tenant: str, clock: StageClock | None = None
+) -> JobMeta:
     jobs, config = ctx.jobs, ctx.config
     job_id = str(uuid.uuid4())
     job = request.to_job(tenant)
@@ -67,7 +70,11 @@ async def submit(ctx: ApiContext, request: CompletionRequest, tenant: str) -> Jo
             headers={"Retry-After": str(RETRY_AFTER_S)},
         )
     try:
-        route = await choose_queue(jobs.redis, job, config.routing, config.route_max_waiting)
+        route = await choose_queue(
+            jobs.redis, job, config.routing, config.route_max_waiting, prefetch_hints=config.prefetch_hints
+        )
+        if clock is not None:
+            clock.mark("routed")
         meta = JobMeta(
             job_id=job_id,
             endpoint=request.endpoint,
@@ -79,7 +86,7 @@ async def submit(ctx: ApiContext, request: CompletionRequest, tenant: str) -> Jo
             session_id=request.session_id,
             params=request.params,
         )
-        await jobs.submit(meta, job)
+        await jobs.submit(meta, job, clock)
     except Exception:
         await tenant_jobs.release(jobs.redis, tenant, job_id)
         raise

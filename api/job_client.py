@@ -17,10 +17,12 @@ from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
 from celery import states
+from kombu.exceptions import OperationalError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from api.job_meta import JobMeta
+from api.stage_clock import StageClock
 from broker import keys
 from broker.celery_app import BrokerConfig, make_celery
 from broker.codec import CodecError, decode_event, decode_result, encode_job
@@ -48,6 +50,16 @@ class ClientGoneError(KvferryError):
     """The HTTP client went away while its job ran."""
 
 
+# What a queue service that is down (or restarting) raises here: Redis', kombu's and the socket's
+# errors. Anything else (a CodecError, say) is a bug of ours: a 500, never "unavailable".
+UNAVAILABLE: tuple[type[Exception], ...] = (
+    aioredis.RedisError,
+    OperationalError,
+    OSError,
+    BrokerUnavailableError,
+)
+
+
 @dataclass(frozen=True, slots=True)
 class CeleryState:
     state: str  # celery.states: PENDING, STARTED, SUCCESS, FAILURE, REVOKED, RETRY
@@ -69,7 +81,8 @@ def outcome_of(job_id: str, state: CeleryState) -> StreamEvent | None:
     if state.state == states.SUCCESS:
         try:
             return JobDone(decode_result(state.result))
-        except CodecError as exc:
+        except CodecError as exc:  # a bug or a version mismatch, not the client's: log its cause
+            log.error("job %s: its result does not decode", job_id, exc_info=exc)
             return JobFailed("server_error", f"unreadable job result: {exc}", 500)
     if state.state == states.FAILURE:
         return JobFailed("server_error", f"the job failed on its worker: {state.result!s}", 500)
@@ -106,7 +119,7 @@ class JobClient:
         self._pool.shutdown(wait=False, cancel_futures=True)
         self.celery.close()
 
-    async def submit(self, meta: JobMeta, job: GenerateJob) -> None:
+    async def submit(self, meta: JobMeta, job: GenerateJob, clock: StageClock | None = None) -> None:
         """Record the job's metadata, then queue it; if queueing fails, the metadata goes too."""
         key = keys.job_meta(meta.job_id)
         fields: dict[Any, Any] = meta.to_hash()
@@ -119,11 +132,17 @@ class JobClient:
             pipe.set(keys.job_message(meta.job_id), message, ex=self.job_ttl_s)
             pipe.zadd(keys.PENDING_JOBS, {meta.job_id: time.time()})
             await pipe.execute()
+            if clock is not None:
+                clock.mark("meta")
             await self.send(meta.job_id, job, meta.queue)
+            if clock is not None:
+                clock.mark("published")
         except Exception as exc:
             with contextlib.suppress(aioredis.RedisError):  # else its TTL removes it
                 await self.redis.delete(key, keys.job_message(meta.job_id))
                 await self.redis.zrem(keys.PENDING_JOBS, meta.job_id)
+            if not isinstance(exc, UNAVAILABLE):
+                raise
             raise BrokerUnavailableError(f"could not queue the job: {type(exc).__name__}: {exc}") from exc
 
     async def send(self, job_id: str, job: GenerateJob, queue: str) -> None:
@@ -210,17 +229,53 @@ class JobClient:
             elif now >= next_poll:
                 next_poll = now + self.state_poll_s
                 try:
-                    settled = await self._settled_silently(job_id, last)
+                    settled = await self._settled_silently(job_id, stream, last)
                 except (RedisConnectionError, RedisTimeoutError, BrokerUnavailableError):
                     settled = None  # asked again at the next poll
                 if settled is not None:
                     yield settled
                     return
 
-    async def _settled_silently(self, job_id: str, last: str) -> StreamEvent | None:
-        """The job's outcome if Celery says it ended and its stream holds nothing more to read."""
+    async def wait_final(
+        self, job_id: str, timeout_s: float, alive: Callable[[], Awaitable[bool]] | None = None
+    ) -> StreamEvent:
+        """The job's final event (JobDone or JobFailed), without its tokens: one blocking read of
+        its end stream (keys.job_end, written with the final event in the same script), however
+        long the answer. Raises as follow() does."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        next_poll = loop.time() + self.state_poll_s
+        end = keys.job_end(job_id)
+        while True:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                raise JobTimeoutError(f"job {job_id} did not finish within {timeout_s:g}s")
+            block = max(1, int(min(self.block_ms / 1000, remaining) * 1000))  # BLOCK 0 is forever
+            try:
+                reply: Any = await self.redis.xread({end: "0-0"}, block=block, count=1)
+            except (RedisConnectionError, RedisTimeoutError) as exc:
+                log.warning("job %s: end stream read failed (%s); retrying", job_id, exc)
+                await asyncio.sleep(REDIS_RETRY_S)
+                continue
+            for _, entries in reply or []:
+                for _, fields in entries:
+                    return decode_event(fields[EVENT_FIELD])
+            if alive is not None and not await alive():
+                raise ClientGoneError(job_id)
+            now = loop.time()
+            if now >= next_poll:  # a job that ended without a final event (revoked, its worker killed)
+                next_poll = now + self.state_poll_s
+                try:
+                    settled = await self._settled_silently(job_id, end, "0-0")
+                except (RedisConnectionError, RedisTimeoutError, BrokerUnavailableError):
+                    settled = None  # asked again at the next poll
+                if settled is not None:
+                    return settled
+
+    async def _settled_silently(self, job_id: str, stream: str, last: str) -> StreamEvent | None:
+        """The job's outcome if Celery says it ended and `stream` holds nothing more to read."""
         state = await self.celery_state(job_id)
         if state.state not in states.READY_STATES:
             return None
-        pending: Any = await self.redis.xread({keys.job_stream(job_id): last}, count=1)
+        pending: Any = await self.redis.xread({stream: last}, count=1)
         return None if pending else outcome_of(job_id, state)

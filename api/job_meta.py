@@ -4,11 +4,10 @@ GET /v1/jobs/{id} needs to describe the job and rebuild its answer from the resu
 
 from __future__ import annotations
 
-import dataclasses
-import json
 from dataclasses import dataclass, field
 
 from api.openai_schema import CompletionRequest, Endpoint
+from broker import codec
 from broker.sampling import SamplingParams
 
 
@@ -38,7 +37,7 @@ class JobMeta:
             "queue": self.queue,
             "reason": self.reason,
             "created": repr(self.created),
-            "params": json.dumps(dataclasses.asdict(self.params), separators=(",", ":")),
+            "params": codec.encode(self.params).decode(),
             "tenant": self.tenant,
             "session_id": self.session_id or "",
         }
@@ -68,6 +67,4 @@ class JobMeta:
 def _params(raw: str | None) -> SamplingParams:
     if not raw:  # written by an older api
         return SamplingParams()
-    doc = json.loads(raw)
-    doc["stop"] = tuple(doc.get("stop") or ())
-    return SamplingParams(**doc)
+    return codec.decode(raw, SamplingParams)

@@ -119,6 +119,7 @@ _TIER = {
     "bytes_read": ("Bytes read from the Redis tier", True),
     "bytes_written": ("Bytes written to the Redis tier", True),
     "packs_evicted": ("Block packs the tier's LRU evicted", True),
+    "writes_dropped": ("Block writes to the Redis tier dropped by a full writer queue", True),
     "bytes_stored": ("Bytes the Redis tier holds", False),
     "orphan_pins": ("Session pins whose session is gone (must be 0)", False),
 }

@@ -5,6 +5,10 @@
 2. Otherwise, to the live worker advertising the longest run of the request's prefix digests
    (chat messages, or text chunks), the least loaded among equals.
 3. Otherwise the shared queue: any worker takes it, and resumes from Redis what it lacks.
+
+When a session's turn goes to a worker other than its last one (which is gone or busy), that
+worker gets a prefetch hint first: it loads the session's blocks from the Redis tier into its
+warm tier while the job waits in its queue (workers/prefetch.py).
 """
 
 from __future__ import annotations
@@ -13,14 +17,14 @@ import itertools
 import random
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import redis.asyncio as aioredis
 
 from api import fleet
-from broker import keys, session_store
-from broker.messages import GenerateJob, WorkerStatus
+from broker import keys, prefetch_hint, session_store
+from broker.messages import GenerateJob, SessionRecord, WorkerStatus
 from broker.prefix_digest import chat_digests, text_digests
 
 
@@ -28,6 +32,7 @@ from broker.prefix_digest import chat_digests, text_digests
 class Route:
     queue: str
     reason: str
+    worker: str | None = field(default=None, compare=False)  # whose own queue; None: the shared one
 
 
 class RecentRoutes:
@@ -59,7 +64,7 @@ def _load(w: WorkerStatus) -> int:
 
 def _to(worker: str, reason: str) -> Route:
     _recent.add(worker)
-    return Route(keys.worker_queue(worker), reason)
+    return Route(keys.worker_queue(worker), reason, worker)
 
 
 def _overloaded(w: WorkerStatus, max_waiting: int) -> bool:
@@ -105,27 +110,51 @@ def _balanced(name: str, reason: str, loads: dict[str, int]) -> Route:
 
 
 async def choose_queue(
-    client: aioredis.Redis, job: GenerateJob, routing: str = "cache-aware", max_waiting: int = 8
+    client: aioredis.Redis,
+    job: GenerateJob,
+    routing: str = "cache-aware",
+    max_waiting: int = 8,
+    prefetch_hints: bool = True,
 ) -> Route:
+    route, record = await _choose(client, job, routing, max_waiting)
+    if prefetch_hints and record is not None and route.worker and route.worker != record.last_worker:
+        await send_hint(client, route.worker, job)
+    return route
+
+
+async def send_hint(client: aioredis.Redis, worker: str, job: GenerateJob) -> None:
+    """One round trip: push, trim (bounded), expire (a dead worker's list goes away)."""
+    assert job.session_id is not None
+    hint = prefetch_hint.PrefetchHint(job.tenant, job.session_id, job.kv_salt)
+    key = keys.worker_prefetch(worker)
+    pipe = client.pipeline(transaction=False)
+    pipe.lpush(key, prefetch_hint.encode(hint))
+    pipe.ltrim(key, 0, prefetch_hint.MAX_PENDING - 1)
+    pipe.expire(key, prefetch_hint.HINT_TTL_S)
+    await pipe.execute()
+
+
+async def _choose(
+    client: aioredis.Redis, job: GenerateJob, routing: str, max_waiting: int
+) -> tuple[Route, SessionRecord | None]:
+    """The route, and the session's record when the job continues a known session."""
     if routing == "shared":
-        return Route(keys.SHARED_QUEUE, "shared: routing off")
+        return Route(keys.SHARED_QUEUE, "shared: routing off"), None
     live = {v.name: v.status for v in await fleet.workers(client) if v.live and v.status is not None}
     if routing == "round-robin":
         if not live:
-            return Route(keys.SHARED_QUEUE, "shared: no live worker")
+            return Route(keys.SHARED_QUEUE, "shared: no live worker"), None
         name = sorted(live)[next(_round_robin) % len(live)]
-        return _to(name, f"round robin: {name}")
+        return _to(name, f"round robin: {name}"), await _session(client, job)
     ready = {n: w for n, w in live.items() if not _overloaded(w, max_waiting)}
     loads = {n: _load(w) for n, w in ready.items()}
     note = ""
-    if job.session_id:
-        raw: Any = await client.get(keys.session(job.tenant, job.session_id))
-        record = session_store.decode(raw) if raw is not None else None
-        if record is not None and record.tenant == job.tenant and record.model == job.model:
-            if record.last_worker in ready:
-                return _balanced(record.last_worker, f"session affinity: {record.last_worker}", loads)
-            state = "busy" if record.last_worker in live else "gone"
-            note = f"; session's worker {record.last_worker} is {state}"
+    record = await _session(client, job)
+    if record is not None:
+        if record.last_worker in ready:
+            return _balanced(record.last_worker, f"session affinity: {record.last_worker}", loads), record
+        state = "busy" if record.last_worker in live else "gone"
+        note = f"; session's worker {record.last_worker} is {state}"
     digests = _digests(job)
     if digests and ready:
         matches = await _prefix_matches(client, sorted(ready), digests)
@@ -134,6 +163,17 @@ async def choose_queue(
             tied = [n for n, m in matches.items() if m == best]
             name = min(tied, key=lambda n: (loads[n], random.random()))
             unit = "messages" if job.messages else "text chunks"
-            return _balanced(name, f"prefix match: {best}/{len(digests)} {unit} on {name}{note}", loads)
+            route = _balanced(name, f"prefix match: {best}/{len(digests)} {unit} on {name}{note}", loads)
+            return route, record
     reason = "shared: no live worker" if not live else "shared: no worker holds this prefix"
-    return Route(keys.SHARED_QUEUE, reason + note)
+    return Route(keys.SHARED_QUEUE, reason + note), record
+
+
+async def _session(client: aioredis.Redis, job: GenerateJob) -> SessionRecord | None:
+    if not job.session_id:
+        return None
+    raw: Any = await client.get(keys.session(job.tenant, job.session_id))
+    record = session_store.decode(raw) if raw is not None else None
+    if record is None or record.tenant != job.tenant or record.model != job.model:
+        return None
+    return record

@@ -7,26 +7,29 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from api import intake
+from api import intake, stage_clock
 from api.auth import Tenant
 from api.completion import answer
 from api.context import Ctx
 from api.errors import ApiError
 from api.openapi_doc import body_of
 from api.request_models import ChatBody, CompletionBody
+from api.stage_clock import StageClock
 
 router = APIRouter(prefix="/v1")
 
 
 async def _complete(endpoint: str, request: Request, ctx: Ctx, tenant: str) -> Response:
+    clock = StageClock(stage_clock.REQUEST_HEADER in request.headers)
     body = await intake.read_json(request, ctx.config.max_body_bytes)
     parsed = intake.parse(ctx, endpoint, body, request.headers.get(intake.SESSION_HEADER))
-    meta = await intake.submit(ctx, parsed, tenant)
+    clock.mark("parsed")
+    meta = await intake.submit(ctx, parsed, tenant, clock)
 
     async def alive() -> bool:
         return not await request.is_disconnected()
 
-    return await answer(ctx, meta, parsed, alive)
+    return await answer(ctx, meta, parsed, alive, clock)
 
 
 @router.post("/chat/completions", openapi_extra=body_of(ChatBody))

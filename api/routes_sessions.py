@@ -74,6 +74,7 @@ async def delete_session(session_id: str, ctx: Ctx, tenant: Tenant, request: Req
     pipe = ctx.jobs.redis.pipeline(transaction=True)
     pipe.set(mark, when, ex=ttl)
     pipe.zadd(keys.SESSION_EXPIRY, {member: 0}, xx=True)
+    pipe.delete(keys.session_tokens(tenant, session_id))
     await pipe.execute()
     unpinned = await asyncio.to_thread(
         tier_pins.release_session, _kv_client(request, ctx), tenant, session_id

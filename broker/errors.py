@@ -7,6 +7,12 @@ class KvferryError(Exception):
     """Base of every error kvferry raises on purpose."""
 
 
+class CodecError(KvferryError, ValueError):
+    """A message that does not decode into its declared type (or an object that is no message).
+    Between our own processes that is a bug or a version mismatch, never the caller's fault: the
+    api answers 500 and logs it (api/errors.py), never 400 or 503."""
+
+
 class InvalidRequestError(KvferryError, ValueError):
     """The request itself is wrong (HTTP 400). `param` names the offending field."""
 

@@ -7,12 +7,12 @@ however many times the job was redelivered."""
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
 import redis
 
 from broker import keys
@@ -23,16 +23,66 @@ from broker.messages import JobDone, JobFailed, StreamEvent, TokenDelta
 STREAM_TTL_S = 86400  # as long as results and job metadata live
 EVENT_FIELD = b"e"
 
-# KEYS: stream, epoch, cancel flag, the tenant's job set. ARGV: epoch, event, stream TTL, final
-# ("1": the job's last event, which also ends its place in the tenant's job limit), job id.
+STAGES_TTL_S = 3600  # a job's stage times are read right after it ends (`bench queue`), or never
+NO_FENCE = "-"  # the epoch argument of producers without leases (test doubles, tools)
+
+# One round trip appends a run of events (the last token delta and the final event ride together).
+# KEYS: stream, epoch, cancel flag, the tenant's job set, end stream, stage-times hash.
+# ARGV: epoch (or NO_FENCE), stream TTL, job id, final ("1": the last event ends the job, which
+# also ends its place in the tenant's job limit), n, n encoded events, then stage name/time pairs
+# (final only; Redis' own clock adds "written"), stages TTL last.
 # Returns -1 when the epoch is not current (nothing written), else whether the job is cancelled.
+# The end stream keeps only the first final event, as every reader of the job's stream does.
 _FENCED_XADD = """
-if tonumber(redis.call('GET', KEYS[2]) or '0') ~= tonumber(ARGV[1]) then return -1 end
-redis.call('XADD', KEYS[1], '*', 'e', ARGV[2])
-redis.call('EXPIRE', KEYS[1], ARGV[3])
-if ARGV[4] == '1' then redis.call('ZREM', KEYS[4], ARGV[5]) end
+if ARGV[1] ~= '-' and tonumber(redis.call('GET', KEYS[2]) or '0') ~= tonumber(ARGV[1]) then
+  return -1
+end
+local n = tonumber(ARGV[5])
+for i = 6, 5 + n do redis.call('XADD', KEYS[1], '*', 'e', ARGV[i]) end
+redis.call('EXPIRE', KEYS[1], ARGV[2])
+if ARGV[4] == '1' then
+  redis.call('ZREM', KEYS[4], ARGV[3])
+  if redis.call('EXISTS', KEYS[5]) == 0 then
+    redis.call('XADD', KEYS[5], '*', 'e', ARGV[5 + n])
+    redis.call('EXPIRE', KEYS[5], ARGV[2])
+  end
+  if #ARGV > 6 + n then
+    local t = redis.call('TIME')
+    local now = t[1] .. '.' .. string.format('%06d', tonumber(t[2]))
+    redis.call('HSET', KEYS[6], 'written', now, unpack(ARGV, 6 + n, #ARGV - 1))
+    redis.call('EXPIRE', KEYS[6], ARGV[#ARGV])
+  end
+end
 return redis.call('EXISTS', KEYS[3])
 """
+
+
+def _script_keys(job_id: str, tenant: str) -> list[str]:
+    return [
+        keys.job_stream(job_id),
+        keys.job_epoch(job_id),
+        keys.job_cancel(job_id),
+        keys.tenant_jobs(tenant),
+        keys.job_end(job_id),
+        keys.job_stages(job_id),
+    ]
+
+
+def _script_args(
+    epoch: int | str, ttl_s: int, job_id: str, events: list[StreamEvent], stages: dict[str, float] | None
+) -> list[Any]:
+    final = is_final(events[-1])
+    args: list[Any] = [epoch, ttl_s, job_id, "1" if final else "0", len(events)]
+    args.extend(encode_event(e) for e in events)
+    if final and stages:
+        for name, at in stages.items():
+            args.extend((name, repr(at)))
+        args.append(STAGES_TTL_S)
+    return args
+
+
+def is_final(event: StreamEvent | None) -> bool:
+    return isinstance(event, (JobDone, JobFailed))
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,7 +119,7 @@ class TokenCursor:
             return None
         self.tokens = max(self.tokens, start + len(event.token_ids))
         self.chars = max(self.chars, text_start + len(event.text))
-        return dataclasses.replace(
+        return msgspec.structs.replace(
             event, token_ids=ids, text=text, start=self.tokens - len(ids), text_start=self.chars - len(text)
         )
 
@@ -77,13 +127,11 @@ class TokenCursor:
 def publish(client: redis.Redis, job_id: str, event: StreamEvent, check_cancel: bool = False) -> bool:
     """Append one event unfenced (producers without leases: test doubles, tools); returns whether
     the job has been cancelled when check_cancel is set. Workers use FencedStream."""
-    pipe = client.pipeline(transaction=False)
-    pipe.xadd(keys.job_stream(job_id), {EVENT_FIELD: encode_event(event)})
-    pipe.expire(keys.job_stream(job_id), STREAM_TTL_S)
-    if check_cancel:
-        pipe.exists(keys.job_cancel(job_id))
-    replies = pipe.execute()
-    return bool(check_cancel and replies[-1])
+    script = client.register_script(_FENCED_XADD)
+    reply = script(
+        keys=_script_keys(job_id, ""), args=_script_args(NO_FENCE, STREAM_TTL_S, job_id, [event], None)
+    )
+    return bool(check_cancel and int(reply))
 
 
 class FencedStream:
@@ -96,18 +144,20 @@ class FencedStream:
     def publish(self, job_id: str, tenant: str, event: StreamEvent) -> bool:
         """Append `event` if its epoch is the job's current one, else raise StaleLeaseError. A
         final event also takes the job off its tenant's job set. Returns whether it is cancelled."""
-        final = isinstance(event, (JobDone, JobFailed))
+        return self.publish_many(job_id, tenant, [event])
+
+    def publish_many(
+        self, job_id: str, tenant: str, events: list[StreamEvent], stages: dict[str, float] | None = None
+    ) -> bool:
+        """publish() for a run of events of one epoch, in one round trip; only the last may be
+        final. `stages` (with a final event): the attempt's stage times, kept in keys.job_stages."""
+        epoch = events[-1].epoch
+        assert all(e.epoch == epoch for e in events) and not any(is_final(e) for e in events[:-1])
         reply = self._xadd(
-            keys=[
-                keys.job_stream(job_id),
-                keys.job_epoch(job_id),
-                keys.job_cancel(job_id),
-                keys.tenant_jobs(tenant),
-            ],
-            args=[event.epoch, encode_event(event), self.ttl_s, "1" if final else "0", job_id],
+            keys=_script_keys(job_id, tenant), args=_script_args(epoch, self.ttl_s, job_id, events, stages)
         )
         if int(reply) < 0:
-            raise StaleLeaseError(f"job {job_id}: epoch {event.epoch} is no longer current; write refused")
+            raise StaleLeaseError(f"job {job_id}: epoch {epoch} is no longer current; write refused")
         return bool(int(reply))
 
 
@@ -120,10 +170,15 @@ def ended(client: redis.Redis, job_id: str) -> bool:
 def progress(client: redis.Redis, job_id: str) -> StreamProgress:
     """The tokens the stream holds (each index once) and its final event, if any. A final event
     is final: a redelivered copy of a job that ended returns (or raises) the same outcome."""
+    entries: Any = client.xrange(keys.job_stream(job_id))
+    return progress_of(entries)
+
+
+def progress_of(entries: Any) -> StreamProgress:
+    """progress() of a stream's entries, as XRANGE returned them (read in a caller's pipeline)."""
     cursor = TokenCursor()
     tokens: list[int] = []
     done, failed, epoch = None, None, 0
-    entries: Any = client.xrange(keys.job_stream(job_id))
     for _, fields in entries:
         event = cursor.accept(decode_event(fields[EVENT_FIELD]))
         if event is None:

@@ -21,6 +21,17 @@ def job_stream(job_id: str) -> str:
     return f"{PREFIX}:job:{job_id}:events"
 
 
+def job_end(job_id: str) -> str:
+    """Redis stream holding only a copy of the job's first final event: a non-streaming reader
+    waits for it with one blocking read instead of following every token."""
+    return f"{PREFIX}:job:{job_id}:end"
+
+
+def job_stages(job_id: str) -> str:
+    """Hash: when the worker's attempt passed each stage (unix seconds), for `bench queue`."""
+    return f"{PREFIX}:job:{job_id}:stages"
+
+
 def job_meta(job_id: str) -> str:
     """Hash: what the api knew when it queued the job (model, queue, route reason, times)."""
     return f"{PREFIX}:job:{job_id}:meta"
@@ -65,8 +76,16 @@ def session(tenant: str, session_id: str) -> str:
 
 
 def session_deleted(tenant: str, session_id: str) -> str:
-    """When the session was last deleted (a tombstone): a turn that began before cannot revive it."""
-    return f"{PREFIX}:session:{session_member(tenant, session_id)}:deleted"
+    """When the session was last deleted (a tombstone): a turn that began before cannot revive it.
+    A prefix of its own: under `session:`, the id "x:deleted" would name session x's tombstone."""
+    return f"{PREFIX}:session-deleted:{session_member(tenant, session_id)}"
+
+
+def session_tokens(tenant: str, session_id: str) -> str:
+    """The exact token ids of the session's last turn and a digest of its conversation (binary,
+    broker/session_tokens.py): the next turn reuses them instead of re-tokenising the history.
+    A prefix of its own: under `session:`, the id "x:tokens" would name session x's tokens."""
+    return f"{PREFIX}:session-tokens:{session_member(tenant, session_id)}"
 
 
 # ZSET session_member(tenant, id) -> when it expires (the sweep releases its pins then)
@@ -76,6 +95,12 @@ SESSION_EXPIRY = f"{PREFIX}:sessions:expiry"
 def worker_prefixes(worker_name: str) -> str:
     """ZSET of the prompt-prefix digests a worker served recently (score: last use), for routing."""
     return f"{PREFIX}:worker:{worker_name}:prefixes"
+
+
+def worker_prefetch(worker_name: str) -> str:
+    """LIST of prefetch hints (broker/prefetch_hint.py) for this worker: sessions whose blocks it
+    should load from the Redis tier now, while their turn waits in its queue."""
+    return f"{PREFIX}:worker:{worker_name}:prefetch"
 
 
 def job_lease(job_id: str) -> str:

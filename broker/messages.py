@@ -1,23 +1,34 @@
-"""Typed messages that cross process boundaries: jobs, results, and a job's stream events."""
+"""Typed messages that cross process boundaries: jobs, results, and a job's stream events.
+
+Each is a frozen msgspec Struct that refuses unknown fields; broker/codec.py turns them into JSON
+(or JSON-safe builtins for Celery's arguments and results) and back, checking every type. A field
+added later needs a default, so that a message from an older producer still decodes."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Literal
+
+import msgspec
 
 from broker.sampling import SamplingParams
 
 Endpoint = Literal["chat", "completion"]
 
 
-@dataclass(frozen=True, slots=True)
-class ChatMessage:
+class Message(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """Base of every broker message (subclasses inherit its strictness)."""
+
+
+class StreamEventBase(Message, frozen=True, tag_field="event"):
+    """A job stream's event: its type travels under "event", so a reader dispatches on it."""
+
+
+class ChatMessage(Message, frozen=True):
     role: str
     content: str
 
 
-@dataclass(frozen=True, slots=True)
-class GenerateJob:
+class GenerateJob(Message, frozen=True):
     """What `kvferry.generate` takes. Exactly one of messages, prompt, prompt_token_ids is set."""
 
     model: str
@@ -25,7 +36,7 @@ class GenerateJob:
     messages: tuple[ChatMessage, ...] = ()
     prompt: str | None = None
     prompt_token_ids: tuple[int, ...] = ()
-    params: SamplingParams = field(default_factory=SamplingParams)
+    params: SamplingParams = msgspec.field(default_factory=SamplingParams)
     session_id: str | None = None
     tenant: str = ""
     submitted_at: float = 0.0  # unix time at the api, for queue-wait figures
@@ -38,8 +49,7 @@ class GenerateJob:
         return f"{self.tenant}\x00salt:{self.cache_salt}" if self.cache_salt else self.tenant
 
 
-@dataclass(frozen=True, slots=True)
-class Usage:
+class Usage(Message, frozen=True):
     """Token counts. cached_tokens = prompt tokens not computed, from whichever source had them."""
 
     prompt_tokens: int
@@ -61,8 +71,7 @@ class Usage:
         return self.prompt_tokens + self.completion_tokens
 
 
-@dataclass(frozen=True, slots=True)
-class GenerateResult:
+class GenerateResult(Message, frozen=True):
     """What `kvferry.generate` returns (the Celery task result)."""
 
     job_id: str
@@ -77,8 +86,7 @@ class GenerateResult:
     latency_s: float
 
 
-@dataclass(frozen=True, slots=True)
-class TokenDelta:
+class TokenDelta(StreamEventBase, frozen=True, tag="delta"):
     """New output since the last event; text may lag tokens by an incomplete character.
 
     start and text_start index its first token and character in the whole output (-1: right
@@ -92,14 +100,12 @@ class TokenDelta:
     epoch: int = 0
 
 
-@dataclass(frozen=True, slots=True)
-class JobDone:
+class JobDone(StreamEventBase, frozen=True, tag="done"):
     result: GenerateResult
     epoch: int = 0
 
 
-@dataclass(frozen=True, slots=True)
-class JobFailed:
+class JobFailed(StreamEventBase, frozen=True, tag="failed"):
     error_type: str  # e.g. "invalid_request_error", "server_error"
     message: str
     status_code: int  # the HTTP status the api answers with
@@ -110,8 +116,7 @@ class JobFailed:
 StreamEvent = TokenDelta | JobDone | JobFailed
 
 
-@dataclass(frozen=True, slots=True)
-class EngineFigures:
+class EngineFigures(Message, frozen=True):
     """A worker engine's load and KV figures, as of its last heartbeat."""
 
     num_running: int
@@ -139,8 +144,7 @@ class EngineFigures:
         return self.prefix_cache_hits_tokens / q if q else 0.0
 
 
-@dataclass(frozen=True, slots=True)
-class WorkerStatus:
+class WorkerStatus(Message, frozen=True):
     """A worker's heartbeat: liveness and load (Redis, Flower, /metrics, `kvferry ping`)."""
 
     name: str
@@ -158,8 +162,7 @@ class WorkerStatus:
         return "ready" if self.engine is not None else "loading"
 
 
-@dataclass(frozen=True, slots=True)
-class SessionRecord:
+class SessionRecord(Message, frozen=True):
     """A conversation as Redis keeps it, so that any worker can resume it: the tokens so far and
     their block-hash chain (hex), who served it last and when. Block ids never leave a pool."""
 

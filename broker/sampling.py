@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+
+import msgspec
 
 from broker.errors import InvalidRequestError
 
@@ -25,13 +26,13 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-@dataclass(frozen=True, slots=True)
-class SamplingParams:
+class SamplingParams(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """How to pick tokens. temperature 0 means greedy (token-exact with HF `generate`).
 
     temperature: 0, or in [MIN_TEMPERATURE, MAX_TEMPERATURE]. top_k: -1 or 0 disable it.
     top_p in (0, 1]. seed in [0, SEED_MAX]. Every float is finite. Violations raise
-    InvalidRequestError whose `param` names the field.
+    InvalidRequestError whose `param` names the field, whether constructed or decoded (msgspec
+    runs __post_init__ on both; broker/codec.py unwraps the error it wraps that in).
     """
 
     max_tokens: int | None = 16
@@ -39,7 +40,7 @@ class SamplingParams:
     top_k: int = 0  # 0 (or -1) disables
     top_p: float = 1.0
     seed: int | None = None
-    stop: tuple[str, ...] = field(default_factory=tuple)
+    stop: tuple[str, ...] = ()
     ignore_eos: bool = False
 
     def __post_init__(self) -> None:

@@ -5,15 +5,14 @@ an expired session held."""
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Any
 
 import redis
 
-from broker import keys
-from broker.codec import CodecError, from_wire, to_wire
+from broker import codec, keys, session_tokens
 from broker.messages import SessionRecord
+from broker.session_tokens import SessionTokens
 
 SWEEP_GRACE_S = 3600  # the record outlives its expiry this long, for the sweep to release its pins
 TOMBSTONE_TTL_S = 86400  # longer than any turn may run: one that began before a DELETE stays out
@@ -21,38 +20,50 @@ TOMBSTONE_TTL_S = 86400  # longer than any turn may run: one that began before a
 # Newer wins: two turns of one session may finish in either order on two workers; the record of
 # the turn that finished last (last_used) stays, as its pins do (kvstore/lua/pin_owner.lua). A
 # turn that began before the session was deleted does not bring it back.
-# KEYS: record, expiry zset, tombstone; ARGV: json, last_used, ttl with grace, member, expires at,
-# when the turn began.
+# KEYS: record, expiry zset, tombstone, exact tokens; ARGV: json, last_used, ttl with grace,
+# member, expires at, when the turn began, the tokens' blob ('' = none: the old one goes).
+# The record is compact JSON (msgspec); ones stored before it have a space after each colon
+# (json.dumps), hence the %s*.
 _SAVE = """
 local deleted = redis.call('GET', KEYS[3])
 if deleted and tonumber(deleted) >= tonumber(ARGV[6]) then return 0 end
 local old = redis.call('GET', KEYS[1])
 if old then
-  local last = tonumber(string.match(old, '"last_used": ([%d%.eE%+%-]+)'))
+  local last = tonumber(string.match(old, '"last_used":%s*([%d%.eE%+%-]+)'))
   if last and last > tonumber(ARGV[2]) then return 0 end
 end
 redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[3])
 redis.call('ZADD', KEYS[2], ARGV[5], ARGV[4])
+if ARGV[7] ~= '' then redis.call('SET', KEYS[4], ARGV[7], 'EX', ARGV[3]) else redis.call('DEL', KEYS[4]) end
 return 1
 """
 
 
-def save(client: redis.Redis, record: SessionRecord, ttl_s: int, began: float | None = None) -> bool:
-    """Store the record under its tenant; False when a newer turn's record is already there, or
-    the session was deleted after this turn began (`began`, default: record.last_used)."""
+def save(
+    client: redis.Redis,
+    record: SessionRecord,
+    ttl_s: int,
+    began: float | None = None,
+    tokens: SessionTokens | None = None,
+) -> bool:
+    """Store the record under its tenant, with the turn's exact tokens (same fate: written together
+    or not at all); False when a newer turn's record is already there, or the session was deleted
+    after this turn began (`began`, default: record.last_used)."""
     member = keys.session_member(record.tenant, record.session_id)
     saved = client.eval(
         _SAVE,
-        3,
+        4,
         keys.session(record.tenant, record.session_id),
         keys.SESSION_EXPIRY,
         keys.session_deleted(record.tenant, record.session_id),
-        json.dumps(to_wire(record)),
+        keys.session_tokens(record.tenant, record.session_id),
+        codec.encode(record),
         repr(record.last_used),
         ttl_s + SWEEP_GRACE_S,
         member,
         repr(time.time() + ttl_s),
         repr(record.last_used if began is None else began),
+        session_tokens.encode(tokens) if tokens is not None else b"",
     )
     return bool(saved)
 
@@ -76,10 +87,21 @@ def load(client: redis.Redis, tenant: str, session_id: str) -> SessionRecord | N
     return record if record is not None and record.tenant == tenant else None
 
 
+def load_tokens(client: redis.Redis, tenant: str, session_id: str) -> SessionTokens | None:
+    """The live session's exact tokens (one round trip); None when unknown, expired or deleted."""
+    pipe = client.pipeline(transaction=False)
+    pipe.zscore(keys.SESSION_EXPIRY, keys.session_member(tenant, session_id))
+    pipe.get(keys.session_tokens(tenant, session_id))
+    expiry, raw = pipe.execute()
+    if expiry is None or float(expiry) <= time.time() or raw is None:
+        return None
+    return session_tokens.decode(raw)
+
+
 def decode(raw: bytes | str) -> SessionRecord | None:
     try:
-        return from_wire(SessionRecord, json.loads(raw))
-    except (ValueError, CodecError):
+        return codec.decode(raw, SessionRecord)
+    except codec.CodecError:
         return None  # unreadable: treated as no session (the turn is computed, nothing is lost)
 
 
@@ -92,6 +114,7 @@ def delete(client: redis.Redis, tenant: str, session_id: str) -> bool:
     pipe = client.pipeline(transaction=True)
     pipe.set(key, value, ex=ttl)
     pipe.zadd(keys.SESSION_EXPIRY, {keys.session_member(tenant, session_id): 0}, xx=True)
+    pipe.delete(keys.session_tokens(tenant, session_id))
     pipe.execute()
     return True
 
@@ -109,6 +132,6 @@ def claim_expired(client: redis.Redis, now: float | None = None) -> list[tuple[s
             tenant, session_id = keys.parse_session_member(member)
         except ValueError:
             continue  # not ours (an entry of an older format): nothing of it can be found
-        client.delete(keys.session(tenant, session_id))
+        client.delete(keys.session(tenant, session_id), keys.session_tokens(tenant, session_id))
         claimed.append((tenant, session_id))
     return claimed

@@ -2,27 +2,24 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import redis
 
 from broker import keys
-from broker.codec import CodecError, from_wire, to_wire
+from broker.codec import CodecError, decode, encode
 from broker.messages import WorkerStatus
 
 HEARTBEAT_FIELD = "status"
 
 
-def encode_status(status: WorkerStatus) -> str:
-    return json.dumps(to_wire(status))
+def encode_status(status: WorkerStatus) -> bytes:
+    return encode(status)
 
 
 def decode_status(raw: bytes | str) -> WorkerStatus:
-    try:
-        return from_wire(WorkerStatus, json.loads(raw))
-    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError
-        raise CodecError(f"heartbeat is not JSON: {exc}") from exc
+    """Raises CodecError for anything but a WorkerStatus (bytes that are not JSON included)."""
+    return decode(raw, WorkerStatus)
 
 
 def live_workers(client: redis.Redis) -> list[WorkerStatus]:

@@ -3,9 +3,5 @@
 from __future__ import annotations
 
 
-class KVStoreError(Exception):
-    """Base class for kvstore errors."""
-
-
 class PoolIntegrityError(RuntimeError):
     """A block pool invariant is broken: a bookkeeping bug, never a user error."""

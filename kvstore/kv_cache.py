@@ -4,7 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
+
+from kvstore.kv_quant import bytes_view
+from kvstore.stored_block import KVBytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +51,7 @@ class KVCache:
         self.layout = layout
         self.num_blocks = num_blocks
         self.num_slots = num_blocks * layout.block_size
+        self._pinned: torch.Tensor | None = None  # write_block's staging buffer, GPU pools only
         self.tensor = torch.zeros(
             layout.num_layers,
             2,
@@ -82,16 +87,38 @@ class KVCache:
         bs = self.layout.block_size
         return self.tensor[:, :, block_id * bs : (block_id + 1) * bs]  # [layers, 2, bs, kv_heads, head_dim]
 
+    def by_block(self) -> torch.Tensor:
+        """The pool as [blocks, layers, 2, block_size, kv_heads, head_dim]: a view (no copy), so
+        that by_block()[b] is block b, with read_block(b)'s layout once made contiguous."""
+        L, _, _, heads, dim = self.tensor.shape
+        shape = (L, 2, self.num_blocks, self.layout.block_size, heads, dim)
+        return self.tensor.view(shape).permute(2, 0, 1, 3, 4, 5)
+
     def read_block(self, block_id: int) -> bytes:
         """A copy of one block's K and V as raw bytes (layout of `_block_view`, native dtype)."""
         view = self._block_view(block_id).contiguous()
         return bytes(view.view(torch.uint8).cpu().numpy().tobytes())
 
-    def write_block(self, block_id: int, data: bytes) -> None:
-        """Overwrite one block's K and V from bytes made by read_block (any worker, same layout)."""
+    def write_block(self, block_id: int, data: KVBytes) -> None:
+        """Overwrite one block's K and V from bytes made by read_block (any worker, same layout).
+
+        ``data`` may be a read-only view into a received Redis pack: it is read in place, one copy
+        into the pool (through a staging buffer in pinned host memory when the pool is on a GPU)."""
         target = self._block_view(block_id)
-        raw = torch.frombuffer(bytearray(data), dtype=torch.uint8)
         expected = target.numel() * target.element_size()
-        if raw.numel() != expected:
-            raise ValueError(f"block bytes: got {raw.numel()}, expected {expected}")
-        target.copy_(raw.view(self.layout.dtype).view(target.shape).to(target.device))
+        if len(data) != expected:
+            raise ValueError(f"block bytes: got {len(data)}, expected {expected}")
+        if target.device.type == "cpu":
+            # numpy, not torch's copy_: an intra-op thread team on busy cores copies at a tenth of
+            # the speed (measured 0.06-0.6 GB/s vs 5 GB/s on 2 shared cores)
+            dst = target.view(torch.uint8).numpy()  # [layers, 2, bs, kv_heads, head_dim * elem], strided
+            np.copyto(dst, np.frombuffer(data, dtype=np.uint8).reshape(dst.shape))
+            return
+        staged = self._staging(expected).copy_(bytes_view(data))
+        target.copy_(staged.view(self.layout.dtype).view(target.shape), non_blocking=True)
+        torch.cuda.current_stream(target.device).synchronize()  # the staging buffer is reused next
+
+    def _staging(self, nbytes: int) -> torch.Tensor:
+        if self._pinned is None or self._pinned.numel() != nbytes:
+            self._pinned = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+        return self._pinned

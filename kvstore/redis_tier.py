@@ -19,11 +19,11 @@ reads as empty.
 
 from __future__ import annotations
 
-import itertools
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Generator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar, cast
 
 import redis
@@ -31,6 +31,7 @@ import redis
 from kvstore import tier_pins, tier_scripts
 from kvstore.block_codec import decode_pack, encode_pack
 from kvstore.block_hash import BlockHash
+from kvstore.kv_quant import TierDtype, check_tier_dtype, encoded_nbytes
 from kvstore.stored_block import KVFormat, StoredBlock
 from kvstore.tier_integrity import TierIntegrityError, check_integrity
 from kvstore.tier_keys import HASH_LEN, TIER_REGISTRY, PinOwner, TierKeys
@@ -42,7 +43,9 @@ __all__ = ["HASH_LEN", "PinChange", "RedisTier", "TierIntegrityError", "TierKeys
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 PACK_TTL_S = 30 * 86400  # what makes packs (and only packs) evictable under volatile-lru
-_MAX_MGET_BYTES = 8 * 1024**2  # per MGET: one huge reply would hold Redis (and the job queue) longer
+# Per MGET: one huge reply would hold Redis (and the job queue) longer, and the read path decodes
+# one MGET's packs while the next is on the wire (measured: 4 MB overlaps best at 2-block packs).
+_MAX_MGET_BYTES = 4 * 1024**2
 _LOCAL_COUNTERS = (
     "blocks_written",
     "bytes_written",
@@ -64,13 +67,18 @@ class RedisTier:
         blocks_per_pack: int | None = None,
         target_pack_bytes: int = 2 * 1024**2,
         tenant_quota_bytes: int = 0,
+        tier_dtype: str = "exact",
     ) -> None:
+        """``tier_dtype``: how blocks are stored here (kvstore/kv_quant.py): "exact" (the pool's
+        bytes) or a lossy, smaller "int8" | "fp16" | "bf16", each a namespace of its own."""
         if client.connection_pool.connection_kwargs.get("decode_responses"):
             raise ValueError("RedisTier needs a client with decode_responses=False: packs are binary")
         if capacity_bytes < 0 or tenant_quota_bytes < 0:
             raise ValueError(f"capacity {capacity_bytes} and quota {tenant_quota_bytes} must be >= 0")
+        self.tier_dtype: TierDtype = check_tier_dtype(tier_dtype)
+        self.stored_block_bytes = encoded_nbytes(fmt, self.tier_dtype)  # one block, as stored
         if blocks_per_pack is None:
-            blocks_per_pack = max(1, target_pack_bytes // fmt.nbytes)
+            blocks_per_pack = max(1, target_pack_bytes // self.stored_block_bytes)
         if blocks_per_pack < 1:
             raise ValueError(f"blocks_per_pack must be >= 1, got {blocks_per_pack}")
         self.client = client
@@ -78,10 +86,11 @@ class RedisTier:
         self.capacity_bytes = capacity_bytes
         self.tenant_quota_bytes = tenant_quota_bytes  # 0: no quota
         self.blocks_per_pack = blocks_per_pack
-        self.keys = TierKeys(fmt.model_fingerprint)
+        self.keys = TierKeys.for_tier(fmt.model_fingerprint, self.tier_dtype)
         self._repair_script = client.register_script(tier_scripts.script(tier_scripts.REPAIR))
         self._lock = threading.Lock()  # guards the counters: writer and task threads share a tier
         self._counts = dict.fromkeys(_LOCAL_COUNTERS, 0)
+        self._fetcher: ThreadPoolExecutor | None = None  # fetches the next MGET while one decodes
 
     def put(self, blocks: Sequence[StoredBlock]) -> int:
         """Write the blocks not yet indexed, consecutive ones packed together; returns blocks written.
@@ -105,7 +114,7 @@ class RedisTier:
         for i, group in enumerate(groups):
             members = [b.block_hash for b in group]
             keys.append(self.keys.pack(members))
-            pipe.set(keys[-1], encode_pack(self.fmt, group), nx=True, ex=PACK_TTL_S)
+            pipe.set(keys[-1], encode_pack(self.fmt, group, self.tier_dtype), nx=True, ex=PACK_TTL_S)
             # A sequence's later packs count as used earlier: its tail is evicted before its prefix.
             args += [b"".join(members), now - i * 1e-6]
         pipe.sadd(TIER_REGISTRY, self.keys.fingerprint)
@@ -136,7 +145,8 @@ class RedisTier:
         if not hashes:
             return []
         lead = _leading(self._locate(hashes))
-        values = self._fetch(list(dict.fromkeys(lead)))
+        stream = self._stream(list(dict.fromkeys(lead)))
+        bytes_read = 0
         opened: dict[bytes, dict[BlockHash, StoredBlock]] = {}  # pack key -> its valid blocks
         corrupt: list[bytes] = []
         missing: list[bytes] = []  # (hash, pack key): an index entry naming a pack that is gone
@@ -144,12 +154,14 @@ class RedisTier:
         run: list[StoredBlock] = []
         blocks_read = 0
         for i, pack_key in enumerate(lead):
-            data = values[pack_key]
-            if data is None:  # evicted since the index was read (by us or by Redis), or deleted
-                missing += [hashes[i], pack_key]
-                break
             if pack_key not in opened:
-                decoded = decode_pack(self.fmt, data)
+                streamed_key, data = next(stream)  # packs arrive in the order of their first use
+                assert streamed_key == pack_key
+                if data is None:  # evicted since the index was read (by us or by Redis), or deleted
+                    missing += [hashes[i], pack_key]
+                    break
+                bytes_read += len(data)
+                decoded = decode_pack(self.fmt, data, self.tier_dtype)
                 blocks_read += len(decoded.blocks) + decoded.dropped
                 opened[pack_key] = {b.block_hash: b for b in decoded.blocks}
                 if decoded.reason is not None:  # its valid blocks still serve this read
@@ -164,7 +176,7 @@ class RedisTier:
             run.append(block)
             if not used or used[-1] != pack_key:
                 used.append(pack_key)
-        bytes_read = sum(len(v) for v in values.values() if v is not None)
+        stream.close()
         self._touch(used, hits=len(run), misses=len(hashes) - len(run), bytes_read=bytes_read)
         if corrupt or missing:
             try:
@@ -223,7 +235,7 @@ class RedisTier:
 
     def check_integrity(self) -> None:
         """Raise TierIntegrityError if the keys disagree (tests, admin: it reads every pack's size)."""
-        check_integrity(self.client, self.keys, self.fmt.nbytes)
+        check_integrity(self.client, self.keys, self.stored_block_bytes)
 
     def _pin(
         self, owner: PinOwner, hashes: Sequence[BlockHash], replace: bool, version: float | None
@@ -233,7 +245,7 @@ class RedisTier:
             self.keys,
             owner,
             hashes,
-            block_bytes=self.fmt.nbytes,
+            block_bytes=self.stored_block_bytes,
             capacity_bytes=self.capacity_bytes,
             quota_bytes=self.tenant_quota_bytes,
             replace=replace,
@@ -278,16 +290,29 @@ class RedisTier:
         """The pack key of each block, None where the index has none (one round trip)."""
         return cast("list[bytes | None]", self.client.hmget(self.keys.index, list(hashes)))
 
-    def _fetch(self, pack_keys: list[bytes]) -> dict[bytes, bytes | None]:
-        """Every pack in one round trip, split into MGETs of a few MB so none holds Redis long."""
-        if not pack_keys:
-            return {}
-        per_call = max(1, _MAX_MGET_BYTES // (self.blocks_per_pack * self.fmt.nbytes))
-        pipe = self.client.pipeline(transaction=False)
-        for chunk in _batched(pack_keys, per_call):
-            pipe.mget(chunk)
-        values = list(itertools.chain.from_iterable(pipe.execute()))
-        return dict(zip(pack_keys, values, strict=True))
+    def _stream(self, pack_keys: list[bytes]) -> Generator[tuple[bytes, bytes | None]]:
+        """(key, value or None) of every pack, in order: MGETs of a few MB, the next one fetched
+        on a helper thread while the caller decodes this one's packs (hiredis parses a reply, and
+        socket reads, checksums and copies release the GIL, so the two overlap on two cores)."""
+        per_call = max(1, _MAX_MGET_BYTES // (self.blocks_per_pack * self.stored_block_bytes))
+        chunks = _batched(pack_keys, per_call)
+        if len(chunks) <= 1:
+            values = self._mget(chunks[0]) if chunks else []
+            yield from zip(pack_keys, values, strict=True)
+            return
+        if self._fetcher is None:
+            with self._lock:
+                if self._fetcher is None:
+                    self._fetcher = ThreadPoolExecutor(1, thread_name_prefix="kv-tier-fetch")
+        ahead = self._fetcher.submit(self._mget, chunks[0])
+        for i, chunk in enumerate(chunks):
+            values = ahead.result()
+            if i + 1 < len(chunks):  # a run cut short leaves this one to finish unread
+                ahead = self._fetcher.submit(self._mget, chunks[i + 1])
+            yield from zip(chunk, values, strict=True)
+
+    def _mget(self, keys: Sequence[bytes]) -> list[bytes | None]:
+        return cast("list[bytes | None]", self.client.mget(keys))
 
     def _count(self, **deltas: int) -> None:
         with self._lock:

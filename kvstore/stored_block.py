@@ -12,6 +12,9 @@ if TYPE_CHECKING:
     from kvstore.kv_cache import KVLayout
 
 ELEMENT_SIZES = {"float32": 4, "float16": 2, "bfloat16": 2}
+# A block's KV bytes: bytes from the pool, or a read-only memoryview into a received Redis pack
+# (no copy on the read path). Anything with the buffer protocol and len() in bytes.
+KVBytes = bytes | memoryview
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,7 +24,7 @@ class KVFormat:
     model_fingerprint: str
     dtype: str  # "float32" | "float16" | "bfloat16"
     shape: tuple[int, ...]  # one block: (layers, 2, block_size, kv_heads, head_dim)
-    layout_version: int = 1
+    layout_version: int = 2  # of the pack format (kvstore/block_codec.py): 1 was one msgpack map
 
     def __post_init__(self) -> None:
         if not self.model_fingerprint:
@@ -53,4 +56,4 @@ class StoredBlock:
     block_hash: BlockHash
     parent_hash: BlockHash
     token_ids: tuple[int, ...]
-    kv: bytes  # exactly fmt.nbytes: tensor[:, :, b * bs : (b + 1) * bs] of the pool, contiguous
+    kv: KVBytes  # exactly fmt.nbytes: tensor[:, :, b * bs : (b + 1) * bs] of the pool, contiguous

@@ -59,11 +59,18 @@ class TierKeys:
     another's SCAN pattern (as "m:*" would match the keys of "m:x").
     """
 
-    fingerprint: str
+    fingerprint: str  # the tier's id: the model fingerprint, plus ":<tier dtype>" for a lossy tier
 
     def __post_init__(self) -> None:
         if not self.fingerprint or _UNSAFE_FINGERPRINT_CHARS & set(self.fingerprint):
             raise ValueError(f"model fingerprint {self.fingerprint!r} is empty or has braces, globs, spaces")
+
+    @classmethod
+    def for_tier(cls, model_fingerprint: str, tier_dtype: str = "exact") -> TierKeys:
+        """The keys of one model's tier in one stored dtype. A lossy tier (int8, fp16, bf16) is a
+        namespace of its own, so an exact worker never reads its packs, nor it an exact one's; it
+        is registered (TIER_REGISTRY) under its own id, so pin releases and reports reach it too."""
+        return cls(model_fingerprint if tier_dtype == "exact" else f"{model_fingerprint}:{tier_dtype}")
 
     @property
     def prefix(self) -> str:

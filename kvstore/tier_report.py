@@ -17,7 +17,16 @@ from broker import keys
 from kvstore import tier_pins
 from kvstore.tier_keys import TierKeys
 
-COUNTERS = ("hits", "misses", "bytes_read", "bytes_written", "blocks_written", "packs_evicted")
+# writes_dropped: raised by the workers' writers (workers/kv_writer.py), not by the tier itself
+COUNTERS = (
+    "hits",
+    "misses",
+    "bytes_read",
+    "bytes_written",
+    "blocks_written",
+    "packs_evicted",
+    "writes_dropped",
+)
 
 
 def read_report(
@@ -27,7 +36,8 @@ def read_report(
     now: float | None = None,
 ) -> dict[str, Any]:
     """Totals over every model's tier in the KV Redis (or only ``fingerprint``'s):
-    hits, misses (blocks), bytes_read, bytes_written, blocks_written, packs_evicted, bytes_stored,
+    hits, misses (blocks), bytes_read, bytes_written, blocks_written, packs_evicted, writes_dropped,
+    bytes_stored,
     packs, pinned_bytes_by_tenant, pinned_sessions, orphan_pins, pending_pins, and per model
     ``models: {fingerprint: {bytes_stored, packs}}``."""
     now = time.time() if now is None else now

@@ -1,7 +1,9 @@
 """`kvferry bench engine`: our engine and HF transformers side by side, in one run, on one model.
 
 Parts: TTFT of a 1,024-token prompt with 1,008 tokens cached vs cold; decode throughput at 1, 8,
-32 concurrent requests vs HF `generate` batched and vs sequential single requests; peak pool
+32 concurrent requests vs HF `generate` batched and vs sequential single requests; decode alone
+(no prefill in it) at 16 concurrent, tok/s and TPOT, vs HF `generate` on equal-length prompts (its
+best case: no left padding); peak pool
 bytes for sessions that share a system prompt, with sharing vs without.
 """
 
@@ -109,6 +111,46 @@ def bench_throughput(
     return out
 
 
+def _decode_only(engine: LLMEngine, prompts: list[list[int]], new_tokens: int) -> float:
+    """Seconds of the steps after every request's first token: decode alone, no prefill in it."""
+    params = SamplingParams(max_tokens=new_tokens, ignore_eos=True)
+    for i, p in enumerate(prompts):
+        engine.add_request(f"decode-{i}", p, params)
+    while any(not s.output_token_ids for s in engine.scheduler.running) or engine.scheduler.waiting:
+        engine.step()
+    started = time.perf_counter()
+    while engine.has_unfinished():
+        engine.step()
+    return time.perf_counter() - started
+
+
+def bench_decode(
+    engine: LLMEngine, ref: Any, vocab: int, batch: int, prompt_len: int, new_tokens: int
+) -> dict[str, Any]:
+    """Decode throughput without prefill, ours vs HF generate at its best case: equal-length
+    prompts (no left padding), its decode time being generate(new_tokens) - generate(1)."""
+    rng = torch.Generator().manual_seed(4)
+    prompts = [_prompt(rng, prompt_len, vocab) for _ in range(batch)]
+    ref.generation_config.eos_token_id = None
+    engine.pool.reset_prefix_cache()
+    ours_s = _decode_only(engine, prompts, new_tokens)
+    hf_full = _hf_generate(ref, prompts, new_tokens, 0)
+    hf_decode_s = max(hf_full - _hf_generate(ref, prompts, 1, 0), 1e-9)
+    steps = new_tokens - 1
+    out = {
+        f"decode_only_tok_s_{batch}": batch * steps / ours_s,
+        f"decode_tpot_ms_{batch}": 1e3 * ours_s / steps,
+        f"hf_equal_len_decode_tok_s_{batch}": batch * steps / hf_decode_s,
+        f"hf_equal_len_tpot_ms_{batch}": 1e3 * hf_decode_s / steps,
+        f"hf_equal_len_tok_s_{batch}": batch * new_tokens / hf_full,
+        "decode_prompt_len": prompt_len,
+    }
+    out[f"decode_ratio_vs_hf_equal_len_{batch}"] = (
+        out[f"decode_only_tok_s_{batch}"] / out[f"hf_equal_len_decode_tok_s_{batch}"]
+    )
+    return out
+
+
 def _peak_pool_bytes(
     settings: Settings, loaded: LoadedModel, prompts: list[list[int]], sharing: bool
 ) -> dict[str, Any]:
@@ -196,6 +238,24 @@ def run_engine_bench(settings: Settings, quick: bool = False, skip: set[str] | N
             engine, ref, vocab, new_tokens=16 if quick else 64, sequential=4 if quick else 32
         )
         results.update(t)
+        d = bench_decode(engine, ref, vocab, batch=16, prompt_len=128, new_tokens=16 if quick else 64)
+        results.update(d)
+        rows.append(
+            (
+                "decode-only tok/s at 16 (128-tok prompts) vs HF equal-length",
+                f"{d['decode_only_tok_s_16']:.1f}",
+                f"{d['hf_equal_len_decode_tok_s_16']:.1f}",
+                f"{d['decode_ratio_vs_hf_equal_len_16']:.2f}",
+            )
+        )
+        rows.append(
+            (
+                "decode TPOT at 16, ours vs HF equal-length (ms)",
+                f"{d['decode_tpot_ms_16']:.1f}",
+                f"{d['hf_equal_len_tpot_ms_16']:.1f}",
+                f"{d['decode_tpot_ms_16'] / d['hf_equal_len_tpot_ms_16']:.2f}",
+            )
+        )
         for n in (1, 8, 32):
             rows.append(
                 (

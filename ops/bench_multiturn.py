@@ -1,6 +1,7 @@
 """Multi-turn workload through the whole stack (2 workers): sessions sharing system prompts, each
-turn resending the history; prefix hit rate and TTFT per routing/tier set-up (part of `kvferry
-bench tiers`)."""
+turn resending the history (the replies as the client got them); prefix hit rate and TTFT per
+routing/tier set-up (part of `kvferry bench tiers`). A turn's new messages can never hit, so the
+hit rate has a ceiling below 1: `hit_rate_ceiling_after_first_turn` says where it lies."""
 
 from __future__ import annotations
 
@@ -68,10 +69,12 @@ async def _session(
         messages.append({"role": "assistant", "content": "".join(text)})
         rows.append(
             {
+                "sid": sid,
                 "turn": turn,
                 "ttft_s": ttft,
                 "prompt": usage.get("prompt_tokens", 0),
                 "cached": (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0),
+                "completion": usage.get("completion_tokens", 0),
                 "sources": usage.get("kv_sources", {}),
             }
         )
@@ -119,6 +122,10 @@ def workload(
         asyncio.run(run())
         wall = time.perf_counter() - started
     later = [r for r in rows if r["turn"] > 0]
+    # What no cache can serve after the first turn: the turn's new messages (its prompt less the
+    # last turn's prompt and output) and the last output token, which no step ever computed.
+    ends = {(r["sid"], r["turn"]): r["prompt"] + r["completion"] for r in rows}
+    novel = sum(r["prompt"] - ends.get((r["sid"], r["turn"] - 1), 0) + 1 for r in later)
     ttfts = sorted(r["ttft_s"] for r in rows if r["ttft_s"] == r["ttft_s"])
     return {
         "routing": routing,
@@ -128,6 +135,8 @@ def workload(
         "hit_rate": sum(r["cached"] for r in rows) / max(1, sum(r["prompt"] for r in rows)),
         "hit_rate_after_first_turn": sum(r["cached"] for r in later)
         / max(1, sum(r["prompt"] for r in later)),
+        # The best any cache could do on those turns (every earlier token reused).
+        "hit_rate_ceiling_after_first_turn": 1 - novel / max(1, sum(r["prompt"] for r in later)),
         "ttft_p50_s": ttfts[len(ttfts) // 2] if ttfts else float("nan"),
         "ttft_mean_s": statistics.fmean(ttfts) if ttfts else float("nan"),
         "redis_tokens": sum(r["sources"].get("redis", 0) for r in rows),

@@ -1,7 +1,8 @@
 """`kvferry bench queue`: what the queue costs and what a second worker buys, in one run.
 
 1. Overhead: a 1-token job through HTTP -> Redis queue -> worker engine -> result, against the
-   same call made on an engine in this process; p50/p99 of both and their difference.
+   same call made on an engine in this process (the two alternate); p50/p99 of both, their
+   difference, and where the queued job's milliseconds go, stage by stage (ops/queue_stages.py).
 2. Scaling: the same burst of streaming chat requests through the API with one worker, then two
    (one torch thread each); output tokens per second, and the ratio.
 """
@@ -17,20 +18,20 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import redis
 
+from api.stage_clock import REQUEST_HEADER
 from broker.sampling import SamplingParams
+from ops import queue_stages
 from ops.bench_serve import run_load, summarize
+from ops.queue_stages import pct
 from ops.redis_server import free_port
 from ops.settings import Settings
 from ops.stack import Stack
 from workers.engine.llm_engine import LLMEngine
 
 PROMPT = "The capital of France is"
-
-
-def _pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+WARMUP = 5
 
 
 def _stack(settings: Settings, workers: int, run_dir: Path) -> Stack:
@@ -39,41 +40,52 @@ def _stack(settings: Settings, workers: int, run_dir: Path) -> Stack:
 
 def bench_overhead(settings: Settings, requests: int, run_dir: Path) -> dict[str, Any]:
     # One torch thread on both sides: the worker then leaves a core to the api and Redis, as a
-    # deployment would give them their own; the direct call gets the same compute.
+    # deployment would give them their own; the direct call gets the same compute. Direct and
+    # queued calls alternate, so both see the same load from whatever else runs on the machine.
     settings = settings.with_overrides(torch_threads=1)
     engine = LLMEngine(settings.engine_config(), cache_dir=settings.cache_dir)
     ids = engine.tokenizer(PROMPT)["input_ids"]
     params = SamplingParams(max_tokens=1, temperature=0.0)
-    direct = []
-    for i in range(requests + 5):
-        started = time.perf_counter()
-        engine.generate([ids], params)
-        if i >= 5:
-            direct.append(time.perf_counter() - started)
-    del engine
-    queued = []
+    direct: list[float] = []
+    queued: list[float] = []
+    runs: list[dict[str, float]] = []
     with _stack(settings, 1, run_dir) as stack:
         stack.wait_ready()
         body = {"model": settings.served_model, "prompt": PROMPT, "max_tokens": 1, "temperature": 0}
+        asks = {REQUEST_HEADER: "1"}
+        rds = redis.Redis.from_url(stack.settings.redis_url)
         with httpx.Client(base_url=stack.api_url, timeout=60) as client:
-            for i in range(requests + 5):
+            for i in range(requests + WARMUP):
                 started = time.perf_counter()
-                response = client.post("/v1/completions", json=body)
+                engine.generate([ids], params)
+                took_direct = time.perf_counter() - started
+                sent, started = time.time(), time.perf_counter()
+                response = client.post("/v1/completions", json=body, headers=asks)
+                took_queued, received = time.perf_counter() - started, time.time()
                 response.raise_for_status()
-                if i >= 5:
-                    queued.append(time.perf_counter() - started)
+                if i >= WARMUP:
+                    direct.append(took_direct)
+                    queued.append(took_queued)
+                    runs.append(queue_stages.stamps(response, rds, sent, received))
+        rds.close()
+    del engine
     ms = 1000.0
-    out = {
+    out: dict[str, Any] = {
         "requests": requests,
-        "direct_p50_ms": _pct(direct, 0.5) * ms,
-        "direct_p99_ms": _pct(direct, 0.99) * ms,
-        "queued_p50_ms": _pct(queued, 0.5) * ms,
-        "queued_p99_ms": _pct(queued, 0.99) * ms,
+        "direct_p50_ms": pct(direct, 50) * ms,
+        "direct_p99_ms": pct(direct, 99) * ms,
+        "queued_p50_ms": pct(queued, 50) * ms,
+        "queued_p99_ms": pct(queued, 99) * ms,
         "direct_mean_ms": statistics.fmean(direct) * ms,
         "queued_mean_ms": statistics.fmean(queued) * ms,
     }
     out["queue_overhead_p50_ms"] = out["queued_p50_ms"] - out["direct_p50_ms"]
     out["queue_overhead_p99_ms"] = out["queued_p99_ms"] - out["direct_p99_ms"]
+    # the same difference taken pair by pair: less noisy than a difference of percentiles
+    paired = [(q - d) * ms for q, d in zip(queued, direct, strict=True)]
+    out["paired_overhead_p50_ms"] = pct(paired, 50)
+    out["paired_overhead_p99_ms"] = pct(paired, 99)
+    out["stages"] = queue_stages.summarize(runs)
     return out
 
 
@@ -141,4 +153,7 @@ def run_queue_bench(settings: Settings, quick: bool, skip: set[str]) -> dict[str
             )
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
     print("\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows), flush=True)
+    if "stages" in results:
+        print("\nwhere a queued 1-token job's time goes (1 worker):", flush=True)
+        print(queue_stages.table(results["stages"]), flush=True)
     return results

@@ -4,13 +4,17 @@ against recomputing them, at several history lengths (part of `kvferry bench tie
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import redis
 import torch
 
 from broker.sampling import SamplingParams
+from kvstore import block_codec
+from kvstore.block_hash import hash_blocks, root_hash
+from kvstore.kv_cache import KVCache
 from kvstore.redis_tier import RedisTier
 from ops.redis_server import RedisServer
 from ops.settings import Settings
@@ -33,23 +37,71 @@ def _ttft(engine: LLMEngine, prompt: list[int]) -> float:
     return time.perf_counter() - started
 
 
+def _timed_writes(engine: LLMEngine) -> list[float]:
+    """Seconds the engine spends copying loaded blocks into its pool (Redis -> pool's last stage)."""
+    spent = [0.0]
+    inner: Callable[[int, Any], None] = engine.kv_cache.write_block
+
+    def write_block(block_id: int, data: Any) -> None:
+        started = time.perf_counter()
+        inner(block_id, data)
+        spent[0] += time.perf_counter() - started
+
+    engine.kv_cache.write_block = write_block  # type: ignore[method-assign]
+    return spent
+
+
+def _stages(tier: RedisTier, hashes: list[bytes], pool: KVCache) -> dict[str, float]:
+    """MB/s of each stage of the read path, apart: network + parse (the MGETs), checksums, decode
+    (header, views, checksums, dequantising), the copy into the pool; and get_run as it overlaps them."""
+    keys = list(dict.fromkeys(cast("list[bytes]", tier.client.hmget(tier.keys.index, hashes))))
+    started = time.perf_counter()
+    values = [cast("bytes", v) for i in range(0, len(keys), 2) for v in tier._mget(keys[i : i + 2])]
+    net_s = time.perf_counter() - started
+    size = sum(len(v) for v in values)
+    started = time.perf_counter()
+    decoded = [block_codec.decode_pack(tier.fmt, v, tier.tier_dtype) for v in values]
+    decode_s = time.perf_counter() - started
+    started = time.perf_counter()
+    for v in values:
+        block_codec.block_checksum(b"", b"", b"", v)
+    checksum_s = time.perf_counter() - started
+    blocks = [b for d in decoded for b in d.blocks]
+    started = time.perf_counter()
+    for i, block in enumerate(blocks[: pool.num_blocks]):
+        pool.write_block(i, block.kv)
+    copy_s = time.perf_counter() - started
+    started = time.perf_counter()
+    tier.get_run(hashes)
+    run_s = time.perf_counter() - started
+    pool_bytes = len(blocks[: pool.num_blocks]) * tier.fmt.nbytes
+    return {
+        "network_parse_mb_s": size / net_s / 1e6,
+        "checksum_mb_s": size / checksum_s / 1e6,
+        "decode_mb_s": size / decode_s / 1e6,
+        "copy_to_pool_mb_s": pool_bytes / copy_s / 1e6,
+        "get_run_mb_s": len(blocks) * tier.fmt.nbytes / run_s / 1e6,
+    }
+
+
 def bench_resume(
-    settings: Settings, loaded: LoadedModel, lengths: list[int], run_dir: Path
+    settings: Settings, loaded: LoadedModel, lengths: list[int], run_dir: Path, tier_dtype: str = "exact"
 ) -> dict[str, Any]:
     config = settings.engine_config()
     vocab = int(loaded.model.config.vocab_size)
     rng = torch.Generator().manual_seed(5)
     rows = []
+    stages: dict[str, float] = {}
     with RedisServer(run_dir / "redis") as server:
         client = redis.Redis.from_url(server.url)
         for length in lengths:
             history = torch.randint(100, vocab, (length,), generator=rng).tolist()
             turn = history + torch.randint(100, vocab, (TAIL,), generator=rng).tolist()
             writer_engine = _engine(config, loaded)  # the worker that served the session so far
-            tier = RedisTier(client, writer_engine.kv_format, 8 * 1024**3)
+            tier = RedisTier(client, writer_engine.kv_format, 8 * 1024**3, tier_dtype=tier_dtype)
             writer = KVWriter(tier)
             assert writer_engine.tiers is not None
-            writer_engine.tiers.cold_sink = writer.enqueue
+            writer_engine.tiers.attach(writer)
             writer_engine.generate([[*history, history[-1]]], SamplingParams(max_tokens=1, ignore_eos=True))
             writer.flush(120)
             writer.stop()
@@ -57,11 +109,19 @@ def bench_resume(
 
             fresh = _engine(config, loaded)  # another worker: nothing of this session local
             _ttft(fresh, [7, 8, 9])  # first-forward warm-up, outside the timing
+            writes = _timed_writes(fresh)
             started = time.perf_counter()
             fetched = prefetch(fresh, tier, turn, "")
             fetch_s = time.perf_counter() - started
             out_ttft = _ttft(fresh, turn)
             loaded_s = fetch_s + out_ttft
+            # end to end, Redis -> pool tensor: the prefetch (MGETs, checksums, decode, into the
+            # warm tier) and the engine's copies of those blocks into its pool
+            fetch_mb_s = fetched * fresh.kv_format.nbytes / (fetch_s + writes[0]) / 1e6 if fetched else 0.0
+            if length == max(lengths):
+                bs = fresh.pool.block_size
+                hashes = hash_blocks(turn[: fetched * bs], bs, (), parent=root_hash((loaded.fingerprint, "")))
+                stages = _stages(tier, hashes, KVCache(fresh.layout, max(1, fetched), "cpu"))
             del fresh
 
             cold = _engine(config, loaded)
@@ -74,6 +134,8 @@ def bench_resume(
                     "history_tokens": length,
                     "blocks_fetched": fetched,
                     "fetch_s": fetch_s,
+                    "pool_write_s": writes[0],
+                    "fetch_mb_s": fetch_mb_s,
                     "prefill_after_fetch_s": out_ttft,
                     "resume_from_redis_s": loaded_s,
                     "recompute_s": recompute_s,
@@ -81,14 +143,20 @@ def bench_resume(
                 }
             )
             print(
-                f"  resume {length:>5} tokens: redis {loaded_s * 1000:7.1f} ms (fetch {fetch_s * 1000:6.1f}) "
+                f"  resume {length:>5} tokens: redis {loaded_s * 1000:7.1f} ms (fetch {fetch_s * 1000:6.1f}, "
+                f"{fetch_mb_s:5.0f} MB/s) "
                 f"vs recompute {recompute_s * 1000:7.1f} ms -> {loaded_s / recompute_s:.2f}",
                 flush=True,
             )
     paying = [r["history_tokens"] for r in rows if r["ratio"] < 1.0]
     longest = max(rows, key=lambda r: r["history_tokens"])
+    print("  read path stages (MB/s): " + ", ".join(f"{k} {v:.0f}" for k, v in stages.items()), flush=True)
+    ref = next((r for r in rows if r["history_tokens"] == 2048), longest)
     return {
         "rows": rows,
+        "tier_dtype": tier_dtype,
+        "fetch_mb_s": ref["fetch_mb_s"],
+        "stages_mb_s": stages,
         "resume_ratio_2048": next(
             (r["ratio"] for r in rows if r["history_tokens"] == 2048), longest["ratio"]
         ),

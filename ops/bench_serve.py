@@ -50,11 +50,11 @@ class RequestRecord:
     error: str
 
 
-def _percentile(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+def _percentile(values: list[float], pct: int) -> float:
+    """The pct-th percentile, interpolated between samples (never past the largest)."""
+    if len(values) < 2:  # statistics.quantiles needs two points
+        return values[0] if values else float("nan")
+    return statistics.quantiles(values, n=100, method="inclusive")[pct - 1]
 
 
 async def _one(
@@ -160,10 +160,10 @@ def summarize(records: list[RequestRecord], wall_s: float) -> dict[str, Any]:
         "wall_s": wall_s,
         "requests_per_s": len(ok) / wall_s if wall_s else 0.0,
         "output_tokens_per_s": completion / wall_s if wall_s else 0.0,
-        "ttft_p50_s": _percentile(ttfts, 0.5),
-        "ttft_p99_s": _percentile(ttfts, 0.99),
-        "latency_p50_s": _percentile([r.latency_s for r in ok], 0.5),
-        "latency_p99_s": _percentile([r.latency_s for r in ok], 0.99),
+        "ttft_p50_s": _percentile(ttfts, 50),
+        "ttft_p99_s": _percentile(ttfts, 99),
+        "latency_p50_s": _percentile([r.latency_s for r in ok], 50),
+        "latency_p99_s": _percentile([r.latency_s for r in ok], 99),
         "prefix_hit_rate": cached / prompt if prompt else 0.0,
         "mean_ttft_s": statistics.fmean(ttfts) if ttfts else float("nan"),
         "workers": sorted({r.worker for r in ok if r.worker}),

@@ -5,7 +5,7 @@
    stops paying (below some length, recomputing is cheaper than the round trips).
 2. Multi-turn workload through the whole stack (2 workers): sessions sharing system prompts, each
    turn resending the history. Prefix hit rate and p50 TTFT with cache-aware routing, with
-   round-robin routing, and with round-robin and no Redis tier.
+   round-robin routing, and both again without the Redis tier.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from ops.bench_api_ttft import bench_api_ttft
 from ops.bench_multiturn import workload
 from ops.bench_resume import bench_resume
 from ops.settings import Settings
@@ -29,18 +30,25 @@ def run_tier_bench(settings: Settings, quick: bool, skip: set[str]) -> dict[str,
             lengths = [64, 256, 1024] if quick else [16, 32, 64, 128, 256, 512, 1024, 2048]
             results["resume"] = bench_resume(settings, loaded, lengths, run_dir / "resume")
             results["resume_ratio_2048"] = results["resume"]["resume_ratio_2048"]
+            results["fetch_mb_s"] = results["resume"]["fetch_mb_s"]
             del loaded
         if "workload" not in skip:
             sessions, turns = (16, 4) if quick else (64, 6)
             configs = [
-                ("cache-aware", settings.redis_cache_size),
-                ("round-robin", settings.redis_cache_size),
+                ("cache-aware", str(settings.redis_cache_size)),
+                ("round-robin", str(settings.redis_cache_size)),
+                ("cache-aware", "0"),  # routing's own value, without the Redis tier
                 ("round-robin", "0"),
             ]
             results["workload"] = [
                 workload(settings, routing, cache, sessions, turns, 16, run_dir / f"w{i}")
                 for i, (routing, cache) in enumerate(configs)
             ]
+            results["hit_rate"] = results["workload"][0]["hit_rate"]  # cache-aware, Redis tier
+        if "api" not in skip:  # a cached prompt through the API right after a long turn
+            results["api_ttft"] = bench_api_ttft(settings, run_dir / "api", reps=1 if quick else 3)
+            for key in ("api_cached_ttft_ratio", "api_vs_engine_cached"):
+                results[key] = results["api_ttft"][key]
     rows = [("measure", "value")]
     if "resume" in results:
         r = results["resume"]
@@ -48,12 +56,22 @@ def run_tier_bench(settings: Settings, quick: bool, skip: set[str]) -> dict[str,
             ("resume 2,048-token session: Redis vs recompute (time ratio)", f"{r['resume_ratio_2048']:.3f}")
         )
         rows.append(("loading pays from (history tokens)", str(r["loading_pays_from_tokens"])))
+        rows.append(("resume 2,048-token fetch, Redis -> pool (MB/s)", f"{r['fetch_mb_s']:.0f}"))
     for w in results.get("workload", []):
         label = f"{w['routing']}{'' if w['redis_tier'] else ', no Redis tier'}"
         rows.append(
             (
                 f"workload hit rate / p50 TTFT ({label})",
                 f"{w['hit_rate']:.1%} / {w['ttft_p50_s'] * 1000:.0f} ms",
+            )
+        )
+    if "api_ttft" in results:
+        t = results["api_ttft"]
+        rows.append(
+            (
+                "API cached / cold TTFT after a long turn (vs engine cached)",
+                f"{t['api_cached_ttft_ratio']:.3f} ({t['api_cached_ttft_s'] * 1000:.0f} / "
+                f"{t['api_cold_ttft_s'] * 1000:.0f} ms; {t['api_vs_engine_cached']:.2f}x engine)",
             )
         )
     width = max(len(a) for a, _ in rows)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -68,11 +69,8 @@ def check_job(record: JobRecord, reference: JobRecord | None) -> JobCheck:
     return JobCheck(record.key, record.job_id, completed, not why, dup, missing, why)
 
 
-def _percentile(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 3)
+def _median(values: list[float]) -> float | None:
+    return round(statistics.median(values), 3) if values else None
 
 
 def redeliveries(records: Iterable[JobRecord], faults: FaultLog) -> list[dict[str, Any]]:
@@ -147,10 +145,10 @@ def report(
         "kills": len(faults.kills),
         "redis_restarts": len(faults.redis_restarts),
         "jobs_hit_by_kills": len(redelivered),
-        "redelivery_p50_s": _percentile(delays, 0.5),
+        "redelivery_p50_s": _median(delays),
         "redelivery_max_s": round(max(delays), 3) if delays else None,
         "recomputed_tokens": sum(known) if known else None,
-        "worker_restart_p50_s": _percentile(back, 0.5),
+        "worker_restart_p50_s": _median(back),
         "unexpected_exits": faults.unexpected_exits,
         "notes": faults.notes,
         "faults": faults.events,

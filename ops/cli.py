@@ -9,9 +9,18 @@ import click
 from ops.chaos_command import chaos_cmd
 from ops.commands_engine import bench, run_batch_cmd
 from ops.commands_service import api_cmd, ping_cmd, preload_cmd, serve_cmd, stats_cmd, submit_cmd, worker_cmd
+from ops.settings import SettingsError
 
 
-@click.group()
+class _Group(click.Group):
+    def invoke(self, ctx: click.Context) -> object:
+        try:
+            return super().invoke(ctx)
+        except SettingsError as exc:  # a bad KVFERRY_* value or flag: one line, not a traceback
+            raise click.ClickException(str(exc)) from exc
+
+
+@click.group(cls=_Group)
 def main() -> None:
     """kvferry: LLM jobs through a durable queue, over a shared, paged KV cache."""
 

@@ -8,6 +8,7 @@ from typing import Any
 
 import click
 
+from broker.defaults import DEFAULTS
 from ops.settings import Settings
 
 
@@ -17,14 +18,41 @@ def engine_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--model", help="'smollm2', a local HF model directory, or a .gguf file"),
         click.option("--served-model-name", help="the model name requests use (default: --model)"),
         click.option("--cache-size", help="KV pool byte budget, e.g. 512M, 2G"),
-        click.option("--block-size", type=int, help="tokens per KV block (default 16)"),
-        click.option("--max-num-seqs", type=int, help="most sequences in one step (default 32)"),
-        click.option("--max-num-batched-tokens", type=int, help="per-step token budget (default 1024)"),
+        click.option("--block-size", type=int, help=f"tokens per KV block ({DEFAULTS.block_size})"),
+        click.option(
+            "--max-num-seqs", type=int, help=f"most sequences in one step ({DEFAULTS.max_num_seqs})"
+        ),
+        click.option(
+            "--max-num-batched-tokens",
+            type=int,
+            help=f"per-step token budget ({DEFAULTS.max_num_batched_tokens})",
+        ),
         click.option("--max-model-len", type=int, help="context length cap (default: the model's)"),
         click.option("--no-prefix-caching", is_flag=True, default=False, help="disable block sharing"),
         click.option("--warm-cache-size", help="host-memory tier for evicted blocks, e.g. 256M; 0 = none"),
         click.option("--redis-cache-size", help="byte cap of the shared Redis KV tier, e.g. 2G; 0 = none"),
-        click.option("--session-ttl", "session_ttl_s", type=int, help="seconds an idle session lives (3600)"),
+        click.option(
+            "--session-ttl",
+            "session_ttl_s",
+            type=int,
+            help=f"seconds an idle session lives ({DEFAULTS.session_ttl_s})",
+        ),
+        click.option(
+            "--kv-tier-dtype",
+            type=click.Choice(["exact", "int8", "fp16", "bf16"]),
+            help="how the Redis tier stores blocks (exact; int8/fp16/bf16 are lossy: see README)",
+        ),
+        click.option(
+            "--kv-write-queue-size", help="KV bytes waiting for Redis, e.g. 256M; full: oldest dropped"
+        ),
+        click.option(
+            "--max-prefill-tokens-with-decodes",
+            type=int,
+            help="prompt tokens per step while sequences decode (default: only the step budget)",
+        ),
+        click.option(
+            "--compile-decoder/--no-compile-decoder", default=None, help="torch.compile the decoder (opt-in)"
+        ),
         click.option("--torch-threads", type=int, help="torch intra-op threads"),
         click.option("--cache-dir", type=click.Path(path_type=Path), help="converted-model cache"),
     ]
@@ -34,23 +62,11 @@ def engine_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def settings_from(opts: dict[str, Any]) -> Settings:
-    no_caching = opts.pop("no_prefix_caching", False)
-    keys = (
-        "model",
-        "served_model_name",
-        "cache_size",
-        "block_size",
-        "max_num_seqs",
-        "max_num_batched_tokens",
-        "max_model_len",
-        "warm_cache_size",
-        "redis_cache_size",
-        "session_ttl_s",
-        "torch_threads",
-        "cache_dir",
-    )
-    overrides = {k: opts.pop(k, None) for k in keys}
-    if no_caching:
+    """Settings from the environment, overridden by the flags in `opts` that name a setting (a
+    flag's destination is the setting's name): those are popped, the rest are left for the command.
+    A new setting's flag is then one click.option line; nothing here changes."""
+    overrides = {k: opts.pop(k) for k in [*opts] if k in Settings.model_fields}
+    if opts.pop("no_prefix_caching", False):
         overrides["enable_prefix_caching"] = False
     return Settings.from_env(**overrides)
 
@@ -67,6 +83,11 @@ def service_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 def tenant_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Flags of the commands that run the API: tenants and their limits."""
+    fn = click.option(
+        "--prefetch-hints/--no-prefetch-hints",
+        default=None,
+        help="a session routed to a new worker: that worker loads its blocks while the job waits",
+    )(fn)
     fn = click.option(
         "--tenant-max-jobs", type=int, help="unfinished jobs per tenant at once, over it 429 (0 = no cap)"
     )(fn)

@@ -9,6 +9,7 @@ from typing import Any
 
 import click
 
+from broker.defaults import DEFAULTS
 from broker.errors import KvferryError
 from ops.cli_options import build_engine, engine_options, settings_from
 
@@ -88,8 +89,13 @@ def bench_queue_cmd(json_path: Path | None, quick: bool, skip: tuple[str, ...], 
 
 
 @bench.command("serve")
-@click.option("--url", default="http://127.0.0.1:8000", show_default=True, help="the API to load")
-@click.option("--model", default="smollm2", show_default=True)
+@click.option(
+    "--url",
+    default=f"http://{DEFAULTS.api_host}:{DEFAULTS.api_port}",
+    show_default=True,
+    help="the API to load",
+)
+@click.option("--model", default=DEFAULTS.model, show_default=True)
 @click.option("--concurrency", type=int, default=8, show_default=True)
 @click.option("--duration", type=float, default=60.0, show_default=True, help="seconds")
 @click.option("--max-tokens", type=int, default=32, show_default=True)
@@ -133,13 +139,29 @@ def bench_serve_cmd(
     "--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), help="write results JSON"
 )
 @click.option("--quick", is_flag=True, help="smaller sizes, for a smoke run")
-@click.option("--skip", multiple=True, type=click.Choice(["resume", "workload"]), help="skip a part")
+@click.option("--skip", multiple=True, type=click.Choice(["resume", "workload", "api"]), help="skip a part")
 @engine_options
 def bench_tiers_cmd(json_path: Path | None, quick: bool, skip: tuple[str, ...], **opts: Any) -> None:
     """Resume from Redis vs recompute; multi-turn hit rate and TTFT by routing policy."""
     from ops.bench_tiers import run_tier_bench
 
     results = run_tier_bench(settings_from(opts), quick=quick, skip=set(skip))
+    if json_path is not None:
+        json_path.write_text(json.dumps(results, indent=2))
+        click.echo(f"wrote {json_path}", err=True)
+
+
+@bench.command("tier-dtype")
+@click.option(
+    "--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), help="write results JSON"
+)
+@click.option("--quick", is_flag=True, help="16 continuations instead of 200, for a smoke run")
+@engine_options
+def bench_tier_dtype_cmd(json_path: Path | None, quick: bool, **opts: Any) -> None:
+    """Compressed Redis tier (int8/fp16/bf16) vs exact: bytes, fetch rate, greedy-output quality."""
+    from ops.bench_tier_dtype import run_tier_dtype_bench
+
+    results = run_tier_dtype_bench(settings_from(opts), quick=quick)
     if json_path is not None:
         json_path.write_text(json.dumps(results, indent=2))
         click.echo(f"wrote {json_path}", err=True)

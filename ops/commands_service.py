@@ -9,18 +9,19 @@ from typing import Any
 
 import click
 
+from broker.defaults import DEFAULTS
 from ops.cli_options import engine_options, service_options, settings_from, tenant_options
 from ops.settings import Settings
 
 
-def _service_settings(opts: dict[str, Any], *names: str) -> Settings:
-    service = {k: opts.pop(k, None) for k in ("redis_url", *names)}
-    return settings_from(opts).with_overrides(**service)
-
-
 @click.command("worker")
 @click.option("--name", "worker_name", help="worker name (node name becomes NAME@host)")
-@click.option("--concurrency", "worker_concurrency", type=int, help="jobs at once, batched together (32)")
+@click.option(
+    "--concurrency",
+    "worker_concurrency",
+    type=int,
+    help=f"jobs at once, batched together ({DEFAULTS.worker_concurrency})",
+)
 @click.option("--preload", is_flag=True, help="build the engine now instead of on the first job")
 @click.option("--loglevel", default="INFO")
 @click.option("--debug-slow-step-s", type=float, hidden=True, help="test hook: prefill steps sleep more")
@@ -33,15 +34,7 @@ def worker_cmd(preload: bool, loglevel: str, **opts: Any) -> None:
     """A Celery worker (threads pool) feeding one engine: consumes the shared queue and its own."""
     from workers.worker_main import run_worker
 
-    settings = _service_settings(
-        opts,
-        "worker_name",
-        "worker_concurrency",
-        "debug_slow_step_s",
-        "debug_crash_step",
-        "kv_redis_url",
-        "tenant_kv_quota",
-    )
+    settings = settings_from(opts)
     run_worker(
         settings.broker_config(),
         settings.engine_config(),
@@ -56,8 +49,8 @@ def worker_cmd(preload: bool, loglevel: str, **opts: Any) -> None:
 
 
 @click.command("api")
-@click.option("--host", "api_host", help="bind address (127.0.0.1)")
-@click.option("--port", "api_port", type=int, help="port (8000)")
+@click.option("--host", "api_host", help=f"bind address ({DEFAULTS.api_host})")
+@click.option("--port", "api_port", type=int, help=f"port ({DEFAULTS.api_port})")
 @click.option("--kv-redis-url", help="the KV tier's Redis, for session pins (default: --redis-url)")
 @tenant_options
 @service_options
@@ -66,15 +59,13 @@ def api_cmd(**opts: Any) -> None:
     """The OpenAI-compatible HTTP API (FastAPI on uvicorn)."""
     from ops.api_server import run_api
 
-    run_api(
-        _service_settings(opts, "api_host", "api_port", "api_keys_file", "tenant_max_jobs", "kv_redis_url")
-    )
+    run_api(settings_from(opts))
 
 
 @click.command("serve")
 @click.option("--workers", "num_workers", type=int, default=2, show_default=True)
-@click.option("--port", "api_port", type=int, help="API port (8000)")
-@click.option("--flower-port", type=int, help="Flower port (5555)")
+@click.option("--port", "api_port", type=int, help=f"API port ({DEFAULTS.api_port})")
+@click.option("--flower-port", type=int, help=f"Flower port ({DEFAULTS.flower_port})")
 @click.option("--demo", is_flag=True, help="run a demo conversation through the queue once ready")
 @click.option("--exit-after-demo", is_flag=True, help="stop everything after the demo")
 @click.option(
@@ -91,9 +82,7 @@ def serve_cmd(num_workers: int, demo: bool, exit_after_demo: bool, run_dir: Path
     (basic auth). Passwords are generated; they and the URLs go to RUN_DIR/stack.json. Ctrl-C stops it."""
     from ops.stack import Stack
 
-    settings = _service_settings(
-        opts, "kv_redis_url", "api_port", "flower_port", "api_keys_file", "tenant_max_jobs"
-    )
+    settings = settings_from(opts)
     stack = Stack(settings, num_workers, run_dir=run_dir)
     click.echo(f"run directory: {stack.run_dir}")
     with stack:

@@ -10,7 +10,7 @@ from typing import Any
 
 from api import json_guard
 from api.openai_schema import CompletionRequest, parse_request, response_body
-from broker.errors import InvalidRequestError, UnknownModelError
+from broker.errors import InvalidRequestError, PromptTooLongError, UnknownModelError
 from broker.messages import Usage
 from workers.engine.llm_engine import LLMEngine
 from workers.engine.request_output import RequestOutput
@@ -119,11 +119,7 @@ def run_batch(engine: LLMEngine, lines: list[BatchLine]) -> tuple[list[dict[str,
             engine.add_request(rid, ids, line.request.params)
             pending[rid] = i
         except InvalidRequestError as exc:
-            code = (
-                "context_length_exceeded"
-                if "context" in exc.message or "pool" in exc.message
-                else "invalid_request"
-            )
+            code = "context_length_exceeded" if isinstance(exc, PromptTooLongError) else "invalid_request"
             records[i] = _error_record(
                 BatchLine(line.line_no, line.custom_id, error_code=code, error_message=exc.message)
             )

@@ -1,161 +1,156 @@
 """Settings: the one configuration object. Read from KVFERRY_* environment variables once, at
-start-up, then overridden by CLI flags; never mutated afterwards."""
+start-up, then overridden by CLI flags; frozen afterwards.
+
+The fields (names, types, defaults) are broker/defaults.py's `SettingsFields`; this module adds
+how they are read (pydantic-settings) and builds each part's config from them. It imports no
+engine module at import time: the API and the light CLI commands stay torch-free."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
-import re
 from collections.abc import Mapping
-from dataclasses import dataclass, fields, replace
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Self, TypeVar
 
-from broker.celery_app import BrokerConfig
-from workers.engine.config import EngineConfig
-from workers.engine_service import TierConfig
+from pydantic import ValidationError
+from pydantic_settings import (
+    BaseSettings,
+    EnvSettingsSource,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
+
+from broker.defaults import DEFAULTS, SettingsFields, parse_size
+
+if TYPE_CHECKING:
+    from api.config import ApiConfig
+    from broker.celery_app import BrokerConfig
+    from workers.engine.config import EngineConfig
+    from workers.tier_config import TierConfig
+
+__all__ = ["DEFAULTS", "DEFAULT_REDIS_URL", "ENV_PREFIX", "Settings", "SettingsError", "parse_size"]
 
 ENV_PREFIX = "KVFERRY_"
-DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
-_UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
+DEFAULT_REDIS_URL = DEFAULTS.redis_url  # `serve` starts its own Redis when given this one
+_Config = TypeVar("_Config")
+_S = TypeVar("_S", bound="Settings")
 
 
-def parse_size(text: str | int) -> int:
-    """'512M', '1.5G', '4096' -> bytes (binary units: 1M = 1 MiB)."""
-    if isinstance(text, int):
-        return text
-    match = _SIZE.match(text)
-    if not match:
-        raise ValueError(f"not a size: {text!r} (examples: 512M, 2G, 1048576)")
-    return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+class SettingsError(ValueError):
+    """A setting with a bad value; the message names the variable (or flag) and the value."""
 
 
-@dataclass(frozen=True, slots=True)
-class Settings:
-    model: str = "smollm2"
-    served_model_name: str | None = None
-    cache_size: str = "512M"
-    block_size: int = 16
-    max_num_seqs: int = 32
-    max_num_batched_tokens: int = 1024
-    max_model_len: int | None = None
-    enable_prefix_caching: bool = True
-    warm_cache_size: str = "256M"  # host-memory tier for blocks evicted from the pool; 0 = none
-    redis_cache_size: str = "2G"  # byte cap of the shared Redis tier (own LRU); 0 = no Redis tier
-    session_ttl_s: int = 3600  # idle sessions expire; their pinned blocks become ordinary cached ones
-    tenant_kv_quota: str | None = None  # bytes of session-pinned blocks per tenant in the Redis tier
-    dtype: str = "float32"
-    device: str = "cpu"
-    torch_threads: int | None = None
-    debug_slow_step_s: float = 0.0  # test hook: prefill steps sleep this much longer
-    debug_crash_step: int = 0  # test hook: the N-th engine step raises once; 0 = never
-    cache_dir: Path = Path.home() / ".cache" / "kvferry"
-    # the queue service
-    redis_url: str = DEFAULT_REDIS_URL
-    kv_redis_url: str | None = None  # the KV tier's own Redis (block packs, index); None: redis_url
-    worker_name: str | None = None
-    worker_concurrency: int = 32  # jobs one worker runs at once (they share its engine's batches)
-    job_time_limit_s: int = 1800
-    job_ttl_s: int = 86400  # a finished job's result, stream and metadata live this long (no prompt)
-    heartbeat_ttl_s: int = 3  # the heartbeat never waits on the engine, so a short TTL is safe
-    api_host: str = "127.0.0.1"
-    api_port: int = 8000
-    api_key: str | None = None  # when set, requests need "Authorization: Bearer <key>"
-    api_keys: str | None = None  # "key:tenant,key2:tenant2": one tenant per key (api/tenants.py)
-    api_keys_file: Path | None = None  # one "key tenant" per line, # comments; re-read when it changes
-    tenant_max_jobs: int = 0  # unfinished jobs one tenant may have at once (over it: 429); 0 = no cap
-    default_max_tokens: int = 1024  # max_tokens of a request that names none (capped by the context)
-    flower_port: int = 5555
-    routing: str = "cache-aware"  # "round-robin" and "shared" are the benchmark's baselines
+class _Environ(EnvSettingsSource):
+    """KVFERRY_* variables from a given mapping (os.environ, or a test's dict). An empty value
+    means unset (compose writes `KVFERRY_API_KEY=` for "no key")."""
+
+    def __init__(self, settings_cls: type[BaseSettings], environ: Mapping[str, str]) -> None:
+        self._environ = environ
+        super().__init__(settings_cls)
+
+    def _load_env_vars(self) -> Mapping[str, str | None]:
+        return {k.lower(): v for k, v in self._environ.items() if v != ""}
+
+
+class Settings(SettingsFields, BaseSettings):
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, frozen=True, extra="forbid")
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # Settings(...) is defaults + arguments, never the process's environment: that is
+        # from_env's job, so a test's Settings(redis_url=...) means exactly that.
+        return (init_settings,)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Self:
         """KVFERRY_<FIELD> variables, then overrides (None values are ignored)."""
-        env = os.environ if environ is None else environ
-        values: dict[str, Any] = {}
-        for f in fields(cls):
-            raw = env.get(ENV_PREFIX + f.name.upper())
-            if raw is not None:
-                values[f.name] = _convert(f.name, f.type, raw)
-        values.update({k: v for k, v in overrides.items() if v is not None})
-        return cls(**values)
+        values: dict[str, Any] = _Environ(cls, os.environ if environ is None else environ)()
+        given = {k: v for k, v in overrides.items() if v is not None}
+        return _validated(cls, {**values, **given}, {k: v for k, v in values.items() if k not in given})
 
     def to_env(self) -> dict[str, str]:
         """KVFERRY_* variables that reproduce these settings in a child process."""
         env = {}
-        for f in fields(self):
-            value = getattr(self, f.name)
+        for name in type(self).model_fields:
+            value = getattr(self, name)
             if value is not None:
-                env[ENV_PREFIX + f.name.upper()] = (
-                    str(value).lower() if isinstance(value, bool) else str(value)
-                )
+                env[ENV_PREFIX + name.upper()] = str(value).lower() if isinstance(value, bool) else str(value)
         return env
 
-    def with_overrides(self, **overrides: Any) -> Settings:
-        return replace(self, **{k: v for k, v in overrides.items() if v is not None})
-
-    def broker_config(self) -> BrokerConfig:
-        return BrokerConfig(
-            redis_url=self.redis_url,
-            job_time_limit_s=self.job_time_limit_s,
-            heartbeat_ttl_s=self.heartbeat_ttl_s,
-            heartbeat_interval_s=max(0.25, self.heartbeat_ttl_s / 4),
-            result_ttl_s=self.job_ttl_s,
-        )
-
-    def tier_config(self) -> TierConfig:
-        return TierConfig(
-            redis_capacity_bytes=parse_size(self.redis_cache_size),
-            session_ttl_s=self.session_ttl_s,
-            tenant_kv_quota_bytes=parse_size(self.tenant_kv_quota) if self.tenant_kv_quota else 0,
-        )
+    def with_overrides(self, **overrides: Any) -> Self:
+        given = {k: v for k, v in overrides.items() if v is not None}
+        return _validated(type(self), {**self.model_dump(), **given}, {})
 
     @property
     def served_model(self) -> str:
         return self.served_model_name or self.model
 
-    def engine_config(self) -> EngineConfig:
-        return EngineConfig(
-            model=self.model,
-            served_model_name=self.served_model_name,
-            cache_size_bytes=parse_size(self.cache_size),
-            block_size=self.block_size,
-            max_num_seqs=self.max_num_seqs,
-            max_num_batched_tokens=self.max_num_batched_tokens,
-            max_model_len=self.max_model_len,
-            enable_prefix_caching=self.enable_prefix_caching,
-            warm_cache_size_bytes=parse_size(self.warm_cache_size),
-            dtype=self.dtype,
-            device=self.device,
-            torch_threads=self.torch_threads,
-            debug_slow_step_s=self.debug_slow_step_s,
-            debug_crash_step=self.debug_crash_step,
-            default_max_tokens=self.default_max_tokens,
+    # Each part's config: fields of the same name come from here; the rest is spelled out.
+
+    def broker_config(self) -> BrokerConfig:
+        from broker.celery_app import BrokerConfig, heartbeat_interval_for
+
+        return self._project(
+            BrokerConfig,
+            heartbeat_interval_s=heartbeat_interval_for(self.heartbeat_ttl_s),
+            result_ttl_s=self.job_ttl_s,
         )
 
+    def tier_config(self) -> TierConfig:
+        from workers.tier_config import TierConfig
 
-def _convert(name: str, annotation: Any, raw: str) -> Any:
-    kind = str(annotation)
-    if "bool" in kind:
-        if raw.lower() in ("1", "true", "yes", "on"):
-            return True
-        if raw.lower() in ("0", "false", "no", "off"):
-            return False
-        raise ValueError(f"{ENV_PREFIX}{name.upper()} must be a boolean, got {raw!r}")
-    if "float" in kind:
-        try:
-            return float(raw)
-        except ValueError:
-            raise ValueError(f"{ENV_PREFIX}{name.upper()} must be a number, got {raw!r}") from None
-    if "int" in kind:
-        if raw == "" and "None" in kind:
-            return None
-        try:
-            return int(raw)
-        except ValueError:
-            raise ValueError(f"{ENV_PREFIX}{name.upper()} must be an integer, got {raw!r}") from None
-    if "Path" in kind:
-        return Path(raw).expanduser()
-    if raw == "" and "None" in kind:
-        return None  # an empty optional (e.g. KVFERRY_API_KEY= in compose) means unset
-    return raw
+        return self._project(
+            TierConfig,
+            redis_capacity_bytes=int(self.redis_cache_size),
+            tenant_kv_quota_bytes=int(self.tenant_kv_quota or 0),
+            kv_write_queue_bytes=int(self.kv_write_queue_size),
+            tier_dtype=self.kv_tier_dtype,
+        )
+
+    def engine_config(self) -> EngineConfig:
+        from workers.engine.config import EngineConfig
+
+        return self._project(
+            EngineConfig,
+            cache_size_bytes=int(self.cache_size),
+            warm_cache_size_bytes=int(self.warm_cache_size),
+        )
+
+    def api_config(self) -> ApiConfig:
+        from api.config import ApiConfig
+        from api.tenants import parse_pairs
+
+        return self._project(
+            ApiConfig,
+            served_models=(self.served_model,),
+            api_keys=parse_pairs(self.api_keys),
+            job_timeout_s=float(self.job_time_limit_s),
+            # The worker applies Settings.default_max_tokens, capped by the room the context
+            # leaves; the API fixing it here would skip that cap.
+            default_max_tokens=None,
+        )
+
+    def _project(self, config: type[_Config], **derived: Any) -> _Config:
+        """`config` (a dataclass) with every field that Settings has by name, then `derived`."""
+        fields = {f.name for f in dataclasses.fields(config)}  # type: ignore[arg-type]
+        same = {name: getattr(self, name) for name in fields & type(self).model_fields.keys()}
+        return config(**{**same, **derived})
+
+
+def _validated(cls: type[_S], values: dict[str, Any], from_env: Mapping[str, Any]) -> _S:
+    try:
+        return cls(**values)
+    except ValidationError as exc:
+        problems = []
+        for error in exc.errors():
+            name = str(error["loc"][0]) if error["loc"] else "?"
+            where = f"{ENV_PREFIX}{name.upper()}" if name in from_env else name
+            problems.append(f"{where}={error.get('input')!r}: {error['msg']}")
+        raise SettingsError("bad setting: " + "; ".join(problems)) from None

@@ -1,4 +1,5 @@
-"""Remote control commands a worker answers (Celery broadcast), for `kvferry chaos`:
+"""Remote control a worker answers. Prefetch hints (a Redis list per worker, drained by
+workers/prefetch.py's HintListener) and Celery broadcast commands, for `kvferry chaos`:
 `kvferry_integrity` checks the engine's KV pool invariants between two steps and says how it went.
 
     app.control.broadcast("kvferry_integrity", reply=True, timeout=10)
@@ -12,6 +13,7 @@ from typing import Any
 from celery.worker.control import control_command
 
 from workers.engine_service import EngineService
+from workers.prefetch import HintListener
 
 INTEGRITY_TIMEOUT_S = 30.0
 
@@ -27,9 +29,14 @@ def check_integrity(service: EngineService) -> dict[str, Any]:
     return {"ok": True, "error": ""}
 
 
-def register_control(service: EngineService) -> None:
-    """Register the commands for this process's one worker (Celery's registry is per process)."""
+def register_control(service: EngineService) -> HintListener:
+    """Register the commands for this process's one worker (Celery's registry is per process),
+    and start draining its prefetch hints (api/router.py sends them; see workers/prefetch.py)."""
+    hints = HintListener(service)
+    hints.start()
 
     @control_command(name="kvferry_integrity")
     def kvferry_integrity(state: Any) -> dict[str, Any]:
         return check_integrity(service)
+
+    return hints

@@ -22,16 +22,9 @@ from workers.engine.llm_engine import LLMEngine
 from workers.kv_writer import KVWriter
 from workers.prefetch import prefetch
 from workers.session_keeper import SessionKeeper
+from workers.tier_config import TierConfig
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class TierConfig:
-    redis_capacity_bytes: int = 2 * 1024**3  # the shared Redis tier's byte cap; 0 = no Redis tier
-    session_ttl_s: int = 3600
-    tenant_kv_quota_bytes: int = 0  # session-pinned bytes per tenant in the Redis tier; 0 = no quota
-    prefix_digests_kept: int = 50_000  # per worker, for routing
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,9 +91,14 @@ class EngineService:
                         engine.kv_format,
                         self.tier_config.redis_capacity_bytes,
                         tenant_quota_bytes=self.tier_config.tenant_kv_quota_bytes,
+                        tier_dtype=self.tier_config.tier_dtype,
                     )
-                    self.writer = KVWriter(self.redis_tier)
-                    engine.tiers.cold_sink = self.writer.enqueue
+                    self.writer = KVWriter(
+                        self.redis_tier,
+                        max_queued_bytes=self.tier_config.kv_write_queue_bytes,
+                        pinned_memory=engine.kv_cache.tensor.device.type == "cuda",
+                    )
+                    engine.tiers.attach(self.writer)
                 self._loop = EngineLoop(engine).start()
             return self._loop
 

@@ -10,11 +10,18 @@ import time
 
 import redis
 
-from broker import keys
 from broker.errors import KvferryError, UnknownModelError
 from broker.job_events import FencedStream, StreamProgress
 from broker.job_lease import StaleLeaseError
-from broker.messages import GenerateJob, GenerateResult, JobDone, JobFailed, TokenDelta, Usage
+from broker.messages import (
+    GenerateJob,
+    GenerateResult,
+    JobDone,
+    JobFailed,
+    StreamEvent,
+    TokenDelta,
+    Usage,
+)
 from workers.engine.engine_loop import EngineLoop
 from workers.engine.errors import EngineFailedError
 from workers.engine.request_handle import RequestHandle
@@ -49,6 +56,7 @@ class JobAttempt:
         job: GenerateJob,
         held: HeldLease,
         time_limit_s: float,
+        stages: dict[str, float] | None = None,
     ) -> None:
         self.service = service
         self.stream = stream
@@ -59,12 +67,16 @@ class JobAttempt:
         self.time_limit_s = time_limit_s
         self.started = time.time()
         self.timed_out = threading.Event()
+        # unix times of this attempt's stages; they ride with the final event (keys.job_stages)
+        self.stages: dict[str, float] = dict(stages or {})
 
     def publish_failed(self, error_type: str, message: str, status: int, param: str | None = None) -> None:
         event = JobFailed(error_type, message, status, param, epoch=self.epoch)
         self.stream.publish(self.job_id, self.job.tenant, event)
 
-    def run(self, before: StreamProgress) -> GenerateResult:
+    def run(self, before: StreamProgress, cancelled: bool = False) -> GenerateResult:
+        """`cancelled`: the job's cancel flag as read with `before` (later flags come back from
+        every publish)."""
         service, job, job_id = self.service, self.job, self.job_id
         if job.model != service.served_model:
             raise UnknownModelError(
@@ -72,9 +84,11 @@ class JobAttempt:
             )
         loop = service.loop()
         wait_healthy(loop)
-        ids = prompt_token_ids(job, loop.engine.tokenizer)
+        ids = prompt_token_ids(job, loop.engine.tokenizer, service.sessions.stored_tokens(job))
         service.prefetch(loop.engine, ids, job.kv_salt)
         resumed = len(before.token_ids)
+        if job.session_id:  # its next turn starts with this one's partial last block: keep it
+            loop.engine.block_manager.tails.want(job_id)
         handle = loop.submit(
             ids,
             job.params,
@@ -83,6 +97,7 @@ class JobAttempt:
             output_token_ids=before.token_ids,
             streamed_chars=before.text_chars,
         )
+        self.stages["submitted"] = time.time()
 
         def time_up() -> None:
             self.timed_out.set()
@@ -92,9 +107,9 @@ class JobAttempt:
         timer.daemon = True
         timer.start()
         try:
-            if service.redis.exists(keys.job_cancel(job_id)):
+            if cancelled:
                 handle.cancel()
-            final, first_token_at = self._stream(handle, resumed, before.text_chars)
+            final, first_token_at, last = self._stream(handle, resumed, before.text_chars)
         except BaseException:
             # Whatever stopped this attempt (Redis, a lost lease), the request must not run on in
             # the engine: its blocks would stay taken, and a copy delivered here later would find
@@ -103,11 +118,15 @@ class JobAttempt:
             raise
         finally:
             timer.cancel()
+        now = time.time()
+        self.stages["finished"] = now
+        if first_token_at is not None:
+            self.stages["first_token"] = first_token_at
         if self.timed_out.is_set():
             message = f"the job ran past its time limit of {self.time_limit_s:g}s"
-            self.publish_failed("timeout", message, 504)
+            failed = JobFailed("timeout", message, 504, epoch=self.epoch)
+            self.stream.publish_many(self.job_id, job.tenant, [*last, failed], self.stages)
             raise JobTimeLimitError(message)
-        now = time.time()
         submitted = job.submitted_at or self.started
         # A redelivery: what the blocks that survived (pool, warm tier, Redis) did not cover; none
         # when the stream already held the whole answer (it finished without a step).
@@ -141,18 +160,21 @@ class JobAttempt:
                 service.sessions.remember(job, loop.engine, ids, final.token_ids, final.text)
             except redis.RedisError as exc:  # a full or absent KV Redis costs the next turn a miss
                 log.warning("job %s: the session/tier update failed: %s", job_id, exc)
-        self.stream.publish(job_id, job.tenant, JobDone(result, epoch=self.epoch))
+        # The last delta and the result in one round trip: a 1-token job writes its stream once.
+        self.stream.publish_many(job_id, job.tenant, [*last, JobDone(result, epoch=self.epoch)], self.stages)
         return result
 
     def _stream(
         self, handle: RequestHandle, start: int, text_start: int
-    ) -> tuple[RequestOutput, float | None]:
-        """Publish the handle's deltas; returns its final output and when the first token came."""
+    ) -> tuple[RequestOutput, float | None, list[StreamEvent]]:
+        """Publish the handle's deltas; returns its final output, when the first token came, and
+        the last delta, unpublished: it goes out with the final event."""
         first_token_at = None
         final = None
         texts: list[str] = []
         token_ids: list[int] = []
         last_publish = 0.0
+        last: list[StreamEvent] = []
         for out in handle:
             if self.held.lost.is_set():
                 handle.cancel()
@@ -169,6 +191,10 @@ class JobAttempt:
                 event = TokenDelta(text, tuple(token_ids), start, text_start, self.epoch)
                 start, text_start = start + len(token_ids), text_start + len(text)
                 texts, token_ids, last_publish = [], [], now
+                if out.finished:  # the final event takes it along (the handle ends here)
+                    last = [event]
+                    final = out
+                    continue
                 try:
                     cancelled = self.stream.publish(self.job_id, self.job.tenant, event)
                 except StaleLeaseError:
@@ -178,4 +204,4 @@ class JobAttempt:
                     handle.cancel()
             final = out
         assert final is not None and final.finish_reason is not None
-        return final, first_token_at
+        return final, first_token_at, last

@@ -63,15 +63,18 @@ class JobRunner:
         self._copies: collections.Counter[str] = collections.Counter()  # copies here, per job id
         self._copies_lock = threading.Lock()
 
-    def run(self, job_id: str, job: GenerateJob) -> GenerateResult:
+    def run(self, job_id: str, job: GenerateJob, picked_at: float | None = None) -> GenerateResult:
+        """`picked_at`: when the task began (unix time), the first of the attempt's stage times."""
+        stages = {"picked": picked_at or time.time()}
         self._enter(job_id)  # listed from the start, so the reaper hands it back if we die
         try:
             got = self._take(job_id)
             if isinstance(got, StreamProgress):
                 return self._replay(job_id, got)
-            held, before = got
+            held, before, cancelled = got
+            stages["leased"] = time.time()
             try:
-                return self._run_leased(job_id, job, held, before)
+                return self._run_leased(job_id, job, held, before, cancelled, stages)
             finally:
                 self.leases.release(held)  # a requeued copy must not wait for it
         finally:
@@ -101,21 +104,24 @@ class JobRunner:
         if last:
             self.redis.srem(keys.worker_jobs(self.service.identity.name), job_id)
 
-    def _take(self, job_id: str) -> tuple[HeldLease, StreamProgress] | StreamProgress:
-        """The job's lease, or (when it ended meanwhile) what its stream says. While another holds
-        the lease this copy waits: its holder renews it while alive, and it lapses soon after a
-        death, so a wait ends in the job's final event or in a lease of our own."""
+    def _take(self, job_id: str) -> tuple[HeldLease, StreamProgress, bool] | StreamProgress:
+        """The job's lease, what its stream held and whether it is cancelled, or (when it ended
+        meanwhile) what its stream says. While another holds the lease this copy waits: its holder
+        renews it while alive, and it lapses soon after a death, so a wait ends in the job's final
+        event or in a lease of our own. A job that ended before the first try is found by the
+        read under the lease (an epoch more fences nobody: nothing of it runs any more)."""
         deadline = time.monotonic() + self.time_limit_s + 60
         waited = False
         while True:
-            if job_events.ended(self.redis, job_id):
+            if waited and job_events.ended(self.redis, job_id):
                 return job_events.progress(self.redis, job_id)
             got = self.leases.try_take(job_id)
             if isinstance(got, HeldLease):
-                forget_message(self.redis, job_id)  # started: no copy of it is needed any more
-                # Read after the epoch was raised: no older epoch can append from here on.
+                # Read after the epoch was raised: no older epoch can append from here on. One
+                # round trip: the message copy goes (started: no copy of it is needed any more,
+                # as lost_jobs.forget_message), the stream and the cancel flag are read.
                 try:
-                    before = job_events.progress(self.redis, job_id)
+                    before, cancelled = self._started(job_id)
                 except BaseException:
                     self.leases.release(got)
                     raise
@@ -124,13 +130,22 @@ class JobRunner:
                     return before
                 if waited:
                     log.info("job %s: lease taken (epoch %d) after waiting", job_id, got.epoch)
-                return got, before
+                return got, before, cancelled
             if not waited:
                 log.info("job %s is leased by %s (epoch %d); waiting", job_id, got.owner, got.epoch)
                 waited = True
             if time.monotonic() > deadline:
                 raise LeaseBusyError(f"job {job_id} is still leased by {got.owner}")
             time.sleep(LEASE_POLL_S)
+
+    def _started(self, job_id: str) -> tuple[StreamProgress, bool]:
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.delete(keys.job_message(job_id))
+        pipe.zrem(keys.PENDING_JOBS, job_id)
+        pipe.xrange(keys.job_stream(job_id))
+        pipe.exists(keys.job_cancel(job_id))
+        _, _, entries, cancelled = pipe.execute()
+        return job_events.progress_of(entries), bool(cancelled)
 
     def _replay(self, job_id: str, ended: StreamProgress) -> GenerateResult:
         if ended.done is not None:  # finished before this copy: the same answer again
@@ -139,14 +154,20 @@ class JobRunner:
         raise JobEndedError(f"job {job_id} already failed: {ended.failed.message}")
 
     def _run_leased(
-        self, job_id: str, job: GenerateJob, held: HeldLease, before: StreamProgress
+        self,
+        job_id: str,
+        job: GenerateJob,
+        held: HeldLease,
+        before: StreamProgress,
+        cancelled: bool,
+        stages: dict[str, float],
     ) -> GenerateResult:
         service = self.service
-        attempt = JobAttempt(service, self.stream, job_id, job, held, self.time_limit_s)
+        attempt = JobAttempt(service, self.stream, job_id, job, held, self.time_limit_s, stages)
         service.count(running=1)
         try:
             try:
-                result = attempt.run(before)
+                result = attempt.run(before, cancelled)
             except redis.RedisError as exc:  # Redis gone past the client's retries: not the job's fault
                 raise EngineFailedError(f"Redis failed under the job: {exc}") from exc
             service.count(done=1)

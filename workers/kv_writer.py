@@ -1,45 +1,264 @@
 """KVWriter: a thread that writes blocks to the Redis tier, so the engine thread never waits on
-Redis. Write-through: a finished turn's blocks are queued here at once."""
+Redis, nor packs, checksums or converts KV.
+
+The engine thread stages a finished turn (one copy of its blocks into a reused staging arena) or
+enqueues spilled blocks it already holds as bytes; both calls take a lock for a few list
+operations, never wait for the writer, and never fail for lack of room. The queue is bounded by
+bytes: when full, the oldest queued write not yet taken by the writer is dropped (unpinned ones,
+spills, before a turn's write), counted, and its hashes go to ``on_drop`` so a later spill may
+write them again. The writer coalesces everything queued (up to ``max_batch_bytes``) into one
+RedisTier.put: one MULTI/EXEC for many small writes.
+"""
 
 from __future__ import annotations
 
 import logging
-import queue
 import threading
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
+import torch
+
+from kvstore.block_hash import BlockHash
 from kvstore.redis_tier import RedisTier
 from kvstore.stored_block import StoredBlock
+from workers.engine.pending_write import BlockMeta, PendingWrite
+from workers.staging_arena import StagingArena
 
 log = logging.getLogger(__name__)
+DEFAULT_QUEUE_BYTES = 256 * 1024**2  # ~4 turns of 1,300 tokens of SmolLM2-135M (fp32)
+DEFAULT_BATCH_BYTES = 64 * 1024**2
+_TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+@dataclass(frozen=True, slots=True)
+class WriterStats:
+    queued_writes: int
+    queued_bytes: int
+    capacity_bytes: int
+    blocks_staged: int
+    blocks_written: int
+    batches: int
+    writes_dropped: int  # queued writes dropped whole or in part: the queue was full
+    blocks_dropped: int
+    put_errors: int
 
 
 class KVWriter:
-    def __init__(self, tier: RedisTier) -> None:
+    def __init__(
+        self,
+        tier: RedisTier,
+        max_queued_bytes: int = DEFAULT_QUEUE_BYTES,
+        max_batch_bytes: int = DEFAULT_BATCH_BYTES,
+        pinned_memory: bool = False,
+        on_drop: Callable[[list[BlockHash]], None] | None = None,
+    ) -> None:
         self.tier = tier
-        self._queue: queue.Queue[list[StoredBlock] | threading.Event | None] = queue.Queue()
+        self.max_queued_bytes = max_queued_bytes
+        self.max_batch_bytes = max_batch_bytes
+        self.on_drop = on_drop
+        capacity = max(1, max_queued_bytes // tier.fmt.nbytes)
+        block_shape = tuple(tier.fmt.shape)
+        self._arena = StagingArena(block_shape, _TORCH_DTYPES[tier.fmt.dtype], capacity, pinned_memory)
+        self._cond = threading.Condition()
+        self._queue: deque[tuple[int, PendingWrite]] = deque()  # (sequence number, write), oldest first
+        self._in_flight: list[tuple[int, PendingWrite]] = []
+        self._next_seq = 0
+        self._queued_bytes = 0
+        self._pending_drops: list[BlockHash] = []  # dropped under the lock, reported after it
+        self._stopping = False
+        self._reported_drops = 0  # writes_dropped already added to the tier's shared counter
+        self._counts = dict.fromkeys(
+            ("blocks_staged", "blocks_written", "batches", "writes_dropped", "blocks_dropped", "put_errors"),
+            0,
+        )
         self._thread = threading.Thread(target=self._run, name="kvferry-kv-writer", daemon=True)
-        self.blocks_written = 0
         self._thread.start()
 
-    def enqueue(self, blocks: list[StoredBlock]) -> None:
-        self._queue.put(blocks)
+    @property
+    def blocks_written(self) -> int:
+        return self._counts["blocks_written"]
+
+    # -- the engine thread's side: never waits ----------------------------------------------------
+
+    def enqueue(self, blocks: Sequence[StoredBlock] | PendingWrite, pinned: bool = False) -> None:
+        """Queue blocks whose bytes exist already (spills; callers outside the engine)."""
+        item = blocks if isinstance(blocks, PendingWrite) else PendingWrite.of_blocks(blocks, pinned)
+        if item.num_blocks:
+            self._add(item)
+
+    def stage(
+        self,
+        metas: Sequence[BlockMeta],
+        pool_blocks: torch.Tensor,
+        block_ids: Sequence[int],
+        pinned: bool = True,
+    ) -> int:
+        """Copy blocks out of the pool into staging slots and queue them; returns how many were
+        staged. pool_blocks: [num_blocks, layers, 2, block_size, kv_heads, head_dim], a view of the
+        pool. What finds no room (the writer is busy with the rest) is dropped, a prefix kept."""
+        with self._cond:
+            slots = self._reserve(len(metas))
+        dropped = [m.block_hash for m in metas[len(slots) :]]
+        if dropped:
+            self._count(writes_dropped=1, blocks_dropped=len(dropped))
+        self._dropped(dropped)
+        if not slots:
+            return 0
+        on_gpu = pool_blocks.device.type == "cuda"
+        target = self._arena.tensor
+        for slot, block_id in zip(slots, block_ids, strict=False):
+            target[slot].copy_(pool_blocks[block_id], non_blocking=on_gpu)
+        event = None
+        if on_gpu:  # the writer waits for this, not the engine thread
+            event = torch.cuda.Event()
+            event.record()
+        nbytes = len(slots) * self._arena.block_nbytes
+        self._add(PendingWrite(tuple(metas[: len(slots)]), tuple(slots), (), pinned, event, nbytes))
+        self._count(blocks_staged=len(slots))
+        return len(slots)
+
+    def _reserve(self, n: int) -> list[int]:
+        """Up to n free staging slots, dropping queued staged writes (oldest first) to make room."""
+        n = min(n, self._arena.capacity_blocks)
+        dropped: list[BlockHash] = []
+        while self._arena.free_blocks < n:
+            victim = self._victim(lambda w: bool(w.slots))
+            if victim is None:
+                break
+            dropped += self._drop(victim)
+        self._pending_drops += dropped
+        return self._arena.take(min(n, self._arena.free_blocks)) or []
+
+    def _add(self, item: PendingWrite) -> None:
+        with self._cond:
+            self._queue.append((self._next_seq, item))
+            self._next_seq += 1
+            self._queued_bytes += item.nbytes
+            dropped: list[BlockHash] = []
+            while self._queued_bytes > self.max_queued_bytes and len(self._queue) > 1:
+                victim = self._victim(lambda w: w is not item)
+                if victim is None:
+                    break
+                dropped += self._drop(victim)
+            self._cond.notify_all()
+        self._dropped(dropped)
+
+    def _victim(self, eligible: Callable[[PendingWrite], bool]) -> int | None:
+        """The index of the oldest eligible queued write, unpinned ones first."""
+        for want_pinned in (False, True):
+            for i, (_, w) in enumerate(self._queue):
+                if w.pinned == want_pinned and eligible(w):
+                    return i
+        return None
+
+    def _drop(self, index: int) -> list[BlockHash]:
+        _, item = self._queue[index]
+        del self._queue[index]
+        self._queued_bytes -= item.nbytes
+        self._arena.give(list(item.slots))
+        self._counts["writes_dropped"] += 1
+        self._counts["blocks_dropped"] += item.num_blocks
+        return item.hashes
+
+    def _dropped(self, hashes: list[BlockHash]) -> None:
+        with self._cond:
+            hashes = [*self._pending_drops, *hashes]
+            self._pending_drops = []
+        if hashes and self.on_drop is not None:
+            self.on_drop(hashes)
+
+    # -- everyone's --------------------------------------------------------------------------------
 
     def flush(self, timeout_s: float = 30.0) -> bool:
-        """Wait until everything queued so far is in Redis."""
-        done = threading.Event()
-        self._queue.put(done)
-        return done.wait(timeout_s)
+        """Wait until everything queued so far is in Redis (or was dropped)."""
+        with self._cond:
+            target = self._next_seq - 1
+            return self._cond.wait_for(lambda: self._oldest_pending() > target, timeout_s)
 
     def stop(self) -> None:
-        self._queue.put(None)
+        """Write what is queued, then end the thread."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
         self._thread.join(30)
 
+    def stats(self) -> WriterStats:
+        with self._cond:
+            return WriterStats(
+                queued_writes=len(self._queue),
+                queued_bytes=self._queued_bytes,
+                capacity_bytes=self.max_queued_bytes,
+                **self._counts,
+            )
+
+    def _oldest_pending(self) -> int:
+        seqs = [s for s, _ in self._queue] + [s for s, _ in self._in_flight]
+        return min(seqs, default=self._next_seq)
+
+    def _count(self, **deltas: int) -> None:
+        with self._cond:
+            for name, delta in deltas.items():
+                self._counts[name] += delta
+
+    # -- the writer thread ----------------------------------------------------------------------
+
     def _run(self) -> None:
-        while (item := self._queue.get()) is not None:
-            if isinstance(item, threading.Event):
-                item.set()
-                continue
+        self._arena.touch()  # page faults here, not in the engine thread's first copy
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: bool(self._queue) or self._stopping)
+                if not self._queue:
+                    return
+                batch_bytes = 0
+                while self._queue and (not self._in_flight or batch_bytes < self.max_batch_bytes):
+                    entry = self._queue.popleft()
+                    self._in_flight.append(entry)
+                    batch_bytes += entry[1].nbytes
+                    self._queued_bytes -= entry[1].nbytes
+            self._write([item for _, item in self._in_flight])
+
+    def _write(self, items: list[PendingWrite]) -> None:
+        blocks: list[StoredBlock] = []
+        for item in items:
+            if item.copied is not None:
+                item.copied.synchronize()
+            if item.slots:  # zero-copy views of the staging slots: held until put returns
+                rows = [self._arena.row(s) for s in item.slots]
+                blocks += [
+                    StoredBlock(m.block_hash, m.parent_hash, m.token_ids, r)
+                    for m, r in zip(item.metas, rows, strict=True)
+                ]
+            else:
+                blocks += item.ready
+        written, failed = 0, False
+        try:
+            written = self.tier.put(blocks)
+        except Exception:  # a lost write costs a recompute later, never a wrong token
+            failed = True
+            log.exception("writing %d block(s) to Redis failed", len(blocks))
+        with self._cond:
+            for item in items:
+                self._arena.give(list(item.slots))
+            self._in_flight = []
+            self._counts["blocks_written"] += written
+            self._counts["batches"] += 1
+            self._counts["put_errors"] += failed
+            self._cond.notify_all()
+        if failed and self.on_drop is not None:
+            self.on_drop([b.block_hash for b in blocks])
+        self._report_drops()
+
+    def _report_drops(self) -> None:
+        """Raise the tier's shared writes_dropped counter (for /metrics) by the drops since the
+        last report. Best effort: a Redis that refuses it loses a count, never a block."""
+        client = getattr(self.tier, "client", None)  # a RedisTier's; stand-ins in tests have none
+        with self._cond:
+            delta = self._counts["writes_dropped"] - self._reported_drops
+            self._reported_drops += delta
+        if delta and client is not None:
             try:
-                self.blocks_written += self.tier.put(item)
-            except Exception:  # a lost write costs a recompute later, never a wrong token
-                log.exception("writing %d block(s) to Redis failed", len(item))
+                client.hincrby(self.tier.keys.counters, "writes_dropped", delta)
+            except Exception:
+                log.warning("counting dropped writes in Redis failed", exc_info=True)

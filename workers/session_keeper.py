@@ -13,9 +13,12 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
+import redis
+
 from broker import keys, session_store
 from broker.messages import ChatMessage, GenerateJob, SessionRecord
 from broker.prefix_digest import chat_digests, text_digests
+from broker.session_tokens import SessionTokens, conversation_digest
 from kvstore import tier_pins
 from kvstore.block_hash import hash_blocks, root_hash
 from kvstore.redis_tier import RedisTier
@@ -86,12 +89,28 @@ class SessionKeeper:
         )
         if tier is not None and self.writer is not None:
             self.writer.flush()  # the turn's blocks are in Redis before the session says they are
+        exact = None
+        if job.endpoint == "chat" and job.messages and not job.prompt_token_ids:
+            conversation = (*job.messages, ChatMessage("assistant", text))
+            exact = SessionTokens(
+                job.model, conversation_digest(job.model, conversation), len(conversation), tuple(tokens)
+            )
         if not session_store.save(
-            self.redis, record, self.tier_config.session_ttl_s, job.submitted_at or now
+            self.redis, record, self.tier_config.session_ttl_s, job.submitted_at or now, exact
         ):
             return  # a newer turn finished first (its record and pins stand), or it was deleted
         if tier is not None:
             tier.pin_session(job.tenant, job.session_id, hashes, version=now)
+
+    def stored_tokens(self, job: GenerateJob) -> SessionTokens | None:
+        """The exact tokens the session's last turn ended with, for workers/prompt.py to reuse."""
+        if not job.session_id or job.endpoint != "chat" or not job.messages or job.prompt_token_ids:
+            return None
+        try:
+            return session_store.load_tokens(self.redis, job.tenant, job.session_id)
+        except redis.RedisError as exc:  # costs this turn a re-tokenisation, nothing more
+            log.warning("session %s: cannot read its exact tokens: %s", job.session_id, exc)
+            return None
 
     def _digests(self, job: GenerateJob, text: str) -> list[str]:
         if job.endpoint == "chat" and job.messages:

@@ -4,6 +4,7 @@ the message when the job did not end (see workers/job_runner.py for each outcome
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 from celery import Celery, Task
@@ -23,6 +24,7 @@ def register_tasks(app: Celery, runner: JobRunner) -> None:
     @app.task(name=keys.GENERATE_TASK, bind=True, acks_late=True, reject_on_worker_lost=True)
     def generate(self: Task, job: dict[str, Any]) -> dict[str, Any]:
         """kvferry.generate(job) -> result: the public task (see broker/messages.py for both)."""
+        picked_at = time.time()  # the worker's first stage time (see ops/bench_queue.py)
         job_id = self.request.id
         try:
             decoded = decode_job(job)
@@ -32,7 +34,7 @@ def register_tasks(app: Celery, runner: JobRunner) -> None:
             runner.refuse(job_id, job, exc)
             raise
         try:
-            return encode_result(runner.run(job_id, decoded))
+            return encode_result(runner.run(job_id, decoded, picked_at))
         except EngineFailedError as exc:
             # The engine failed, not the job: back on its queue (kombu requeues at the far end,
             # behind what waits), to resume on a new lease after the tokens its stream holds.

@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+import json
+import logging
+import threading
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import redis
 from fastapi.testclient import TestClient
+from kombu.exceptions import OperationalError
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from api.app import create_app
 from api.config import ApiConfig
-from broker import keys
+from broker import job_events, keys
+from broker.errors import CodecError
 from tests.api.conftest import MODEL, Served
 
 CHAT = "/v1/chat/completions"
@@ -148,3 +154,83 @@ def test_redis_down_is_503() -> None:
         assert_error(c.post(CHAT, json={"model": MODEL, "messages": MSGS}), 503)
         assert_error(c.get("/v1/jobs/x"), 503)
         assert_error(c.get("/metrics"), 503)
+
+
+# Errors are classified by type: the queue service being down is a 503; a message of ours that
+# does not decode is a bug (500, its cause logged), never "the queue service is unavailable".
+
+
+def _queued_job_id(rds: redis.Redis, timeout_s: float = 10) -> str:
+    """Take the job the api just queued off the shared queue (no worker runs here); its id."""
+    popped = rds.brpop([keys.SHARED_QUEUE], timeout=timeout_s)
+    assert popped is not None, "the api queued nothing"
+    job_id: str = json.loads(popped[1])["headers"]["id"]
+    return job_id
+
+
+def _post_in_thread(api: Served, body: dict[str, Any]) -> tuple[threading.Thread, list[Any]]:
+    replies: list[Any] = []
+
+    def post() -> None:
+        with api.client() as c:
+            replies.append(c.post(CHAT, json=body))
+
+    thread = threading.Thread(target=post, daemon=True)
+    thread.start()
+    return thread, replies
+
+
+def test_a_result_that_does_not_decode_is_500_and_logged(
+    api: Served, rds: redis.Redis, celery_client: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    thread, replies = _post_in_thread(api, {"model": MODEL, "messages": MSGS})
+    job_id = _queued_job_id(rds)
+    # a worker of another version: a SUCCESS whose result is not a GenerateResult
+    celery_client.backend.store_result(job_id, {"job_id": job_id, "tokens": "many"}, "SUCCESS")
+    with caplog.at_level(logging.ERROR, logger="api.job_client"):
+        thread.join(15)
+    assert replies, "no answer"
+    error = assert_error(replies[0], 500)
+    assert error["type"] == "server_error" and "unreadable job result" in error["message"]
+    logged = [r for r in caplog.records if r.name == "api.job_client" and job_id in r.getMessage()]
+    assert logged and isinstance(logged[0].exc_info[1], CodecError)  # type: ignore[index]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_stream_event_that_does_not_decode_is_500_and_logged(
+    api: Served, rds: redis.Redis, caplog: pytest.LogCaptureFixture, stream: bool
+) -> None:
+    thread, replies = _post_in_thread(api, {"model": MODEL, "messages": MSGS, "stream": stream})
+    job_id = _queued_job_id(rds)
+    # a non-streaming request waits on the job's end stream only; a streaming one follows the stream
+    stream_key = keys.job_stream(job_id) if stream else keys.job_end(job_id)
+    rds.xadd(stream_key, {job_events.EVENT_FIELD: b'{"event":"delta","text":7}'})
+    with caplog.at_level(logging.ERROR, logger="api.errors"):
+        thread.join(15)
+    assert replies, "no answer"
+    error = assert_error(replies[0], 500)
+    assert error["type"] == "server_error"
+    assert any(isinstance(r.exc_info[1], CodecError) for r in caplog.records if r.exc_info)
+
+
+@pytest.mark.parametrize(
+    ("raised", "status"),
+    [
+        (RedisConnectionError("Connection refused"), 503),
+        (OperationalError("broker connection lost"), 503),
+        (CodecError("cannot encode GenerateJob"), 500),
+        (RuntimeError("a plain bug"), 500),
+    ],
+    ids=lambda v: type(v).__name__ if isinstance(v, Exception) else str(v),
+)
+def test_send_failures_are_classified_by_type(
+    api: Served, rds: redis.Redis, monkeypatch: pytest.MonkeyPatch, raised: Exception, status: int
+) -> None:
+    async def broken_send(*args: Any) -> None:
+        raise raised
+
+    monkeypatch.setattr(api.app.state.ctx.jobs, "send", broken_send)
+    with api.client() as c:
+        error = assert_error(c.post(CHAT, json={"model": MODEL, "messages": MSGS}), status)
+    assert error["type"] == ("service_unavailable_error" if status == 503 else "server_error")
+    assert not rds.keys("kvferry:job:*")  # nothing of the job is kept either way

@@ -4,19 +4,21 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import struct
+from typing import Any
 
 import msgpack
 import pytest
 import torch
 
-from kvstore.block_codec import MAGIC, block_checksum, decode_pack, encode_pack
+from kvstore.block_codec import MAGIC, PACK_MAGIC, decode_pack, encode_pack
 from kvstore.kv_cache import KVCache, KVLayout
-from kvstore.stored_block import KVFormat, StoredBlock
+from kvstore.stored_block import KVFormat
 from tests.kvstore.conftest import TINY_LAYOUT, MakeBlocks
 
 
 def test_format_from_layout_matches_the_pool(tiny_fmt: KVFormat) -> None:
-    assert tiny_fmt == KVFormat("tiny-test", "float32", (2, 2, 16, 2, 16), 1)
+    assert tiny_fmt == KVFormat("tiny-test", "float32", (2, 2, 16, 2, 16), 2)
     assert tiny_fmt.nbytes == TINY_LAYOUT.bytes_per_block == 8192
     assert tiny_fmt.block_size == 16
     smollm2 = KVLayout(num_layers=30, num_kv_heads=3, head_dim=64, block_size=16, dtype=torch.float32)
@@ -80,8 +82,20 @@ def test_truncated_pack_drops_everything_without_raising(tiny_fmt: KVFormat, mak
     data = encode_pack(tiny_fmt, make_blocks(3))
     for cut in [0, 1, 10, 100, len(data) // 2, len(data) - 1]:
         decoded = decode_pack(tiny_fmt, data[:cut])
-        assert decoded.blocks == [] and decoded.dropped == 1
-        assert decoded.reason is not None and decoded.reason.startswith("undecodable")
+        assert decoded.blocks == [] and decoded.dropped in (1, 3)
+        assert decoded.reason is not None and decoded.reason.startswith(("undecodable", "foreign"))
+
+
+def _split(data: bytes) -> tuple[dict[str, Any], bytes]:
+    """A layout-2 pack as (header map, payload)."""
+    magic, size = struct.unpack_from("<4sI", data)
+    assert magic == PACK_MAGIC
+    return msgpack.unpackb(data[8 : 8 + size]), data[8 + size :]
+
+
+def _join(header: dict[str, Any], payload: bytes) -> bytes:
+    packed = msgpack.packb(header)
+    return struct.pack("<4sI", PACK_MAGIC, len(packed)) + packed + payload
 
 
 @pytest.mark.parametrize(
@@ -92,9 +106,10 @@ def test_truncated_pack_drops_everything_without_raising(tiny_fmt: KVFormat, mak
         b"\xc1",  # never used in msgpack
         bytes(range(256)) * 8,
         msgpack.packb([1, 2, 3]),
-        msgpack.packb(7),
-        msgpack.packb({"magic": "kvferry-kv"}),  # no format fields
-        msgpack.packb({"blocks": "x" * 5}),
+        msgpack.packb({"magic": "kvferry-kv"}),  # a layout-1 pack's start
+        PACK_MAGIC + struct.pack("<I", 2**31) + b"x" * 64,  # a header longer than the pack
+        _join({"magic": "kvferry-kv"}, b""),  # no format fields
+        _join([1, 2], b""),  # type: ignore[arg-type]
         encode_pack(KVFormat("tiny-test", "float32", (2, 2, 16, 2, 16)), []) + b"extra",
     ],
 )
@@ -105,13 +120,43 @@ def test_garbage_drops_everything_without_raising(tiny_fmt: KVFormat, garbage: b
     assert decoded.reason is not None
 
 
+def test_layout_1_pack_is_foreign(tiny_fmt: KVFormat, make_blocks: MakeBlocks) -> None:
+    """What the previous release wrote (one msgpack map, blake2b checksums) reads as foreign."""
+    blocks = make_blocks(2)
+    old = {
+        "magic": MAGIC,
+        "layout_version": 1,
+        "model_fingerprint": "tiny-test",
+        "dtype": "float32",
+        "shape": [2, 2, 16, 2, 16],
+        "blocks": [
+            {
+                "hash": b.block_hash,
+                "parent": b.parent_hash,
+                "tokens": list(b.token_ids),
+                "kv": b.kv,
+                "checksum": b"\x00" * 16,
+            }
+            for b in blocks
+        ],
+    }
+    decoded = decode_pack(tiny_fmt, msgpack.packb(old, use_bin_type=True))
+    assert decoded.blocks == []
+    assert decoded.reason is not None and decoded.reason.startswith("foreign pack")
+    header, payload = _split(encode_pack(tiny_fmt, blocks))
+    header["layout_version"] = 1
+    assert decode_pack(tiny_fmt, _join(header, payload)).reason == (
+        "foreign pack: layout_version is 1, expected 2"
+    )
+
+
 @pytest.mark.parametrize(
     ("change", "field"),
     [
         ({"model_fingerprint": "other-model"}, "model_fingerprint"),
         ({"dtype": "float16"}, "dtype"),
         ({"shape": (2, 2, 16, 4, 8)}, "shape"),  # same byte count, another head split
-        ({"layout_version": 2}, "layout_version"),
+        ({"layout_version": 3}, "layout_version"),
     ],
 )
 def test_foreign_format_drops_every_block(
@@ -128,48 +173,41 @@ def test_foreign_format_drops_every_block(
 
 
 def test_wrong_magic_drops_every_block(tiny_fmt: KVFormat, make_blocks: MakeBlocks) -> None:
-    pack = msgpack.unpackb(encode_pack(tiny_fmt, make_blocks(2)))
-    assert pack["magic"] == MAGIC
-    pack["magic"] = "not-kvferry"
-    decoded = decode_pack(tiny_fmt, msgpack.packb(pack))
+    header, payload = _split(encode_pack(tiny_fmt, make_blocks(2)))
+    assert header["magic"] == MAGIC
+    header["magic"] = "not-kvferry"
+    decoded = decode_pack(tiny_fmt, _join(header, payload))
     assert (decoded.blocks, decoded.dropped) == ([], 2)
     assert decoded.reason is not None and "magic" in decoded.reason
 
 
-def _repack(fmt: KVFormat, blocks: list[StoredBlock], i: int, **entry: object) -> bytes:
-    """The pack of ``blocks`` with entry ``i`` changed and its checksum recomputed to match, unless
-    ``entry`` sets one."""
-    pack = msgpack.unpackb(encode_pack(fmt, blocks))
-    e = pack["blocks"][i]
-    e.update(entry)
-    if "checksum" not in entry:
-        e["checksum"] = block_checksum(e["hash"], e["parent"], e["tokens"], e["kv"])
-    return bytes(msgpack.packb(pack))
-
-
-def test_block_with_wrong_kv_length_or_token_count_is_dropped_alone(
-    tiny_fmt: KVFormat, make_blocks: MakeBlocks
+@pytest.mark.parametrize("field", ["hashes", "parents", "tokens", "checksums"])
+def test_short_per_block_array_drops_the_pack(
+    tiny_fmt: KVFormat, make_blocks: MakeBlocks, field: str
 ) -> None:
-    blocks = make_blocks(3)
-    short_kv = decode_pack(tiny_fmt, _repack(tiny_fmt, blocks, 1, kv=blocks[1].kv[:-4]))
-    assert short_kv.blocks == [blocks[0], blocks[2]]
-    assert short_kv.reason == "block 1: 8188 bytes of KV, expected 8192"
-    few_tokens = decode_pack(tiny_fmt, _repack(tiny_fmt, blocks, 0, tokens=list(blocks[0].token_ids[:15])))
-    assert few_tokens.blocks == blocks[1:]
-    assert few_tokens.reason == "block 0: 15 tokens, expected 16"
-    huge_token = decode_pack(tiny_fmt, _repack(tiny_fmt, blocks, 2, tokens=[2**64 - 1] * 16, checksum=b""))
-    assert huge_token.blocks == blocks[:2]
-    assert huge_token.reason == "block 2: token id out of range"
+    header, payload = _split(encode_pack(tiny_fmt, make_blocks(3)))
+    header[field] = header[field][:-1]
+    decoded = decode_pack(tiny_fmt, _join(header, payload))
+    assert (decoded.blocks, decoded.dropped, decoded.reason) == ([], 3, f"undecodable: {field}")
 
 
-def test_malformed_entry_is_dropped_alone(tiny_fmt: KVFormat, make_blocks: MakeBlocks) -> None:
+def test_changed_token_drops_only_that_block(tiny_fmt: KVFormat, make_blocks: MakeBlocks) -> None:
     blocks = make_blocks(3)
-    pack = msgpack.unpackb(encode_pack(tiny_fmt, blocks))
-    pack["blocks"][0] = "not a block"
-    del pack["blocks"][1]["parent"]
-    decoded = decode_pack(tiny_fmt, msgpack.packb(pack))
-    assert decoded.blocks == [blocks[2]]
-    assert (decoded.dropped, decoded.reason) == (2, "block 0: malformed entry")
+    header, payload = _split(encode_pack(tiny_fmt, blocks))
+    tokens = bytearray(header["tokens"])
+    tokens[16 * 8 + 3] ^= 0x10  # block 1, token 0
+    header["tokens"] = bytes(tokens)
+    decoded = decode_pack(tiny_fmt, _join(header, payload))
+    assert decoded.blocks == [blocks[0], blocks[2]]
+    assert (decoded.dropped, decoded.reason) == (1, "block 1: checksum mismatch")
+
+
+def test_exact_blocks_are_views_into_the_received_buffer(tiny_fmt: KVFormat, make_blocks: MakeBlocks) -> None:
+    data = encode_pack(tiny_fmt, make_blocks(2))
+    decoded = decode_pack(tiny_fmt, data)
+    for block in decoded.blocks:
+        assert isinstance(block.kv, memoryview) and block.kv.obj is data and block.kv.readonly
+    assert len({hash(b) for b in decoded.blocks}) == 2  # still hashable
 
 
 def test_random_corruption_never_raises_nor_yields_a_changed_block(
@@ -190,6 +228,6 @@ def test_random_corruption_never_raises_nor_yields_a_changed_block(
 def test_encode_refuses_wrong_kv_length_or_token_count(tiny_fmt: KVFormat, make_blocks: MakeBlocks) -> None:
     block = make_blocks(1)[0]
     with pytest.raises(ValueError, match="bytes of KV"):
-        encode_pack(tiny_fmt, [dataclasses.replace(block, kv=block.kv + b"\x00")])
+        encode_pack(tiny_fmt, [dataclasses.replace(block, kv=bytes(block.kv) + b"\x00")])
     with pytest.raises(ValueError, match="tokens"):
         encode_pack(tiny_fmt, [dataclasses.replace(block, token_ids=block.token_ids[:-1])])

@@ -8,7 +8,7 @@ import pytest
 
 from kvstore.block import Block
 from kvstore.block_pool import BlockPool
-from kvstore.errors import KVStoreError, PoolIntegrityError
+from kvstore.errors import PoolIntegrityError
 from tests.kvstore._helpers import commit, ids
 
 
@@ -26,9 +26,17 @@ def busy_pool() -> BlockPool:
     return pool
 
 
-def test_error_hierarchy() -> None:
-    assert issubclass(PoolIntegrityError, RuntimeError)
-    assert issubclass(KVStoreError, Exception)
+def test_misuse_and_corruption_raise_different_types() -> None:
+    """A caller's mistake is a ValueError it may catch; a broken invariant is a bookkeeping bug,
+    a PoolIntegrityError (RuntimeError), which no `except ValueError` swallows."""
+    pool = busy_pool()
+    with pytest.raises(ValueError) as misuse:
+        pool.free([pool.blocks[5]])  # free already
+    assert not isinstance(misuse.value, PoolIntegrityError)
+    pool.blocks[7].ref_cnt = 1  # a free block that claims a reference
+    with pytest.raises(PoolIntegrityError) as corrupt:
+        pool.check_integrity()
+    assert isinstance(corrupt.value, RuntimeError) and not isinstance(corrupt.value, ValueError)
 
 
 def test_free_of_unreferenced_block_raises_and_changes_nothing() -> None:

@@ -177,3 +177,42 @@ def test_run_batch_unknown_model_is_a_clear_error(tmp_path: Path) -> None:
     assert proc.returncode != 0
     assert "unknown model 'no-such-model'" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+class _RefusingEngine:
+    """Just enough of LLMEngine for run_batch: add_request refuses each line as told."""
+
+    @staticmethod
+    def tokenizer(text: str) -> dict[str, list[int]]:
+        return {"input_ids": [1, 2, 3]}
+
+    def __init__(self, refusals: list[Exception]) -> None:
+        self.refusals = refusals
+
+    def add_request(self, request_id: str, ids: list[int], params: object) -> None:
+        raise self.refusals[int(request_id.removeprefix("batch-"))]
+
+    def has_unfinished(self) -> bool:
+        return False
+
+
+def test_refusals_are_classified_by_type_not_by_wording() -> None:
+    """PromptTooLongError is context_length_exceeded whatever it says; any other
+    InvalidRequestError is invalid_request even when its message mentions the context."""
+    from broker.errors import InvalidRequestError, PromptTooLongError
+    from ops.run_batch import parse_line, run_batch
+
+    refusals: list[Exception] = [
+        PromptTooLongError("4097 tokens will not fit", "prompt"),
+        InvalidRequestError("the resumed output outgrew its context", "max_tokens"),
+        InvalidRequestError("the KV pool says no", "prompt"),
+    ]
+    lines = [
+        parse_line(i + 1, _line(f"r{i}", "/v1/completions", {"model": "tiny", "prompt": "x"}), "tiny")
+        for i in range(len(refusals))
+    ]
+    assert all(line.request is not None for line in lines)
+    records, _ = run_batch(_RefusingEngine(refusals), lines)  # type: ignore[arg-type]
+    codes = [r["error"]["code"] for r in records]
+    assert codes == ["context_length_exceeded", "invalid_request", "invalid_request"]
+    assert [r["error"]["message"] for r in records] == [str(e) for e in refusals]

@@ -168,3 +168,19 @@ def test_unbounded_max_tokens_stops_at_the_context_length(tiny: TinyModel) -> No
 
     assert out.finish_reason == "length"
     assert_tokens(out.token_ids, tiny.expected(prompt, 28), "20-token prompt, context 48")
+
+
+def test_decode_batch_of_mixed_lengths_crossing_block_edges_is_exact(tiny: TinyModel) -> None:
+    """One decode batch whose contexts end just before, at and after block edges (16, 32, 48):
+    the padded K/V gather must mask each row at its own length, whatever its neighbours."""
+    rng = random.Random(7)
+    lengths = [1, 14, 15, 16, 17, 31, 32, 33, 47, 5]
+    prompts = {f"m{i}": random_prompt(rng, n) for i, n in enumerate(lengths)}
+    params = SamplingParams(max_tokens=6, **NO_EOS)
+    engine = make_engine(tiny.loaded, num_blocks=64)
+
+    outs = run_checked(engine, {rid: (p, params) for rid, p in prompts.items()})
+
+    for rid, prompt in prompts.items():
+        assert_tokens(outs[rid].token_ids, tiny.expected(prompt, 6), f"{rid}, {len(prompt)} tokens")
+    assert engine.stats().max_batch_seqs == len(lengths)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import msgspec
 import pytest
 
 from broker.errors import InvalidRequestError
@@ -64,7 +65,7 @@ def test_edge_values_are_accepted(fields: dict[str, Any]) -> None:
 
 def test_check_catches_an_instance_that_skipped_its_constructor() -> None:
     params = SamplingParams()
-    object.__setattr__(params, "seed", 2**64)
+    msgspec.structs.force_setattr(params, "seed", 2**64)
     with pytest.raises(InvalidRequestError) as info:
         params.check()
     assert info.value.param == "seed"

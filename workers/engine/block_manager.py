@@ -8,6 +8,7 @@ from kvstore.block import Block
 from kvstore.block_hash import BlockHash, hash_block, hash_blocks, root_hash
 from kvstore.block_pool import BlockPool
 from kvstore.stored_block import StoredBlock
+from workers.engine.kept_tails import KeptTails
 from workers.engine.sequence import Sequence
 
 
@@ -21,12 +22,14 @@ MAX_CACHED_ROOTS = 4096
 class BlockManager:
     """Bookkeeping only: it never touches tensors. Block ids are meaningful only in this pool."""
 
-    def __init__(self, pool: BlockPool, model_fingerprint: str) -> None:
+    def __init__(self, pool: BlockPool, model_fingerprint: str, max_kept_tails: int | None = None) -> None:
         self.pool = pool
         self.block_size = pool.block_size
         self.model_fingerprint = model_fingerprint
         self._roots: dict[str, BlockHash] = {}
         self.pending_loads: list[tuple[int, StoredBlock]] = []
+        # Partial last blocks of finished session turns (requests named in tails.want()).
+        self.tails = KeptTails(pool, pool.num_blocks // 8 if max_kept_tails is None else max_kept_tails)
 
     def root(self, cache_salt: str) -> BlockHash:
         """Parent of a sequence's first block: model weights and tenant salt, so no cross-tenant hit."""
@@ -61,14 +64,30 @@ class BlockManager:
         change) if the pool is full."""
         bs = self.block_size
         known = len(hits) + len(loaded)
-        need = cdiv(known * bs + num_new, bs) - len(hits)
+        tail = self._take_tail(seq, hit_hashes, known)
+        held = tail[1] if tail else 0  # tokens of a kept tail this seq writes on into
+        cover = min(known * bs + held + num_new, seq.num_tokens)  # the caller schedules past the tail
+        need = cdiv(cover, bs) - len(hits) - (1 if tail else 0)
         revived = sum(1 for b in hits if b.ref_cnt == 0)  # cached-but-free hits leave the free queue
+        self.tails.make_room(need + revived)
         if self.pool.num_free_blocks - revived < need:
+            if tail:
+                self.tails.keep(
+                    self._parent(seq, hit_hashes, known),
+                    tail[0],
+                    tuple(seq.token_ids[known * bs : known * bs + held]),
+                )
             return False
         self.pool.touch(hits)
         new = self.pool.allocate(need)
         assert new is not None
-        seq.block_ids = [b.block_id for b in hits] + [b.block_id for b in new]
+        middle = [tail[0].block_id] if tail else []
+        seq.block_ids = [
+            *(b.block_id for b in hits),
+            *(b.block_id for b in new[: len(loaded)]),
+            *middle,
+            *(b.block_id for b in new[len(loaded) :]),
+        ]
         seq.block_hashes = list(hit_hashes[: len(hits)])
         for block, stored in zip(new, loaded, strict=False):
             parent = seq.block_hashes[-1] if seq.block_hashes else self.root(seq.cache_salt)
@@ -76,8 +95,34 @@ class BlockManager:
             block.num_tokens = bs
             seq.block_hashes.append(stored.block_hash)
             self.pending_loads.append((block.block_id, stored))
-        seq.num_computed_tokens = known * bs
+        seq.num_computed_tokens = known * bs + held
         return True
+
+    def _parent(self, seq: Sequence, hashes: list[BlockHash], index: int) -> BlockHash:
+        return hashes[index - 1] if index else self.root(seq.cache_salt)
+
+    def _take_tail(self, seq: Sequence, hashes: list[BlockHash], known: int) -> tuple[Block, int] | None:
+        """A kept tail continuing the known blocks, whose tokens seq's next ones (bar the last,
+        always computed) start with; seq owns it from here on."""
+        if not self.pool.enable_caching or not self.tails or known > len(hashes):
+            return None
+        bs = self.block_size
+        return self.tails.take(
+            self._parent(seq, hashes, known), seq.token_ids[known * bs : seq.num_tokens - 1]
+        )
+
+    def _keep_tail(self, seq: Sequence) -> int | None:
+        """Index in seq.block_ids of the partial last block of a finished turn, now kept."""
+        if seq.finish_reason not in ("stop", "length") or not self.tails.wants(seq.request_id):
+            return None
+        bs = self.block_size
+        full, held = divmod(seq.num_computed_tokens, bs)
+        if not held or full != len(seq.block_hashes) or full >= len(seq.block_ids):
+            return None
+        block = self.pool.blocks[seq.block_ids[full]]
+        parent = seq.block_hashes[-1] if full else self.root(seq.cache_salt)
+        kept = self.tails.keep(parent, block, tuple(seq.token_ids[full * bs : full * bs + held]))
+        return full if kept else None
 
     def take_loads(self) -> list[tuple[int, StoredBlock]]:
         """Blocks allocated for tier hits whose bytes must be written before the next forward."""
@@ -88,7 +133,9 @@ class BlockManager:
         return max(0, cdiv(seq.num_computed_tokens + num_new, self.block_size) - len(seq.block_ids))
 
     def can_append(self, seq: Sequence, num_new: int) -> bool:
-        return self.pool.num_free_blocks >= self.blocks_to_append(seq, num_new)
+        need = self.blocks_to_append(seq, num_new)
+        self.tails.make_room(need)
+        return self.pool.num_free_blocks >= need
 
     def append(self, seq: Sequence, num_new: int) -> None:
         need = self.blocks_to_append(seq, num_new)
@@ -117,6 +164,9 @@ class BlockManager:
             seq.block_hashes.append(block_hash)
 
     def free(self, seq: Sequence) -> None:
-        self.pool.free([self.pool.blocks[i] for i in seq.block_ids])
+        kept = self._keep_tail(seq) if self.pool.enable_caching else None
+        if seq.finish_reason is not None:
+            self.tails.forget(seq.request_id)
+        self.pool.free([self.pool.blocks[b] for i, b in enumerate(seq.block_ids) if i != kept])
         seq.block_ids = []
         seq.block_hashes = []

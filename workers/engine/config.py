@@ -4,20 +4,24 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from broker.defaults import DEFAULTS
+
 
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
-    model: str = "smollm2"
+    model: str = DEFAULTS.model
     served_model_name: str | None = None  # the name requests use; default: `model`
-    cache_size_bytes: int = 512 * 1024**2
-    block_size: int = 16
-    max_num_seqs: int = 32
-    max_num_batched_tokens: int = 1024  # per-step token budget (chunked prefill)
+    cache_size_bytes: int = int(DEFAULTS.cache_size)
+    block_size: int = DEFAULTS.block_size
+    max_num_seqs: int = DEFAULTS.max_num_seqs
+    max_num_batched_tokens: int = DEFAULTS.max_num_batched_tokens  # per-step token budget (chunked prefill)
     max_model_len: int | None = None  # None: the model's own context length
-    enable_prefix_caching: bool = True
+    enable_prefix_caching: bool = DEFAULTS.enable_prefix_caching
+    # A bare engine (tests, benchmarks) has no warm tier and no max_tokens default unless given;
+    # a worker gets Settings' (warm_cache_size, default_max_tokens).
     warm_cache_size_bytes: int = 0  # host-memory tier for blocks evicted from the pool; 0 = none
-    dtype: str = "float32"
-    device: str = "cpu"
+    dtype: str = DEFAULTS.dtype
+    device: str = DEFAULTS.device
     torch_threads: int | None = None  # None: leave torch's default
     default_max_tokens: int | None = None  # a request naming no max_tokens; None: the room left
     # Fault hooks for tests: a step that computes prompt tokens sleeps this much longer, and the

@@ -15,7 +15,6 @@ class MemoryBreakdown:
     used_bytes: int  # blocks referenced by running requests
     cached_bytes: int  # unreferenced blocks kept for prefix hits
     free_bytes: int
-    cold_bytes: int = 0  # bytes in the Redis tier (none yet in this process)
 
     def to_dict(self) -> dict[str, int]:
         return asdict(self)

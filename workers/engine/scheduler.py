@@ -87,14 +87,15 @@ class Scheduler:
             n = min(seq.num_tokens - known * bs, budget)
             if not self.blocks.allocate(seq, hits, hashes, n, loaded):
                 break
+            n = min(seq.num_uncomputed_tokens, budget)  # less when it took a kept partial block
             if seq.num_cached_tokens < 0:  # first admission: count the prefix query once
-                seq.num_cached_tokens = len(hits) * bs
+                seq.num_cached_tokens = seq.num_computed_tokens - len(loaded) * bs
                 seq.num_warm_tokens = len(loaded) * bs
                 if self.tiers is not None:
                     seq.num_redis_tokens = bs * sum(
                         1 for b in loaded if b.block_hash in self.tiers.from_redis
                     )
-                self.blocks.pool.record_prefix_query(seq.num_prompt_tokens, len(hits) * bs)
+                self.blocks.pool.record_prefix_query(seq.num_prompt_tokens, seq.num_cached_tokens)
             self.waiting.popleft()
             seq.status = SequenceStatus.RUNNING
             seq.prefix_hashes = hashes

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import enum
-import itertools
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -17,9 +16,6 @@ class SequenceStatus(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
     FINISHED = "finished"
-
-
-_arrival = itertools.count()
 
 
 @dataclass(eq=False)
@@ -45,7 +41,6 @@ class Sequence:
     stop_reason: str | int | None = None
     output_text: str = ""
     num_streamed_chars: int = 0
-    arrival: int = field(default_factory=lambda: next(_arrival))
 
     @property
     def num_prompt_tokens(self) -> int:

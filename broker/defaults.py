@@ -1,0 +1,103 @@
+"""Every setting of kvferry, its type and its default, once.
+
+`SettingsFields` is the schema; ops/settings.py's `Settings` adds how it is read (KVFERRY_*
+variables, CLI flags) and builds each part's config from it. The parts' own config dataclasses
+(BrokerConfig, ApiConfig, EngineConfig, TierConfig) take their defaults from `DEFAULTS`, so a
+default is written here and nowhere else.
+
+It lives in broker/ because api/, workers/ and ops/ all import broker/ already, and broker/ never
+imports torch: this module imports only pydantic, so the HTTP edge and the light CLI commands stay
+torch-free.
+
+Adding a setting is one line below: its env variable (KVFERRY_<NAME>), `to_env` and the child
+processes of `serve` follow, and a part whose config dataclass has a field of the same name gets
+it through Settings.<part>_config() with no wiring.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ByteSize, ConfigDict
+
+MiB = 1024**2
+GiB = 1024**3
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "k": 1024, "m": MiB, "g": GiB, "t": 1024**4}
+
+Routing = Literal["cache-aware", "round-robin", "shared"]
+TierDtype = Literal["exact", "int8", "fp16", "bf16"]
+
+
+def parse_size(text: str | int) -> int:
+    """'512M', '1.5G', '2GiB', '4096', 1048576 -> bytes. Units are binary whatever the spelling
+    (1M = 1M = 1MB = 1MiB = 2**20), as the README documents: pydantic's own ByteSize parser would
+    read 'MB' as 10**6."""
+    if isinstance(text, bool):
+        raise ValueError(f"not a size: {text!r}")
+    if isinstance(text, int):
+        if text < 0:
+            raise ValueError(f"a size must be >= 0, got {text}")
+        return text
+    match = _SIZE.match(text) if isinstance(text, str) else None
+    if not match:
+        raise ValueError(f"not a size: {text!r} (examples: 512M, 2G, 1048576)")
+    return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+
+
+# Bytes. The before-validator fixes the units' meaning; ByteSize (an int) is what code then sees.
+Size = Annotated[ByteSize, BeforeValidator(parse_size)]
+UserPath = Annotated[Path, AfterValidator(Path.expanduser)]
+
+
+class SettingsFields(BaseModel):
+    """The settings, by name (KVFERRY_<NAME>). Types are checked on construction; frozen."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    # the engine
+    model: str = "smollm2"  # built-in name, local HF directory or .gguf
+    served_model_name: str | None = None  # the name requests use; None: `model`
+    cache_size: Size = ByteSize(512 * MiB)  # the hot KV pool's byte budget per worker
+    block_size: int = 16  # tokens per KV block
+    max_num_seqs: int = 32  # sequences in one engine step
+    max_num_batched_tokens: int = 1024  # per-step token budget (chunked prefill)
+    max_model_len: int | None = None  # None: the model's own context length
+    enable_prefix_caching: bool = True
+    warm_cache_size: Size = ByteSize(256 * MiB)  # host-memory tier for evicted blocks; 0 = none
+    dtype: str = "float32"
+    device: str = "cpu"
+    torch_threads: int | None = None  # None: torch's default
+    default_max_tokens: int = 1024  # max_tokens of a request that names none (capped by the context)
+    debug_slow_step_s: float = 0.0  # test hook: prefill steps sleep this much longer
+    debug_crash_step: int = 0  # test hook: the N-th engine step raises once; 0 = never
+    cache_dir: UserPath = Path.home() / ".cache" / "kvferry"  # converted models, serve's run dir
+    # the KV tiers
+    redis_cache_size: Size = ByteSize(2 * GiB)  # byte cap of the shared Redis tier (own LRU); 0 = none
+    session_ttl_s: int = 3600  # idle sessions expire; their pinned blocks become ordinary cached ones
+    kv_tier_dtype: TierDtype = "exact"  # how Redis stores blocks; int8/fp16/bf16 are lossy (README)
+    kv_write_queue_size: Size = ByteSize(256 * MiB)  # KV writes waiting for Redis; full: oldest dropped
+    tenant_kv_quota: Size | None = None  # session-pinned bytes per tenant in the Redis tier; None: no quota
+    # the queue service
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    kv_redis_url: str | None = None  # the KV tier's own Redis (block packs, index); None: redis_url
+    worker_name: str | None = None
+    worker_concurrency: int = 32  # jobs one worker runs at once (they share its engine's batches)
+    job_time_limit_s: int = 1800  # the longest a job may run; the visibility timeout is twice this
+    job_ttl_s: int = 86400  # a finished job's result, stream and metadata live this long (no prompt)
+    heartbeat_ttl_s: int = 3  # the heartbeat never waits on the engine, so a short TTL is safe
+    # the HTTP API
+    api_host: str = "127.0.0.1"
+    api_port: int = 8000
+    api_key: str | None = None  # when set, requests need "Authorization: Bearer <key>"
+    api_keys: str | None = None  # "key:tenant,key2:tenant2": one tenant per key (api/tenants.py)
+    api_keys_file: UserPath | None = None  # one "key tenant" per line, # comments; re-read on change
+    tenant_max_jobs: int = 0  # unfinished jobs one tenant may have at once (over it: 429); 0 = no cap
+    routing: Routing = "cache-aware"  # "round-robin" and "shared" are the benchmark's baselines
+    prefetch_hints: bool = True  # a session routed to a new worker: it loads the blocks while queued
+    flower_port: int = 5555
+
+
+DEFAULTS = SettingsFields()

@@ -1,0 +1,72 @@
+"""Prefetch hints: the router hints the worker it sends a session's turn to, when that is not the
+session's last worker; the worker loads the session's blocks from Redis into its warm tier ahead
+of the job, which then hits them even if Redis lost them meanwhile. Token-exact throughout."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import redis
+
+from broker import keys, prefetch_hint, session_store
+from broker.messages import ChatMessage, GenerateJob, SessionRecord
+from broker.prefix_digest import chat_digests
+from tests.api.test_router import _beat, _route
+from tests.integration.conftest import WorkerProcess, wait_for
+from tests.integration.test_session_tokens import _chat, _used_prompt
+
+Reference = Callable[[list[int], int], list[int]]
+SYSTEM = "Prefetch me ahead of the turn, block by block, from the shared tier. " * 6
+
+
+def test_router_hints_the_worker_a_session_moves_to(redis_client: redis.Redis, redis_server: Any) -> None:
+    tag = uuid.uuid4().hex[:6]
+    a, b = f"a-{tag}", f"b-{tag}"
+    system = ChatMessage("system", f"be brief {tag}")
+    job = GenerateJob(model="m", endpoint="chat", messages=(system,), session_id=f"s-{tag}")
+    session_store.save(redis_client, SessionRecord(f"s-{tag}", "", "m", (1, 2), (), a, time.time(), 1), 60)
+    _beat(redis_client, a)
+    _beat(redis_client, b)
+    assert _route(redis_server.url, job).reason == f"session affinity: {a}"
+    assert redis_client.llen(keys.worker_prefetch(a)) == redis_client.llen(keys.worker_prefetch(b)) == 0
+    _beat(redis_client, a, waiting=9)  # busy: the turn moves to b, which served the same prefix
+    redis_client.zadd(keys.worker_prefixes(b), dict.fromkeys(chat_digests("m", "", (system,)), time.time()))
+    route = _route(redis_server.url, job)
+    assert route.queue == keys.worker_queue(b), route
+    raw: Any = redis_client.lpop(keys.worker_prefetch(b))
+    assert prefetch_hint.decode(raw) == prefetch_hint.PrefetchHint("", f"s-{tag}", "")
+    assert redis_client.ttl(keys.worker_prefetch(b)) in (-2, *range(1, prefetch_hint.HINT_TTL_S + 1))
+    no_session = GenerateJob(model="m", endpoint="chat", messages=(system,))
+    _route(redis_server.url, no_session)
+    assert redis_client.llen(keys.worker_prefetch(b)) == 0
+
+
+def test_hinted_worker_has_the_blocks_warm_before_the_job(
+    two_workers: tuple[WorkerProcess, WorkerProcess],
+    worker_factory: Callable[..., WorkerProcess],
+    celery_app: Any,
+    redis_client: redis.Redis,
+    tokenizer: Any,
+    tiny_reference: Reference,
+) -> None:
+    w1, _ = two_workers
+    fresh = worker_factory("hinted")
+    session = f"hint-{uuid.uuid4().hex[:8]}"
+    turn1 = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "turn one"}]
+    r1 = _chat(celery_app, turn1, session, w1.queue)
+    hint = prefetch_hint.PrefetchHint("", session, "")
+    redis_client.lpush(keys.worker_prefetch(fresh.name), prefetch_hint.encode(hint))
+    wait_for(lambda: redis_client.llen(keys.worker_prefetch(fresh.name)) == 0, 10, "the hint to be taken")
+    time.sleep(1.0)  # the fetch itself: a few small packs
+    for key in redis_client.scan_iter(match="kvferry:kv:*:pack:*"):
+        redis_client.delete(key)  # from here on only the hinted warm tier holds turn 1's blocks
+    turn2 = [*turn1, {"role": "assistant", "content": r1.text}, {"role": "user", "content": "turn two"}]
+    r2 = _chat(celery_app, turn2, session, fresh.queue)
+    prompt2 = _used_prompt(redis_client, session, r2)
+    assert list(r2.token_ids) == tiny_reference(prompt2, 8)
+    turn1_blocks = (r1.usage.prompt_tokens + len(r1.token_ids)) // 16
+    assert r2.usage.cached_tokens >= turn1_blocks * 16, r2.usage
+    assert r2.usage.pool_tokens == 0, r2.usage  # nothing was in its pool: all from the warm tier
