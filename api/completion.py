@@ -16,8 +16,9 @@ from redis import RedisError
 from api import sse, tenant_jobs
 from api.context import ApiContext
 from api.errors import error_response, failed_response
-from api.job_client import ClientGoneError, JobTimeoutError, is_final
+from api.job_errors import ClientGoneError, JobTimeoutError
 from api.job_meta import JobMeta
+from api.job_outcome import is_final
 from api.job_view import failed_body
 from api.openai_schema import CompletionRequest, error_body, response_body
 from api.stage_clock import StageClock

@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse
 from kombu.exceptions import OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from api.job_client import BrokerUnavailableError
+from api.job_errors import BrokerUnavailableError
 from api.job_view import failed_body
 from api.openai_schema import error_body
 from broker.errors import CodecError, InvalidRequestError, UnknownModelError

@@ -6,8 +6,9 @@ from typing import Any, Literal
 
 from celery import states
 
-from api.job_client import JobClient, is_final, outcome_of
+from api.job_client import JobClient
 from api.job_meta import JobMeta
+from api.job_outcome import is_final, outcome_of
 from api.openai_schema import error_body, response_body, usage_body
 from broker.messages import JobDone, JobFailed, StreamEvent
 

@@ -64,6 +64,7 @@ class SettingsFields(BaseModel):
     block_size: int = 16  # tokens per KV block
     max_num_seqs: int = 32  # sequences in one engine step
     max_num_batched_tokens: int = 1024  # per-step token budget (chunked prefill)
+    max_prefill_tokens_with_decodes: int | None = None  # prefill tokens in a step with decodes; None: no cap
     max_model_len: int | None = None  # None: the model's own context length
     enable_prefix_caching: bool = True
     warm_cache_size: Size = ByteSize(256 * MiB)  # host-memory tier for evicted blocks; 0 = none

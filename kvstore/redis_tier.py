@@ -3,8 +3,9 @@
 Content-addressed: a block is found by its hash, written once and never overwritten. Blocks travel
 in packs (block_codec) of ``blocks_per_pack``, since values of a few MB move fastest. Every key is in
 kvstore/tier_keys.py; every change to the index, LRU, byte counter and pins is a Lua script
-(kvstore/lua, loaded by tier_scripts); pins by owner are kvstore/tier_pins.py; the consistency
-check is kvstore/tier_integrity.py.
+(kvstore/lua, loaded by tier_scripts); the read path is kvstore/tier_reader.py (packs fetched
+ahead by tier_fetch); pins by owner are kvstore/tier_pins.py; the consistency check is
+kvstore/tier_integrity.py.
 
 Bounded memory: the tier keeps its own LRU byte cap (``capacity_bytes``), and pinned packs count
 against it (pinned bytes are bounded per tenant by ``tenant_quota_bytes``; when pinned packs alone
@@ -19,33 +20,26 @@ reads as empty.
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
-from collections.abc import Generator, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from typing import TypeVar, cast
+from collections.abc import Sequence
 
 import redis
 
 from kvstore import tier_pins, tier_scripts
-from kvstore.block_codec import decode_pack, encode_pack
+from kvstore.block_codec import encode_pack
 from kvstore.block_hash import BlockHash
 from kvstore.kv_quant import TierDtype, check_tier_dtype, encoded_nbytes
 from kvstore.stored_block import KVFormat, StoredBlock
+from kvstore.tier_fetch import PackFetcher, batched
 from kvstore.tier_integrity import TierIntegrityError, check_integrity
-from kvstore.tier_keys import HASH_LEN, TIER_REGISTRY, PinOwner, TierKeys
+from kvstore.tier_keys import HASH_LEN, PACK_TTL_S, TIER_REGISTRY, PinOwner, TierKeys
 from kvstore.tier_pins import PinChange
+from kvstore.tier_reader import TierReader, leading
 from kvstore.tier_stats import RedisTierStats
 
-__all__ = ["HASH_LEN", "PinChange", "RedisTier", "TierIntegrityError", "TierKeys"]
+__all__ = ["HASH_LEN", "PACK_TTL_S", "PinChange", "RedisTier", "TierIntegrityError", "TierKeys"]
 
-log = logging.getLogger(__name__)
-T = TypeVar("T")
-PACK_TTL_S = 30 * 86400  # what makes packs (and only packs) evictable under volatile-lru
-# Per MGET: one huge reply would hold Redis (and the job queue) longer, and the read path decodes
-# one MGET's packs while the next is on the wire (measured: 4 MB overlaps best at 2-block packs).
-_MAX_MGET_BYTES = 4 * 1024**2
 _LOCAL_COUNTERS = (
     "blocks_written",
     "bytes_written",
@@ -87,10 +81,10 @@ class RedisTier:
         self.tenant_quota_bytes = tenant_quota_bytes  # 0: no quota
         self.blocks_per_pack = blocks_per_pack
         self.keys = TierKeys.for_tier(fmt.model_fingerprint, self.tier_dtype)
-        self._repair_script = client.register_script(tier_scripts.script(tier_scripts.REPAIR))
+        self.fetcher = PackFetcher(client, blocks_per_pack * self.stored_block_bytes)
+        self._reader = TierReader(client, self.keys, fmt, self.tier_dtype, self.fetcher)
         self._lock = threading.Lock()  # guards the counters: writer and task threads share a tier
         self._counts = dict.fromkeys(_LOCAL_COUNTERS, 0)
-        self._fetcher: ThreadPoolExecutor | None = None  # fetches the next MGET while one decodes
 
     def put(self, blocks: Sequence[StoredBlock]) -> int:
         """Write the blocks not yet indexed, consecutive ones packed together; returns blocks written.
@@ -104,7 +98,7 @@ class RedisTier:
         unique = list({b.block_hash: b for b in blocks}.values())
         if not unique:
             return 0
-        groups = self._new_packs(unique, self._locate([b.block_hash for b in unique]))
+        groups = self._new_packs(unique, self._reader.locate([b.block_hash for b in unique]))
         if not groups:
             return 0
         now = time.time()
@@ -144,51 +138,14 @@ class RedisTier:
             raise ValueError(f"{len(hashes)} hashes but {len(token_ids)} token lists")
         if not hashes:
             return []
-        lead = _leading(self._locate(hashes))
-        stream = self._stream(list(dict.fromkeys(lead)))
-        bytes_read = 0
-        opened: dict[bytes, dict[BlockHash, StoredBlock]] = {}  # pack key -> its valid blocks
-        corrupt: list[bytes] = []
-        missing: list[bytes] = []  # (hash, pack key): an index entry naming a pack that is gone
-        used: list[bytes] = []  # packs the run came from, in order
-        run: list[StoredBlock] = []
-        blocks_read = 0
-        for i, pack_key in enumerate(lead):
-            if pack_key not in opened:
-                streamed_key, data = next(stream)  # packs arrive in the order of their first use
-                assert streamed_key == pack_key
-                if data is None:  # evicted since the index was read (by us or by Redis), or deleted
-                    missing += [hashes[i], pack_key]
-                    break
-                bytes_read += len(data)
-                decoded = decode_pack(self.fmt, data, self.tier_dtype)
-                blocks_read += len(decoded.blocks) + decoded.dropped
-                opened[pack_key] = {b.block_hash: b for b in decoded.blocks}
-                if decoded.reason is not None:  # its valid blocks still serve this read
-                    corrupt.append(pack_key)
-            block = opened[pack_key].get(hashes[i])
-            if block is None:  # dropped by the codec, or never in the pack its index names
-                if pack_key not in corrupt:
-                    corrupt.append(pack_key)
-                break
-            if token_ids is not None and tuple(token_ids[i]) != block.token_ids:
-                break
-            run.append(block)
-            if not used or used[-1] != pack_key:
-                used.append(pack_key)
-        stream.close()
-        self._touch(used, hits=len(run), misses=len(hashes) - len(run), bytes_read=bytes_read)
-        if corrupt or missing:
-            try:
-                self._repair_script(keys=[*self.keys.namespace(), *corrupt], args=missing)
-            except redis.ResponseError:  # e.g. OOM: the next reader repairs it
-                log.warning("repairing the Redis tier failed", exc_info=True)
+        read = self._reader.read_run(hashes, token_ids)
+        run = read.blocks
         self._count(
-            blocks_read=blocks_read,
-            bytes_read=bytes_read,
+            blocks_read=read.blocks_read,
+            bytes_read=read.bytes_read,
             read_hits=len(run),
             read_misses=len(hashes) - len(run),
-            packs_dropped=len(corrupt),
+            packs_dropped=read.packs_dropped,
         )
         return run
 
@@ -196,7 +153,7 @@ class RedisTier:
         """How many of hashes[0], hashes[1], ... the index holds, up to the first it does not."""
         if not hashes:
             return 0
-        return len(_leading(self._locate(hashes)))
+        return len(leading(self._reader.locate(hashes)))
 
     def pin_session(
         self, tenant: str, session_id: str, hashes: Sequence[BlockHash], version: float | None = None
@@ -230,7 +187,7 @@ class RedisTier:
 
     def clear(self) -> None:
         """Delete every key of this model's tier (tests, admin); other models' keys stay."""
-        for batch in _batched(list(self.client.scan_iter(match=self.keys.pattern, count=1000)), 500):
+        for batch in batched(list(self.client.scan_iter(match=self.keys.pattern, count=1000)), 500):
             self.client.delete(*batch)
 
     def check_integrity(self) -> None:
@@ -254,24 +211,6 @@ class RedisTier:
         self._count(packs_evicted=change.packs_evicted)
         return change
 
-    def _touch(self, used: list[bytes], hits: int, misses: int, bytes_read: int) -> None:
-        """A read's bookkeeping: the packs used are the most recent now, their TTL renewed, the
-        shared counters raised. Best effort: a Redis at maxmemory may refuse it, the read stands."""
-        pipe = self.client.pipeline(transaction=False)
-        if used:
-            now = time.time()
-            pipe.zadd(self.keys.lru, {key: now - j * 1e-6 for j, key in enumerate(used)}, xx=True)
-            for key in used:
-                pipe.expire(key, PACK_TTL_S)
-        c = self.keys.counters
-        for name, value in (("hits", hits), ("misses", misses), ("bytes_read", bytes_read)):
-            if value:
-                pipe.hincrby(c, name, value)
-        try:
-            pipe.execute()
-        except redis.ResponseError:
-            log.warning("updating the Redis tier's LRU and counters failed", exc_info=True)
-
     def _new_packs(self, blocks: list[StoredBlock], indexed: list[bytes | None]) -> list[list[StoredBlock]]:
         """The blocks not indexed yet, in runs cut at indexed ones and at blocks_per_pack."""
         groups: list[list[StoredBlock]] = []
@@ -286,49 +225,7 @@ class RedisTier:
                 extend = True
         return groups
 
-    def _locate(self, hashes: Sequence[BlockHash]) -> list[bytes | None]:
-        """The pack key of each block, None where the index has none (one round trip)."""
-        return cast("list[bytes | None]", self.client.hmget(self.keys.index, list(hashes)))
-
-    def _stream(self, pack_keys: list[bytes]) -> Generator[tuple[bytes, bytes | None]]:
-        """(key, value or None) of every pack, in order: MGETs of a few MB, the next one fetched
-        on a helper thread while the caller decodes this one's packs (hiredis parses a reply, and
-        socket reads, checksums and copies release the GIL, so the two overlap on two cores)."""
-        per_call = max(1, _MAX_MGET_BYTES // (self.blocks_per_pack * self.stored_block_bytes))
-        chunks = _batched(pack_keys, per_call)
-        if len(chunks) <= 1:
-            values = self._mget(chunks[0]) if chunks else []
-            yield from zip(pack_keys, values, strict=True)
-            return
-        if self._fetcher is None:
-            with self._lock:
-                if self._fetcher is None:
-                    self._fetcher = ThreadPoolExecutor(1, thread_name_prefix="kv-tier-fetch")
-        ahead = self._fetcher.submit(self._mget, chunks[0])
-        for i, chunk in enumerate(chunks):
-            values = ahead.result()
-            if i + 1 < len(chunks):  # a run cut short leaves this one to finish unread
-                ahead = self._fetcher.submit(self._mget, chunks[i + 1])
-            yield from zip(chunk, values, strict=True)
-
-    def _mget(self, keys: Sequence[bytes]) -> list[bytes | None]:
-        return cast("list[bytes | None]", self.client.mget(keys))
-
     def _count(self, **deltas: int) -> None:
         with self._lock:
             for name, delta in deltas.items():
                 self._counts[name] += delta
-
-
-def _leading(located: list[bytes | None]) -> list[bytes]:
-    """The pack keys up to the first block the index does not hold."""
-    lead = []
-    for pack_key in located:
-        if pack_key is None:
-            break
-        lead.append(pack_key)
-    return lead
-
-
-def _batched(items: Sequence[T], n: int) -> list[Sequence[T]]:
-    return [items[i : i + n] for i in range(0, len(items), n)]

@@ -14,6 +14,7 @@ from kvstore.block_hash import BlockHash
 
 HASH_LEN = 32  # sha256 block hashes; the pack metadata concatenates them
 TIER_REGISTRY = "kvferry:kv:tiers"  # SET of the fingerprints that have a tier in this Redis
+PACK_TTL_S = 30 * 86400  # what makes packs (and only packs) evictable under volatile-lru
 _UNSAFE_FINGERPRINT_CHARS = set("{}*?[]\\ \t\r\n")
 
 OwnerKind = Literal["s", "p"]  # a session's pins, or a tenant's preloaded templates

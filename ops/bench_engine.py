@@ -9,7 +9,6 @@ bytes for sessions that share a system prompt, with sharing vs without.
 
 from __future__ import annotations
 
-import copy
 import gc
 import statistics
 import time
@@ -19,14 +18,11 @@ from typing import Any
 import torch
 
 from broker.sampling import SamplingParams
+from ops.bench_decode import bench_decode
+from ops.hf_baseline import hf_generate, hf_model, prompt
 from ops.settings import Settings, parse_size
 from workers.engine.llm_engine import LLMEngine
 from workers.engine.model_loader import LoadedModel, load_model
-
-
-def _prompt(rng: torch.Generator, n: int, vocab: int) -> list[int]:
-    # Token ids 100.. avoid the special tokens at the start of the vocabulary.
-    return torch.randint(100, vocab, (n,), generator=rng).tolist()
 
 
 def _ttft(engine: LLMEngine, prompt: list[int], rid: str) -> float:
@@ -42,39 +38,14 @@ def _ttft(engine: LLMEngine, prompt: list[int], rid: str) -> float:
     raise RuntimeError("no token produced")
 
 
-def _hf_model(loaded: LoadedModel) -> Any:
-    ref = type(loaded.model)(copy.deepcopy(loaded.model.config))
-    ref.config._attn_implementation = "sdpa"
-    ref.load_state_dict(loaded.model.state_dict())
-    ref.generation_config = copy.deepcopy(loaded.model.generation_config)
-    return ref.eval()
-
-
-@torch.inference_mode()
-def _hf_generate(ref: Any, prompts: list[list[int]], new_tokens: int, pad_id: int) -> float:
-    width = max(len(p) for p in prompts)
-    ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in prompts])
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
-    started = time.perf_counter()
-    ref.generate(
-        ids,
-        attention_mask=mask,
-        max_new_tokens=new_tokens,
-        min_new_tokens=new_tokens,
-        do_sample=False,
-        pad_token_id=pad_id,
-    )
-    return time.perf_counter() - started
-
-
 def bench_ttft(engine: LLMEngine, ref: Any, vocab: int, repeats: int) -> dict[str, Any]:
     rng = torch.Generator().manual_seed(1)
     cold, cached, hf = [], [], []
     for r in range(repeats):
-        shared = _prompt(rng, 1008, vocab)
-        cold.append(_ttft(engine, shared + _prompt(rng, 16, vocab), f"cold-{r}"))  # also warms the prefix
-        cached.append(_ttft(engine, shared + _prompt(rng, 16, vocab), f"cached-{r}"))
-        hf.append(_hf_generate(ref, [_prompt(rng, 1024, vocab)], 1, 0))
+        shared = prompt(rng, 1008, vocab)
+        cold.append(_ttft(engine, shared + prompt(rng, 16, vocab), f"cold-{r}"))  # also warms the prefix
+        cached.append(_ttft(engine, shared + prompt(rng, 16, vocab), f"cached-{r}"))
+        hf.append(hf_generate(ref, [prompt(rng, 1024, vocab)], 1, 0))
     out = {
         "ttft_cold_s": statistics.median(cold),
         "ttft_cached_s": statistics.median(cached),
@@ -88,7 +59,7 @@ def bench_throughput(
     engine: LLMEngine, ref: Any, vocab: int, new_tokens: int, sequential: int
 ) -> dict[str, Any]:
     rng = torch.Generator().manual_seed(2)
-    prompts = [_prompt(rng, 32 + 4 * i, vocab) for i in range(32)]  # 32..156 tokens
+    prompts = [prompt(rng, 32 + 4 * i, vocab) for i in range(32)]  # 32..156 tokens
     params = SamplingParams(max_tokens=new_tokens, ignore_eos=True)
     ref.generation_config.eos_token_id = None  # same output lengths as ours
     out: dict[str, Any] = {"new_tokens": new_tokens}
@@ -97,57 +68,17 @@ def bench_throughput(
         started = time.perf_counter()
         engine.generate(prompts[:n], params)
         ours = n * new_tokens / (time.perf_counter() - started)
-        hf = n * new_tokens / _hf_generate(ref, prompts[:n], new_tokens, 0)
+        hf = n * new_tokens / hf_generate(ref, prompts[:n], new_tokens, 0)
         out[f"ours_tok_s_{n}"] = ours
         out[f"hf_batched_tok_s_{n}"] = hf
         out[f"ratio_vs_hf_batched_{n}"] = ours / hf
     started = time.perf_counter()
     for p in prompts[:sequential]:
-        _hf_generate(ref, [p], new_tokens, 0)
+        hf_generate(ref, [p], new_tokens, 0)
     out["hf_sequential_tok_s"] = sequential * new_tokens / (time.perf_counter() - started)
     out["sequential_requests_measured"] = sequential
     out["throughput_ratio_vs_hf_batched_32"] = out["ratio_vs_hf_batched_32"]
     out["throughput_ratio_vs_sequential_32"] = out["ours_tok_s_32"] / out["hf_sequential_tok_s"]
-    return out
-
-
-def _decode_only(engine: LLMEngine, prompts: list[list[int]], new_tokens: int) -> float:
-    """Seconds of the steps after every request's first token: decode alone, no prefill in it."""
-    params = SamplingParams(max_tokens=new_tokens, ignore_eos=True)
-    for i, p in enumerate(prompts):
-        engine.add_request(f"decode-{i}", p, params)
-    while any(not s.output_token_ids for s in engine.scheduler.running) or engine.scheduler.waiting:
-        engine.step()
-    started = time.perf_counter()
-    while engine.has_unfinished():
-        engine.step()
-    return time.perf_counter() - started
-
-
-def bench_decode(
-    engine: LLMEngine, ref: Any, vocab: int, batch: int, prompt_len: int, new_tokens: int
-) -> dict[str, Any]:
-    """Decode throughput without prefill, ours vs HF generate at its best case: equal-length
-    prompts (no left padding), its decode time being generate(new_tokens) - generate(1)."""
-    rng = torch.Generator().manual_seed(4)
-    prompts = [_prompt(rng, prompt_len, vocab) for _ in range(batch)]
-    ref.generation_config.eos_token_id = None
-    engine.pool.reset_prefix_cache()
-    ours_s = _decode_only(engine, prompts, new_tokens)
-    hf_full = _hf_generate(ref, prompts, new_tokens, 0)
-    hf_decode_s = max(hf_full - _hf_generate(ref, prompts, 1, 0), 1e-9)
-    steps = new_tokens - 1
-    out = {
-        f"decode_only_tok_s_{batch}": batch * steps / ours_s,
-        f"decode_tpot_ms_{batch}": 1e3 * ours_s / steps,
-        f"hf_equal_len_decode_tok_s_{batch}": batch * steps / hf_decode_s,
-        f"hf_equal_len_tpot_ms_{batch}": 1e3 * hf_decode_s / steps,
-        f"hf_equal_len_tok_s_{batch}": batch * new_tokens / hf_full,
-        "decode_prompt_len": prompt_len,
-    }
-    out[f"decode_ratio_vs_hf_equal_len_{batch}"] = (
-        out[f"decode_only_tok_s_{batch}"] / out[f"hf_equal_len_decode_tok_s_{batch}"]
-    )
     return out
 
 
@@ -182,8 +113,8 @@ def _peak_pool_bytes(
 
 def bench_sharing(settings: Settings, loaded: LoadedModel, vocab: int, sessions: int) -> dict[str, Any]:
     rng = torch.Generator().manual_seed(3)
-    system = _prompt(rng, 1024, vocab)
-    prompts = [system + _prompt(rng, 32, vocab) for _ in range(sessions)]
+    system = prompt(rng, 1024, vocab)
+    prompts = [system + prompt(rng, 32, vocab) for _ in range(sessions)]
     shared = _peak_pool_bytes(settings, loaded, prompts, sharing=True)
     unshared = _peak_pool_bytes(settings, loaded, prompts, sharing=False)
     return {
@@ -203,7 +134,7 @@ def run_engine_bench(settings: Settings, quick: bool = False, skip: set[str] | N
     skip = skip or set()
     loaded = load_model(settings.model, settings.dtype, settings.device, settings.cache_dir)
     vocab = int(loaded.model.config.vocab_size)
-    ref = _hf_model(loaded)
+    ref = hf_model(loaded)
     results: dict[str, Any] = {
         "model": loaded.model_id,
         "torch_threads": torch.get_num_threads(),

@@ -31,6 +31,7 @@ def run_tier_bench(settings: Settings, quick: bool, skip: set[str]) -> dict[str,
             results["resume"] = bench_resume(settings, loaded, lengths, run_dir / "resume")
             results["resume_ratio_2048"] = results["resume"]["resume_ratio_2048"]
             results["fetch_mb_s"] = results["resume"]["fetch_mb_s"]
+            results["fetch_vs_raw_mget"] = results["resume"]["fetch_vs_raw_mget"]
             del loaded
         if "workload" not in skip:
             sessions, turns = (16, 4) if quick else (64, 6)
@@ -57,6 +58,8 @@ def run_tier_bench(settings: Settings, quick: bool, skip: set[str]) -> dict[str,
         )
         rows.append(("loading pays from (history tokens)", str(r["loading_pays_from_tokens"])))
         rows.append(("resume 2,048-token fetch, Redis -> pool (MB/s)", f"{r['fetch_mb_s']:.0f}"))
+        raw = r["stages_mb_s"].get("network_parse_mb_s", float("nan"))
+        rows.append(("  the same packs by plain MGET, nothing decoded (MB/s)", f"{raw:.0f}"))
     for w in results.get("workload", []):
         label = f"{w['routing']}{'' if w['redis_tier'] else ', no Redis tier'}"
         rows.append(

@@ -23,20 +23,12 @@ import redis
 
 from broker.worker_registry import live_workers
 from ops.redis_server import RedisServer, write_private
-from ops.settings import DEFAULT_REDIS_URL, Settings, parse_size
+from ops.settings import Settings
+from ops.stack_redis import KV_EVICTION_POLICY, kv_maxmemory, start_redis
 
-# The KV Redis evicts only keys with a TTL: the tier's block packs carry one, its index, LRU, byte
-# counter and pins none, so Redis may drop a pack (the tier reads that as a miss) but never the
-# bookkeeping that tells which packs exist. allkeys-lru could evict the index itself.
-KV_EVICTION_POLICY = "volatile-lru"
+__all__ = ["KV_EVICTION_POLICY", "Stack", "kv_maxmemory", "redact"]
 FLOWER_USER = "kvferry"
 STACK_FILE = "stack.json"
-
-
-def kv_maxmemory(redis_cache_bytes: int) -> int:
-    """The KV Redis's cap: a little above the tier's own byte cap, which counts pack bytes only
-    (not the index, key overhead, allocator slack), so Redis evicts only when the tier's LRU lags."""
-    return int(redis_cache_bytes * 1.1) + 64 * 1024**2
 
 
 def redact(url: str) -> str:
@@ -97,27 +89,8 @@ class Stack:
         )
 
     def _start_redis(self) -> None:
-        """Our own Redis servers unless given URLs: the queue's (noeviction, AOF: jobs survive a
-        restart) and the KV tier's (capped, evicting, no persistence: a cache)."""
-        queue_url = self.settings.redis_url
-        own = queue_url == DEFAULT_REDIS_URL  # no Redis given: bring our own
-        if own:
-            queue = RedisServer(self.run_dir / "redis", persist=True, password=secrets.token_urlsafe(24))
-            self.redis_servers.append(queue.start())
-            queue_url = queue.url
-        kv_url = self.settings.kv_redis_url
-        cap = parse_size(self.settings.redis_cache_size)
-        if own and kv_url is None and cap > 0:
-            kv = RedisServer(
-                self.run_dir / "kv-redis",
-                password=secrets.token_urlsafe(24),
-                maxmemory_bytes=kv_maxmemory(cap),
-                policy=KV_EVICTION_POLICY,
-            )
-            self.redis_servers.append(kv.start())
-            kv_url = kv.url
-        # A user's KVFERRY_REDIS_URL without a KV URL: the tier shares it, as before.
-        self.settings = self.settings.with_overrides(redis_url=queue_url, kv_redis_url=kv_url or queue_url)
+        servers, self.settings = start_redis(self.settings, self.run_dir)
+        self.redis_servers.extend(servers)
 
     def start(self) -> None:
         self.run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)

@@ -3,18 +3,17 @@ Redis, nor packs, checksums or converts KV.
 
 The engine thread stages a finished turn (one copy of its blocks into a reused staging arena) or
 enqueues spilled blocks it already holds as bytes; both calls take a lock for a few list
-operations, never wait for the writer, and never fail for lack of room. The queue is bounded by
-bytes: when full, the oldest queued write not yet taken by the writer is dropped (unpinned ones,
-spills, before a turn's write), counted, and its hashes go to ``on_drop`` so a later spill may
-write them again. The writer coalesces everything queued (up to ``max_batch_bytes``) into one
-RedisTier.put: one MULTI/EXEC for many small writes.
+operations, never wait for the writer, and never fail for lack of room. The queue
+(workers/write_queue.py) is bounded by bytes: when full, the oldest queued write not yet taken by
+the writer is dropped (unpinned ones, spills, before a turn's write), counted, and its hashes go
+to ``on_drop`` so a later spill may write them again. The writer coalesces everything queued (up
+to ``max_batch_bytes``) into one RedisTier.put: one MULTI/EXEC for many small writes.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -25,6 +24,7 @@ from kvstore.redis_tier import RedisTier
 from kvstore.stored_block import StoredBlock
 from workers.engine.pending_write import BlockMeta, PendingWrite
 from workers.staging_arena import StagingArena
+from workers.write_queue import WriteQueue
 
 log = logging.getLogger(__name__)
 DEFAULT_QUEUE_BYTES = 256 * 1024**2  # ~4 turns of 1,300 tokens of SmolLM2-135M (fp32)
@@ -62,10 +62,7 @@ class KVWriter:
         block_shape = tuple(tier.fmt.shape)
         self._arena = StagingArena(block_shape, _TORCH_DTYPES[tier.fmt.dtype], capacity, pinned_memory)
         self._cond = threading.Condition()
-        self._queue: deque[tuple[int, PendingWrite]] = deque()  # (sequence number, write), oldest first
-        self._in_flight: list[tuple[int, PendingWrite]] = []
-        self._next_seq = 0
-        self._queued_bytes = 0
+        self._queue = WriteQueue(self._arena, max_queued_bytes)
         self._pending_drops: list[BlockHash] = []  # dropped under the lock, reported after it
         self._stopping = False
         self._reported_drops = 0  # writes_dropped already added to the tier's shared counter
@@ -121,46 +118,21 @@ class KVWriter:
 
     def _reserve(self, n: int) -> list[int]:
         """Up to n free staging slots, dropping queued staged writes (oldest first) to make room."""
-        n = min(n, self._arena.capacity_blocks)
-        dropped: list[BlockHash] = []
-        while self._arena.free_blocks < n:
-            victim = self._victim(lambda w: bool(w.slots))
-            if victim is None:
-                break
-            dropped += self._drop(victim)
-        self._pending_drops += dropped
-        return self._arena.take(min(n, self._arena.free_blocks)) or []
+        slots, dropped = self._queue.reserve(n)
+        self._pending_drops += self._count_drops(dropped)
+        return slots
 
     def _add(self, item: PendingWrite) -> None:
         with self._cond:
-            self._queue.append((self._next_seq, item))
-            self._next_seq += 1
-            self._queued_bytes += item.nbytes
-            dropped: list[BlockHash] = []
-            while self._queued_bytes > self.max_queued_bytes and len(self._queue) > 1:
-                victim = self._victim(lambda w: w is not item)
-                if victim is None:
-                    break
-                dropped += self._drop(victim)
+            dropped = self._count_drops(self._queue.push(item))
             self._cond.notify_all()
         self._dropped(dropped)
 
-    def _victim(self, eligible: Callable[[PendingWrite], bool]) -> int | None:
-        """The index of the oldest eligible queued write, unpinned ones first."""
-        for want_pinned in (False, True):
-            for i, (_, w) in enumerate(self._queue):
-                if w.pinned == want_pinned and eligible(w):
-                    return i
-        return None
-
-    def _drop(self, index: int) -> list[BlockHash]:
-        _, item = self._queue[index]
-        del self._queue[index]
-        self._queued_bytes -= item.nbytes
-        self._arena.give(list(item.slots))
-        self._counts["writes_dropped"] += 1
-        self._counts["blocks_dropped"] += item.num_blocks
-        return item.hashes
+    def _count_drops(self, writes: list[PendingWrite]) -> list[BlockHash]:
+        """Count writes the queue dropped (under the lock); returns their hashes."""
+        self._counts["writes_dropped"] += len(writes)
+        self._counts["blocks_dropped"] += sum(w.num_blocks for w in writes)
+        return [h for w in writes for h in w.hashes]
 
     def _dropped(self, hashes: list[BlockHash]) -> None:
         with self._cond:
@@ -174,8 +146,8 @@ class KVWriter:
     def flush(self, timeout_s: float = 30.0) -> bool:
         """Wait until everything queued so far is in Redis (or was dropped)."""
         with self._cond:
-            target = self._next_seq - 1
-            return self._cond.wait_for(lambda: self._oldest_pending() > target, timeout_s)
+            target = self._queue.next_seq - 1
+            return self._cond.wait_for(lambda: self._queue.oldest_pending() > target, timeout_s)
 
     def stop(self) -> None:
         """Write what is queued, then end the thread."""
@@ -188,14 +160,10 @@ class KVWriter:
         with self._cond:
             return WriterStats(
                 queued_writes=len(self._queue),
-                queued_bytes=self._queued_bytes,
+                queued_bytes=self._queue.queued_bytes,
                 capacity_bytes=self.max_queued_bytes,
                 **self._counts,
             )
-
-    def _oldest_pending(self) -> int:
-        seqs = [s for s, _ in self._queue] + [s for s, _ in self._in_flight]
-        return min(seqs, default=self._next_seq)
 
     def _count(self, **deltas: int) -> None:
         with self._cond:
@@ -211,13 +179,8 @@ class KVWriter:
                 self._cond.wait_for(lambda: bool(self._queue) or self._stopping)
                 if not self._queue:
                     return
-                batch_bytes = 0
-                while self._queue and (not self._in_flight or batch_bytes < self.max_batch_bytes):
-                    entry = self._queue.popleft()
-                    self._in_flight.append(entry)
-                    batch_bytes += entry[1].nbytes
-                    self._queued_bytes -= entry[1].nbytes
-            self._write([item for _, item in self._in_flight])
+                batch = self._queue.take(self.max_batch_bytes)
+            self._write(batch)
 
     def _write(self, items: list[PendingWrite]) -> None:
         blocks: list[StoredBlock] = []
@@ -239,9 +202,7 @@ class KVWriter:
             failed = True
             log.exception("writing %d block(s) to Redis failed", len(blocks))
         with self._cond:
-            for item in items:
-                self._arena.give(list(item.slots))
-            self._in_flight = []
+            self._queue.finish()
             self._counts["blocks_written"] += written
             self._counts["batches"] += 1
             self._counts["put_errors"] += failed

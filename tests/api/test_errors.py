@@ -187,12 +187,12 @@ def test_a_result_that_does_not_decode_is_500_and_logged(
     job_id = _queued_job_id(rds)
     # a worker of another version: a SUCCESS whose result is not a GenerateResult
     celery_client.backend.store_result(job_id, {"job_id": job_id, "tokens": "many"}, "SUCCESS")
-    with caplog.at_level(logging.ERROR, logger="api.job_client"):
+    with caplog.at_level(logging.ERROR, logger="api.job_outcome"):
         thread.join(15)
     assert replies, "no answer"
     error = assert_error(replies[0], 500)
     assert error["type"] == "server_error" and "unreadable job result" in error["message"]
-    logged = [r for r in caplog.records if r.name == "api.job_client" and job_id in r.getMessage()]
+    logged = [r for r in caplog.records if r.name == "api.job_outcome" and job_id in r.getMessage()]
     assert logged and isinstance(logged[0].exc_info[1], CodecError)  # type: ignore[index]
 
 

@@ -115,6 +115,19 @@ def test_blocks_evicted_from_pool_and_warm_tier_reload_from_redis(
     assert r2.usage.redis_tokens > 0 and r2.usage.cached_tokens >= 4 * BLOCK, r2.usage
 
 
+def _settled_packs(client: redis.Redis, quiet_s: float = 1.0, timeout_s: float = 30.0) -> list[bytes]:
+    """The tier's pack keys once none has appeared for `quiet_s`."""
+    deadline = time.monotonic() + timeout_s
+    packs = sorted(client.scan_iter(match="kvferry:kv:*:pack:*"))
+    while time.monotonic() < deadline:
+        time.sleep(quiet_s)
+        now = sorted(client.scan_iter(match="kvferry:kv:*:pack:*"))
+        if now == packs:
+            break
+        packs = now
+    return packs
+
+
 def test_corrupted_and_foreign_blocks_are_recomputed(
     two_workers: tuple[WorkerProcess, WorkerProcess],
     worker_factory: Callable[..., WorkerProcess],
@@ -126,7 +139,7 @@ def test_corrupted_and_foreign_blocks_are_recomputed(
     w1, _ = two_workers
     turn1 = [{"role": "system", "content": "Corruption test. " * 20}, {"role": "user", "content": "hi"}]
     _chat(celery_app, turn1, f"corrupt-{uuid.uuid4().hex[:8]}", w1.queue)
-    packs = [k for k in redis_client.scan_iter(match="kvferry:kv:*:pack:*")]
+    packs = _settled_packs(redis_client)  # the writer thread may still be writing the turn's blocks
     assert packs, "no block packs in Redis"
     for i, key in enumerate(packs):
         if i % 2:

@@ -400,12 +400,12 @@ def test_reads_in_several_mgets_fetch_ahead_and_stop_at_a_missing_pack(
     redis_client: redis.Redis, tiny_fmt: KVFormat, make_blocks: MakeBlocks, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """MGETs of one pack each: the next is fetched on the helper thread while this one decodes."""
-    monkeypatch.setattr("kvstore.redis_tier._MAX_MGET_BYTES", 2 * tiny_fmt.nbytes)
+    monkeypatch.setattr("kvstore.tier_fetch._MAX_MGET_BYTES", 2 * tiny_fmt.nbytes)
     blocks = make_blocks(9)
     tier = RedisTier(redis_client, tiny_fmt, BIG, blocks_per_pack=2)
     assert tier.put(blocks) == 9
     assert tier.get_run(hashes(blocks), tokens(blocks)) == blocks
-    assert tier._fetcher is not None  # several MGETs went through the helper thread
+    assert tier.fetcher.fetched_ahead  # several MGETs went through the helper thread
     redis_client.delete(pack_of(redis_client, tier, blocks[4]))  # as Redis evicts one
     assert tier.get_run(hashes(blocks)) == blocks[:4]
     assert tier.contains_run(hashes(blocks)) == 4  # the stale index entries went

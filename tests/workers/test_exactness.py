@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -184,3 +185,28 @@ def test_decode_batch_of_mixed_lengths_crossing_block_edges_is_exact(tiny: TinyM
     for rid, prompt in prompts.items():
         assert_tokens(outs[rid].token_ids, tiny.expected(prompt, 6), f"{rid}, {len(prompt)} tokens")
     assert engine.stats().max_batch_seqs == len(lengths)
+
+
+def test_decode_buckets_of_short_and_long_contexts_are_exact(tiny: TinyModel) -> None:
+    """Decodes at ~8, ~40 and ~150 tokens of context, some of equal length (a bucket with no
+    padding mask): each context-length bucket gathers K/V to its own longest, rows sorted by
+    context, and every sequence stays exact whatever bucket and row it lands in."""
+    rng = random.Random(8)
+    lengths = [150, 7, 40, 151, 8, 41, 40, 150, 3, 100]
+    prompts = {f"b{i}": random_prompt(rng, n) for i, n in enumerate(lengths)}
+    params = SamplingParams(max_tokens=8, **NO_EOS)
+    engine = make_engine(tiny.loaded, num_blocks=128)
+    buckets: list[list[int]] = []
+    build = engine.runner._decode_buckets
+
+    def spy(singles: list[Any], first_row: int) -> Any:
+        out = build(singles, first_row)
+        buckets.append([b.slots.shape[1] for b in out])
+        return out
+
+    engine.runner._decode_buckets = spy  # type: ignore[method-assign]
+    outs = run_checked(engine, {rid: (p, params) for rid, p in prompts.items()})
+
+    for rid, prompt in prompts.items():
+        assert_tokens(outs[rid].token_ids, tiny.expected(prompt, 8), f"{rid}, {len(prompt)} tokens")
+    assert [152, 42, 9, 4] in buckets, buckets  # 150/151/100 | 40/41/40 | 7/8 | 3, plus the new token

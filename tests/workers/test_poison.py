@@ -7,6 +7,7 @@ import random
 from collections.abc import Callable
 from typing import Any
 
+import msgspec
 import pytest
 import torch
 
@@ -31,7 +32,7 @@ def _unchecked(**fields: Any) -> SamplingParams:
     """A SamplingParams holding values its constructor refuses (as a hand-built message could)."""
     params = SamplingParams(max_tokens=MAX_TOKENS, temperature=1.0, ignore_eos=True)
     for name, value in fields.items():
-        object.__setattr__(params, name, value)
+        msgspec.structs.force_setattr(params, name, value)
     return params
 
 

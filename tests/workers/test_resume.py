@@ -32,7 +32,7 @@ def test_resume_of_a_complete_output_finishes_without_a_step(tiny: TinyModel) ->
     engine.add_request("r", prompt, SamplingParams(max_tokens=8, **NO_EOS), output_token_ids=expected)
     outs = run_checked(engine)
     assert list(outs["r"].token_ids) == expected and outs["r"].finish_reason == "length"
-    assert engine.num_steps == 0
+    assert engine.counters.num_steps == 0
 
 
 def test_resume_after_an_eos_token_stops_there(tiny: TinyModel) -> None:
@@ -48,7 +48,7 @@ def test_resume_after_an_eos_token_stops_there(tiny: TinyModel) -> None:
         expected = [*expected, eos]
     engine.add_request("r", prompt, params, output_token_ids=expected)
     outs = run_checked(engine)
-    assert outs["r"].finish_reason == "stop" and engine.num_steps == 0
+    assert outs["r"].finish_reason == "stop" and engine.counters.num_steps == 0
 
 
 def test_aborting_a_complete_resume_returns_it(tiny: TinyModel) -> None:

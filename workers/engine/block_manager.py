@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence as Seq
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 from kvstore.block import Block
 from kvstore.block_hash import BlockHash, hash_block, hash_blocks, root_hash
 from kvstore.block_pool import BlockPool
 from kvstore.stored_block import StoredBlock
+from workers.engine.engine_request import EngineRequest
 from workers.engine.kept_tails import KeptTails
-from workers.engine.sequence import Sequence
 
 
 def cdiv(a: int, b: int) -> int:
@@ -17,6 +18,14 @@ def cdiv(a: int, b: int) -> int:
 
 
 MAX_CACHED_ROOTS = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class BlockLoad:
+    """A pool block allocated for a tier hit: `stored`'s bytes go into it before the forward."""
+
+    block_id: int
+    stored: StoredBlock
 
 
 class BlockManager:
@@ -27,7 +36,6 @@ class BlockManager:
         self.block_size = pool.block_size
         self.model_fingerprint = model_fingerprint
         self._roots: dict[str, BlockHash] = {}
-        self.pending_loads: list[tuple[int, StoredBlock]] = []
         # Partial last blocks of finished session turns (requests named in tails.want()).
         self.tails = KeptTails(pool, pool.num_blocks // 8 if max_kept_tails is None else max_kept_tails)
 
@@ -40,7 +48,7 @@ class BlockManager:
             root = self._roots[cache_salt] = root_hash((self.model_fingerprint, cache_salt))
         return root
 
-    def match_prefix(self, seq: Sequence) -> tuple[list[Block], list[BlockHash]]:
+    def match_prefix(self, seq: EngineRequest) -> tuple[list[Block], list[BlockHash]]:
         """Cached full blocks covering seq's prefix, and the hashes of all its full blocks but the
         one holding the last token (always computed: its logits pick the next token)."""
         if not self.pool.enable_caching:
@@ -53,15 +61,15 @@ class BlockManager:
 
     def allocate(
         self,
-        seq: Sequence,
+        seq: EngineRequest,
         hits: list[Block],
         hit_hashes: list[BlockHash],
         num_new: int,
-        loaded: Seq[StoredBlock] = (),
-    ) -> bool:
-        """Give a waiting seq its hit blocks, fresh blocks for the `loaded` ones (bytes from a tier,
-        written by the engine before the next forward) and room for num_new tokens; False (no
-        change) if the pool is full."""
+        loaded: Sequence[StoredBlock] = (),
+    ) -> list[BlockLoad] | None:
+        """Give a waiting seq its hit blocks, fresh blocks for the `loaded` ones and room for
+        num_new tokens. Returns the loads (tier bytes the engine must write into those fresh blocks
+        before the next forward); None (no change) if the pool is full."""
         bs = self.block_size
         known = len(hits) + len(loaded)
         tail = self._take_tail(seq, hit_hashes, known)
@@ -77,7 +85,7 @@ class BlockManager:
                     tail[0],
                     tuple(seq.token_ids[known * bs : known * bs + held]),
                 )
-            return False
+            return None
         self.pool.touch(hits)
         new = self.pool.allocate(need)
         assert new is not None
@@ -89,19 +97,20 @@ class BlockManager:
             *(b.block_id for b in new[len(loaded) :]),
         ]
         seq.block_hashes = list(hit_hashes[: len(hits)])
+        loads: list[BlockLoad] = []
         for block, stored in zip(new, loaded, strict=False):
             parent = seq.block_hashes[-1] if seq.block_hashes else self.root(seq.cache_salt)
             self.pool.cache_full_block(block, parent, stored.block_hash, stored.token_ids)
             block.num_tokens = bs
             seq.block_hashes.append(stored.block_hash)
-            self.pending_loads.append((block.block_id, stored))
+            loads.append(BlockLoad(block.block_id, stored))
         seq.num_computed_tokens = known * bs + held
-        return True
+        return loads
 
-    def _parent(self, seq: Sequence, hashes: list[BlockHash], index: int) -> BlockHash:
+    def _parent(self, seq: EngineRequest, hashes: list[BlockHash], index: int) -> BlockHash:
         return hashes[index - 1] if index else self.root(seq.cache_salt)
 
-    def _take_tail(self, seq: Sequence, hashes: list[BlockHash], known: int) -> tuple[Block, int] | None:
+    def _take_tail(self, seq: EngineRequest, hashes: list[BlockHash], known: int) -> tuple[Block, int] | None:
         """A kept tail continuing the known blocks, whose tokens seq's next ones (bar the last,
         always computed) start with; seq owns it from here on."""
         if not self.pool.enable_caching or not self.tails or known > len(hashes):
@@ -111,7 +120,7 @@ class BlockManager:
             self._parent(seq, hashes, known), seq.token_ids[known * bs : seq.num_tokens - 1]
         )
 
-    def _keep_tail(self, seq: Sequence) -> int | None:
+    def _keep_tail(self, seq: EngineRequest) -> int | None:
         """Index in seq.block_ids of the partial last block of a finished turn, now kept."""
         if seq.finish_reason not in ("stop", "length") or not self.tails.wants(seq.request_id):
             return None
@@ -124,20 +133,15 @@ class BlockManager:
         kept = self.tails.keep(parent, block, tuple(seq.token_ids[full * bs : full * bs + held]))
         return full if kept else None
 
-    def take_loads(self) -> list[tuple[int, StoredBlock]]:
-        """Blocks allocated for tier hits whose bytes must be written before the next forward."""
-        loads, self.pending_loads = self.pending_loads, []
-        return loads
-
-    def blocks_to_append(self, seq: Sequence, num_new: int) -> int:
+    def blocks_to_append(self, seq: EngineRequest, num_new: int) -> int:
         return max(0, cdiv(seq.num_computed_tokens + num_new, self.block_size) - len(seq.block_ids))
 
-    def can_append(self, seq: Sequence, num_new: int) -> bool:
+    def can_append(self, seq: EngineRequest, num_new: int) -> bool:
         need = self.blocks_to_append(seq, num_new)
         self.tails.make_room(need)
         return self.pool.num_free_blocks >= need
 
-    def append(self, seq: Sequence, num_new: int) -> None:
+    def append(self, seq: EngineRequest, num_new: int) -> None:
         need = self.blocks_to_append(seq, num_new)
         if need:
             new = self.pool.allocate(need)
@@ -145,7 +149,7 @@ class BlockManager:
                 raise RuntimeError("append without can_append")
             seq.block_ids.extend(b.block_id for b in new)
 
-    def commit(self, seq: Sequence, prev_computed: int) -> None:
+    def commit(self, seq: EngineRequest, prev_computed: int) -> None:
         """After a step computed tokens [prev_computed, seq.num_computed_tokens): fill counts, hashes."""
         bs = self.block_size
         for i in range(prev_computed // bs, cdiv(seq.num_computed_tokens, bs)):
@@ -163,7 +167,7 @@ class BlockManager:
             self.pool.cache_full_block(self.pool.blocks[seq.block_ids[i]], parent, block_hash, block_tokens)
             seq.block_hashes.append(block_hash)
 
-    def free(self, seq: Sequence) -> None:
+    def free(self, seq: EngineRequest) -> None:
         kept = self._keep_tail(seq) if self.pool.enable_caching else None
         if seq.finish_reason is not None:
             self.tails.forget(seq.request_id)

@@ -15,6 +15,9 @@ class EngineConfig:
     block_size: int = DEFAULTS.block_size
     max_num_seqs: int = DEFAULTS.max_num_seqs
     max_num_batched_tokens: int = DEFAULTS.max_num_batched_tokens  # per-step token budget (chunked prefill)
+    # Prefill tokens in a step that also carries decodes: a long prompt chunk stretches every
+    # decode's step (TPOT). None: only max_num_batched_tokens applies.
+    max_prefill_tokens_with_decodes: int | None = DEFAULTS.max_prefill_tokens_with_decodes
     max_model_len: int | None = None  # None: the model's own context length
     enable_prefix_caching: bool = DEFAULTS.enable_prefix_caching
     # A bare engine (tests, benchmarks) has no warm tier and no max_tokens default unless given;
@@ -40,6 +43,9 @@ class EngineConfig:
             raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
         if self.max_num_batched_tokens < self.block_size:
             raise ValueError("max_num_batched_tokens must be at least one block")
+        cap = self.max_prefill_tokens_with_decodes
+        if cap is not None and cap < 1:
+            raise ValueError(f"max_prefill_tokens_with_decodes must be None or >= 1, got {cap}")
         if self.dtype not in ("float32", "float16", "bfloat16"):
             raise ValueError(f"dtype must be float32, float16 or bfloat16, got {self.dtype}")
         if not 0.0 <= self.debug_slow_step_s < 3600.0:

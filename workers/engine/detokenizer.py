@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from workers.engine.sequence import Sequence
+from workers.engine.engine_request import EngineRequest
 
 
 class Detokenizer:
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
 
-    def update(self, seq: Sequence) -> str | None:
+    def update(self, seq: EngineRequest) -> str | None:
         """Refresh seq.output_text (cut before a stop string); returns the stop string hit, if any.
 
         Text ending in an incomplete UTF-8 character (U+FFFD) is kept back until it completes.
@@ -34,7 +34,7 @@ class Detokenizer:
         return stop_hit
 
     @staticmethod
-    def stream_delta(seq: Sequence) -> str:
+    def stream_delta(seq: EngineRequest) -> str:
         """Text not yet streamed. While running, the tail that could start a stop string waits."""
         end = len(seq.output_text)
         if not seq.is_finished and seq.params.stop:

@@ -10,13 +10,13 @@ import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from broker.sampling import SamplingParams
 from workers.engine.engine_stats import EngineStats
 from workers.engine.errors import EngineFailedError, RequestFailedError
 from workers.engine.llm_engine import LLMEngine
+from workers.engine.loop_messages import Abort, Call, LoopMessage, Submit
 from workers.engine.request_handle import RequestHandle
 
 log = logging.getLogger(__name__)
@@ -26,30 +26,6 @@ STATS_MIN_GAP_S = 0.05  # while busy, at most this often (pool.stats() walks eve
 # Failed steps in a row, with no good step between, after which the loop gives up and dies (a
 # broken device fails every step): the worker then reports unhealthy instead of churning jobs.
 MAX_FAILED_STEPS_IN_ROW = 3
-
-
-@dataclass(frozen=True, slots=True)
-class _Submit:
-    handle: RequestHandle
-    prompt_token_ids: list[int]
-    params: SamplingParams
-    cache_salt: str
-    output_token_ids: list[int]
-    streamed_chars: int
-
-
-@dataclass(frozen=True, slots=True)
-class _Abort:
-    request_id: str
-
-
-@dataclass(frozen=True, slots=True)
-class _Call:
-    fn: Callable[[LLMEngine], Any]
-    future: Future[Any]
-
-
-_Message = _Submit | _Abort | _Call
 
 
 class EngineLoop:
@@ -64,7 +40,7 @@ class EngineLoop:
 
     def __init__(self, engine: LLMEngine, name: str = "kvferry-engine") -> None:
         self.engine = engine
-        self._inbox: queue.Queue[_Message | None] = queue.Queue()
+        self._inbox: queue.Queue[LoopMessage | None] = queue.Queue()
         self._handles: dict[str, RequestHandle] = {}
         self._ids = itertools.count()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
@@ -109,7 +85,7 @@ class EngineLoop:
     ) -> RequestHandle:
         """Queue a request (see LLMEngine.add_request); errors arrive through the handle."""
         handle = RequestHandle(request_id or f"req-{uuid.uuid4().hex[:12]}-{next(self._ids)}", self)
-        msg = _Submit(
+        msg = Submit(
             handle, list(prompt_token_ids), params, cache_salt, list(output_token_ids), streamed_chars
         )
         if not self._put(msg):
@@ -117,16 +93,16 @@ class EngineLoop:
         return handle
 
     def abort(self, request_id: str) -> None:
-        self._put(_Abort(request_id))
+        self._put(Abort(request_id))
 
     def call(self, fn: Callable[[LLMEngine], T], timeout: float | None = 30.0) -> T:
         """Run fn(engine) on the loop thread, between steps (figures, integrity checks)."""
         future: Future[T] = Future()
-        if not self._put(_Call(fn, future)):
+        if not self._put(Call(fn, future)):
             raise self._stopped_error()
         return future.result(timeout)
 
-    def _put(self, msg: _Message) -> bool:
+    def _put(self, msg: LoopMessage) -> bool:
         with self._gate:
             if self._stopped.is_set():
                 return False
@@ -167,9 +143,9 @@ class EngineLoop:
                 msg = self._inbox.get_nowait()
             except queue.Empty:
                 return
-            if isinstance(msg, _Submit):
+            if isinstance(msg, Submit):
                 msg.handle._fail(err)
-            elif isinstance(msg, _Call):
+            elif isinstance(msg, Call):
                 msg.future.set_exception(err)
 
     def _drain(self, block: bool) -> bool:
@@ -189,8 +165,8 @@ class EngineLoop:
                 return True
         return False
 
-    def _handle(self, msg: _Message) -> None:
-        if isinstance(msg, _Submit):
+    def _handle(self, msg: LoopMessage) -> None:
+        if isinstance(msg, Submit):
             rid = msg.handle.request_id
             try:
                 self.engine.add_request(
@@ -205,7 +181,7 @@ class EngineLoop:
                 msg.handle._fail(exc)
                 return
             self._handles[rid] = msg.handle
-        elif isinstance(msg, _Abort):
+        elif isinstance(msg, Abort):
             try:
                 out = self.engine.abort_request(msg.request_id)
             except Exception as exc:
@@ -214,7 +190,7 @@ class EngineLoop:
             handle = self._handles.pop(msg.request_id, None)
             if out is not None and handle is not None:
                 handle._publish(out)
-        elif isinstance(msg, _Call):
+        elif isinstance(msg, Call):
             try:
                 msg.future.set_result(msg.fn(self.engine))
             except Exception as exc:

@@ -1,4 +1,4 @@
-"""TierCache: the engine's side of the warm (host memory) and cold (Redis) tiers.
+"""TierBridge: the engine's side of the warm (host memory) and cold (Redis) tiers.
 
 Blocks leave the hot pool only when their slot is reused (lazy LRU eviction): the pool announces
 BlockRemoved before the slot is overwritten, and the block's bytes go to the warm tier then (and
@@ -48,7 +48,10 @@ class ColdWriter(Protocol):
 MAX_REMEMBERED_HASHES = 200_000
 
 
-class TierCache:
+class TierBridge:
+    """Moves blocks between the hot pool and the tiers; it stores none itself (WarmTier and the
+    Redis tier do)."""
+
     def __init__(self, pool: BlockPool, kv_cache: KVCache, fmt: KVFormat, warm: WarmTier) -> None:
         self.pool = pool
         self.kv_cache = kv_cache

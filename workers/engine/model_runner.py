@@ -105,12 +105,9 @@ class ModelRunner:
         )  # [b, C]
         if lengths[-1] == width:
             return DecodeBucket(row, slots, None)
-        # Additive mask, built once per step: SDPA would convert a bool mask in every layer.
         lens = torch.tensor(lengths, device=self.device)
         real = torch.arange(width, device=self.device)[None, :] < lens[:, None]
-        dtype = self.kv_cache.tensor.dtype
-        mask = torch.zeros(real.shape, dtype=dtype, device=self.device).masked_fill_(~real, float("-inf"))
-        return DecodeBucket(row, slots, mask[:, None, None, :])
+        return DecodeBucket(row, slots, real[:, None, None, :])
 
     def _prefill_segment(self, block_ids: list[int], row: int, start: int, end: int) -> PrefillSegment:
         n = end - start

@@ -39,7 +39,7 @@ class DecodeBucket:
 
     start: int
     slots: torch.Tensor  # [b, C] context slots, padded with slot 0
-    mask: torch.Tensor | None  # [b, 1, 1, C] additive (0 / -inf); None when no row is padded
+    mask: torch.Tensor | None  # [b, 1, 1, C] bool, True where a slot is real; None: no padding
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from workers.engine.sequence import FinishReason
+from workers.engine.engine_request import FinishReason
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,4 +1,4 @@
-"""Sequence: the state of one request inside the engine."""
+"""EngineRequest: the state of one request inside the engine (its tokens, blocks and progress)."""
 
 from __future__ import annotations
 
@@ -12,30 +12,30 @@ from kvstore.block_hash import BlockHash
 FinishReason = Literal["stop", "length", "abort", "error"]
 
 
-class SequenceStatus(enum.Enum):
+class RequestStatus(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
     FINISHED = "finished"
 
 
 @dataclass(eq=False)
-class Sequence:
+class EngineRequest:
     request_id: str
     prompt_token_ids: list[int]
     params: SamplingParams
     max_tokens: int  # resolved: params.max_tokens or what the context leaves
     cache_salt: str = ""
-    status: SequenceStatus = SequenceStatus.WAITING
+    status: RequestStatus = RequestStatus.WAITING
     output_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0  # tokens whose K/V are in the pool
     block_ids: list[int] = field(default_factory=list)
     block_hashes: list[BlockHash] = field(default_factory=list)  # of the full, committed blocks
     prefix_hashes: list[BlockHash] = field(default_factory=list)  # all full blocks, at admission
-    num_cached_tokens: int = (
-        -1
-    )  # prompt tokens served from the pool at first admission; -1 = not admitted yet
-    num_warm_tokens: int = 0  # prompt tokens loaded from the warm tier at first admission
-    num_redis_tokens: int = 0  # ... of which a prefetch had brought from Redis
+    # Prompt tokens found at first admission, by where: the pool (-1 = not admitted yet), the
+    # host-memory tier (blocks it held itself) and Redis (blocks a prefetch brought into it).
+    num_cached_tokens: int = -1
+    num_warm_tokens: int = 0
+    num_redis_tokens: int = 0
     num_preemptions: int = 0
     finish_reason: FinishReason | None = None
     stop_reason: str | int | None = None
@@ -65,7 +65,7 @@ class Sequence:
 
     @property
     def is_finished(self) -> bool:
-        return self.status is SequenceStatus.FINISHED
+        return self.status is RequestStatus.FINISHED
 
     @property
     def num_uncomputed_tokens(self) -> int:

@@ -1,0 +1,53 @@
+"""Decode throughput without prefill (part of `kvferry bench engine`), against HF `generate` at its
+best case."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+from broker.sampling import SamplingParams
+from ops.hf_baseline import hf_generate, prompt
+from workers.engine.llm_engine import LLMEngine
+
+
+def _decode_only(engine: LLMEngine, prompts: list[list[int]], new_tokens: int) -> float:
+    """Seconds of the steps after every request's first token: decode alone, no prefill in it."""
+    params = SamplingParams(max_tokens=new_tokens, ignore_eos=True)
+    for i, p in enumerate(prompts):
+        engine.add_request(f"decode-{i}", p, params)
+    while any(not s.output_token_ids for s in engine.scheduler.running) or engine.scheduler.waiting:
+        engine.step()
+    started = time.perf_counter()
+    while engine.has_unfinished():
+        engine.step()
+    return time.perf_counter() - started
+
+
+def bench_decode(
+    engine: LLMEngine, ref: Any, vocab: int, batch: int, prompt_len: int, new_tokens: int
+) -> dict[str, Any]:
+    """Decode throughput without prefill, ours vs HF generate at its best case: equal-length
+    prompts (no left padding), its decode time being generate(new_tokens) - generate(1)."""
+    rng = torch.Generator().manual_seed(4)
+    prompts = [prompt(rng, prompt_len, vocab) for _ in range(batch)]
+    ref.generation_config.eos_token_id = None
+    engine.pool.reset_prefix_cache()
+    ours_s = _decode_only(engine, prompts, new_tokens)
+    hf_full = hf_generate(ref, prompts, new_tokens, 0)
+    hf_decode_s = max(hf_full - hf_generate(ref, prompts, 1, 0), 1e-9)
+    steps = new_tokens - 1
+    out = {
+        f"decode_only_tok_s_{batch}": batch * steps / ours_s,
+        f"decode_tpot_ms_{batch}": 1e3 * ours_s / steps,
+        f"hf_equal_len_decode_tok_s_{batch}": batch * steps / hf_decode_s,
+        f"hf_equal_len_tpot_ms_{batch}": 1e3 * hf_decode_s / steps,
+        f"hf_equal_len_tok_s_{batch}": batch * new_tokens / hf_full,
+        "decode_prompt_len": prompt_len,
+    }
+    out[f"decode_ratio_vs_hf_equal_len_{batch}"] = (
+        out[f"decode_only_tok_s_{batch}"] / out[f"hf_equal_len_decode_tok_s_{batch}"]
+    )
+    return out

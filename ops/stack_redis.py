@@ -1,0 +1,45 @@
+"""The stack's own Redis servers: the queue's (noeviction, AOF: jobs survive a restart) and the
+KV tier's (capped, evicting, no persistence: a cache), each with a generated password."""
+
+from __future__ import annotations
+
+import secrets
+from pathlib import Path
+
+from ops.redis_server import RedisServer
+from ops.settings import DEFAULT_REDIS_URL, Settings
+
+# The KV Redis evicts only keys with a TTL: the tier's block packs carry one, its index, LRU, byte
+# counter and pins none, so Redis may drop a pack (the tier reads that as a miss) but never the
+# bookkeeping that tells which packs exist. allkeys-lru could evict the index itself.
+KV_EVICTION_POLICY = "volatile-lru"
+
+
+def kv_maxmemory(redis_cache_bytes: int) -> int:
+    """The KV Redis's cap: a little above the tier's own byte cap, which counts pack bytes only
+    (not the index, key overhead, allocator slack), so Redis evicts only when the tier's LRU lags."""
+    return int(redis_cache_bytes * 1.1) + 64 * 1024**2
+
+
+def start_redis(settings: Settings, run_dir: Path) -> tuple[list[RedisServer], Settings]:
+    """Our own Redis servers unless the settings give URLs; returns them (started) and the settings
+    pointing at the Redis to use. A user's KVFERRY_REDIS_URL without a KV URL: the tier shares it."""
+    servers: list[RedisServer] = []
+    queue_url = settings.redis_url
+    own = queue_url == DEFAULT_REDIS_URL  # no Redis given: bring our own
+    if own:
+        queue = RedisServer(run_dir / "redis", persist=True, password=secrets.token_urlsafe(24))
+        servers.append(queue.start())
+        queue_url = queue.url
+    kv_url = settings.kv_redis_url
+    cap = int(settings.redis_cache_size)
+    if own and kv_url is None and cap > 0:
+        kv = RedisServer(
+            run_dir / "kv-redis",
+            password=secrets.token_urlsafe(24),
+            maxmemory_bytes=kv_maxmemory(cap),
+            policy=KV_EVICTION_POLICY,
+        )
+        servers.append(kv.start())
+        kv_url = kv.url
+    return servers, settings.with_overrides(redis_url=queue_url, kv_redis_url=kv_url or queue_url)

@@ -1,0 +1,85 @@
+"""Postprocessor: a sampled token becomes request state and a RequestOutput (stop rules, text)."""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+
+from workers.engine.detokenizer import Detokenizer
+from workers.engine.engine_request import EngineRequest, FinishReason
+from workers.engine.errors import RequestFailedError
+from workers.engine.request_output import RequestOutput
+
+
+class Postprocessor:
+    """Stop rules and detokenising; it never frees blocks (the engine finishes what ends here)."""
+
+    def __init__(self, detokenizer: Detokenizer, eos_token_ids: Collection[int], max_model_len: int) -> None:
+        self.detokenizer = detokenizer
+        self.eos_token_ids = eos_token_ids
+        self.max_model_len = max_model_len
+        self.generation_tokens = 0  # tokens appended so far, all requests
+
+    def append(self, seq: EngineRequest, token: int) -> FinishReason | None:
+        """Append one sampled token; why seq ends with it, if it does. Raises RequestFailedError
+        when detokenising fails (that request alone fails)."""
+        seq.output_token_ids.append(token)
+        self.generation_tokens += 1
+        reason: FinishReason | None = None
+        if not seq.params.ignore_eos and token in self.eos_token_ids:
+            reason, seq.stop_reason = "stop", token
+        stop = self._detokenize(seq)
+        if reason is None and stop is not None:
+            reason, seq.stop_reason = "stop", stop
+        if reason is None and self._at_length(seq):
+            reason = "length"
+        return reason
+
+    def resume(
+        self, seq: EngineRequest, output_token_ids: Sequence[int], streamed_chars: int
+    ) -> FinishReason | None:
+        """Take output another process had made (and streamed_chars of its text already sent); why
+        it is already complete (the next step would not have run), if it is."""
+        seq.output_token_ids = list(output_token_ids)
+        stop = self._detokenize(seq)
+        seq.num_streamed_chars = min(streamed_chars, len(seq.output_text))
+        if not seq.params.ignore_eos and any(t in self.eos_token_ids for t in seq.output_token_ids):
+            return "stop"
+        if stop is not None:
+            seq.stop_reason = stop
+            return "stop"
+        return "length" if self._at_length(seq) else None
+
+    def output(
+        self, seq: EngineRequest, delta: list[int], delta_text: str | None = None, error: str | None = None
+    ) -> RequestOutput:
+        return RequestOutput(
+            request_id=seq.request_id,
+            delta_token_ids=tuple(delta),
+            delta_text=self.detokenizer.stream_delta(seq) if delta_text is None else delta_text,
+            finished=seq.is_finished,
+            finish_reason=seq.finish_reason,
+            token_ids=tuple(seq.output_token_ids),
+            text=seq.output_text,
+            prompt_tokens=seq.num_prompt_tokens,
+            # a resumed request also matches its earlier output: count prompt tokens only
+            cached_tokens=min(
+                seq.num_prompt_tokens,
+                max(0, seq.num_cached_tokens) + seq.num_warm_tokens + seq.num_redis_tokens,
+            ),
+            pool_tokens=max(0, seq.num_cached_tokens),
+            warm_tokens=seq.num_warm_tokens,
+            redis_tokens=seq.num_redis_tokens,
+            error=error,
+        )
+
+    def _detokenize(self, seq: EngineRequest) -> str | None:
+        try:
+            return self.detokenizer.update(seq)
+        except Exception as exc:
+            err = RequestFailedError.wrap(exc, "detokenize")
+            if err is exc:
+                raise
+            raise err from exc
+
+    def _at_length(self, seq: EngineRequest) -> bool:
+        return len(seq.output_token_ids) >= seq.max_tokens or seq.num_tokens >= self.max_model_len
