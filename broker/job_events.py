@@ -17,10 +17,11 @@ import redis
 
 from broker import keys
 from broker.codec import decode_event, encode_event
+from broker.defaults import DEFAULTS
 from broker.job_lease import StaleLeaseError
 from broker.messages import JobDone, JobFailed, StreamEvent, TokenDelta
 
-STREAM_TTL_S = 86400  # as long as results and job metadata live
+STREAM_TTL_S = DEFAULTS.job_ttl_s  # as long as results and job metadata live
 EVENT_FIELD = b"e"
 
 STAGES_TTL_S = 3600  # a job's stage times are read right after it ends (`bench queue`), or never

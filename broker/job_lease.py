@@ -18,9 +18,10 @@ from typing import Any
 import redis
 
 from broker import keys
+from broker.defaults import DEFAULTS
 from broker.errors import KvferryError
 
-EPOCH_TTL_S = 86400  # as long as the job's stream lives
+EPOCH_TTL_S = DEFAULTS.job_ttl_s  # as long as the job's stream lives
 
 _ACQUIRE = """
 local owner = redis.call('HGET', KEYS[1], 'owner')

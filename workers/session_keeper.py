@@ -32,6 +32,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 ORPHAN_GRACE_S = 120.0  # a session owner this long without a session record is an orphan
 RECONCILE_EVERY_S = 60.0
+# A worker's advertised prefix digests outlive a quiet day; routing drops a dead worker's anyway.
+PREFIXES_TTL_S = 86400
 
 
 class SessionKeeper:
@@ -64,7 +66,7 @@ class SessionKeeper:
             pipe = self.redis.pipeline(transaction=False)
             pipe.zadd(key, dict.fromkeys(digests, now))
             pipe.zremrangebyrank(key, 0, -self.tier_config.prefix_digests_kept - 1)
-            pipe.expire(key, 86400)
+            pipe.expire(key, PREFIXES_TTL_S)
             pipe.execute()
         bs = engine.pool.block_size
         root = root_hash((engine.loaded.fingerprint, job.kv_salt))
