@@ -40,18 +40,8 @@ async def follow(
     stream, last = keys.job_stream(job_id), "0-0"
     cursor = TokenCursor()
     while True:
-        remaining = deadline - loop.time()
-        if remaining <= 0:
-            raise JobTimeoutError(f"job {job_id} did not finish within {timeout_s:g}s")
-        block = max(1, int(min(jobs.block_ms / 1000, remaining) * 1000))  # BLOCK 0 is forever
-        try:
-            reply: Any = await jobs.redis.xread({stream: last}, block=block, count=256)
-        except (RedisConnectionError, RedisTimeoutError) as exc:
-            # Redis restarting: the job goes on (AOF keeps its stream); keep following it.
-            log.warning("job %s: stream read failed (%s); retrying", job_id, exc)
-            await asyncio.sleep(REDIS_RETRY_S)
-            continue
-        for _, entries in reply or []:
+        reply = await _read(jobs, job_id, stream, last, deadline, timeout_s, count=256)
+        for _, entries in reply:
             for entry_id, fields in entries:
                 last = entry_id
                 event = cursor.accept(decode_event(fields[EVENT_FIELD]))
@@ -70,10 +60,7 @@ async def follow(
             next_poll = now + jobs.state_poll_s  # its worker is busy with it; no need to ask
         elif now >= next_poll:
             next_poll = now + jobs.state_poll_s
-            try:
-                settled = await _settled_silently(jobs, job_id, stream, last)
-            except (RedisConnectionError, RedisTimeoutError, BrokerUnavailableError):
-                settled = None  # asked again at the next poll
+            settled = await _settled_silently(jobs, job_id, stream, last)
             if settled is not None:
                 yield settled
                 return
@@ -90,17 +77,8 @@ async def wait_final(
     next_poll = loop.time() + jobs.state_poll_s
     end = keys.job_end(job_id)
     while True:
-        remaining = deadline - loop.time()
-        if remaining <= 0:
-            raise JobTimeoutError(f"job {job_id} did not finish within {timeout_s:g}s")
-        block = max(1, int(min(jobs.block_ms / 1000, remaining) * 1000))  # BLOCK 0 is forever
-        try:
-            reply: Any = await jobs.redis.xread({end: "0-0"}, block=block, count=1)
-        except (RedisConnectionError, RedisTimeoutError) as exc:
-            log.warning("job %s: end stream read failed (%s); retrying", job_id, exc)
-            await asyncio.sleep(REDIS_RETRY_S)
-            continue
-        for _, entries in reply or []:
+        reply = await _read(jobs, job_id, end, "0-0", deadline, timeout_s, count=1)
+        for _, entries in reply:
             for _, fields in entries:
                 return decode_event(fields[EVENT_FIELD])
         if alive is not None and not await alive():
@@ -108,18 +86,38 @@ async def wait_final(
         now = loop.time()
         if now >= next_poll:  # a job that ended without a final event (revoked, its worker killed)
             next_poll = now + jobs.state_poll_s
-            try:
-                settled = await _settled_silently(jobs, job_id, end, "0-0")
-            except (RedisConnectionError, RedisTimeoutError, BrokerUnavailableError):
-                settled = None  # asked again at the next poll
+            settled = await _settled_silently(jobs, job_id, end, "0-0")
             if settled is not None:
                 return settled
 
 
+async def _read(
+    jobs: JobClient, job_id: str, stream: str, last: str, deadline: float, timeout_s: float, count: int
+) -> list[Any]:
+    """One blocking XREAD of `stream` after `last`, bounded by the deadline (JobTimeoutError past
+    it); empty when nothing came or Redis failed: while it restarts the job goes on (AOF keeps its
+    stream), so the caller keeps waiting."""
+    remaining = deadline - asyncio.get_running_loop().time()
+    if remaining <= 0:
+        raise JobTimeoutError(f"job {job_id} did not finish within {timeout_s:g}s")
+    block = max(1, int(min(jobs.block_ms / 1000, remaining) * 1000))  # BLOCK 0 is forever
+    try:
+        reply: Any = await jobs.redis.xread({stream: last}, block=block, count=count)
+    except (RedisConnectionError, RedisTimeoutError) as exc:
+        log.warning("job %s: reading %s failed (%s); retrying", job_id, stream, exc)
+        await asyncio.sleep(REDIS_RETRY_S)
+        return []
+    return list(reply or [])
+
+
 async def _settled_silently(jobs: JobClient, job_id: str, stream: str, last: str) -> StreamEvent | None:
-    """The job's outcome if Celery says it ended and `stream` holds nothing more to read."""
-    state = await jobs.celery_state(job_id)
-    if state.state not in states.READY_STATES:
+    """The job's outcome if Celery says it ended and `stream` holds nothing more to read; None
+    otherwise, or when Redis or the broker cannot say now (asked again at the next poll)."""
+    try:
+        state = await jobs.celery_state(job_id)
+        if state.state not in states.READY_STATES:
+            return None
+        pending: Any = await jobs.redis.xread({stream: last}, count=1)
+    except (RedisConnectionError, RedisTimeoutError, BrokerUnavailableError):
         return None
-    pending: Any = await jobs.redis.xread({stream: last}, count=1)
     return None if pending else outcome_of(job_id, state)
