@@ -26,6 +26,7 @@ from ops.settings import Settings
 from ops.stack import Stack
 
 INTEGRITY_COMMAND = "kvferry_integrity"  # workers/control.py
+ENGINE_STEP_FAILED = "engine step failed"  # what workers/engine/engine_loop.py logs
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,6 +147,16 @@ async def _passes(
         await client.close()
 
 
+def engine_step_failures(run_dir: Path | None) -> int:
+    """Steps that failed every request in them (workers/engine/engine_loop.py logs each): their
+    jobs are redelivered and resume exact, yet each is a bug, so the run counts them."""
+    if run_dir is None:
+        return 0
+    return sum(
+        log.read_text(errors="replace").count(ENGINE_STEP_FAILED) for log in run_dir.glob("worker*.log")
+    )
+
+
 def run_chaos(
     settings: Settings,
     config: ChaosConfig,
@@ -196,6 +207,7 @@ def run_chaos(
         ]
         if stack is not None:
             extra["rss_mb"] = rss
+            extra["engine_step_failures"] = engine_step_failures(run_dir)
         fault_log = faults.log if faults is not None else FaultLog()
         fault_log.notes[:0] = notes
         return report(records, references, fault_log, duration, extra)

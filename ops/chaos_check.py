@@ -132,6 +132,7 @@ def report(
     recomputed = [recomputed_tokens(r.usage) for r in submitted if r.job_id in redelivered]
     known = [n for n in recomputed if n is not None]
     back = [k.back_after_s for k in faults.kills]
+    by_key = {r.key: r for r in submitted}
     return {
         "jobs": len(submitted),
         "completed": sum(c.completed for c in checks),
@@ -155,10 +156,21 @@ def report(
         "duration_s": round(duration_s, 1),
         **extra,
         "redeliveries": hit[:REDELIVERIES_KEPT],
-        "examples": [{"key": c.key, "job_id": c.job_id, "why": c.why} for c in checks if not c.exact][
+        "examples": [_example(c, by_key.get(c.key), references.get(c.key)) for c in checks if not c.exact][
             :EXAMPLES_KEPT
         ],
     }
+
+
+def _example(check: JobCheck, record: JobRecord | None, reference: JobRecord | None) -> dict[str, Any]:
+    """A job that was not exact, with what tells where to look: the worker that answered, its
+    usage (where its prompt's KV came from) and the fault-free pass's."""
+    out: dict[str, Any] = {"key": check.key, "job_id": check.job_id, "why": check.why}
+    if record is not None:
+        out.update(worker=record.worker, submits=record.submit_attempts, usage=record.usage)
+    if reference is not None:
+        out.update(reference_worker=reference.worker, reference_usage=reference.usage)
+    return out
 
 
 def _cell(value: Any) -> str:

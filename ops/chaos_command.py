@@ -67,6 +67,8 @@ def chaos_cmd(
         and result["duplicated_tokens"] == 0
         and result["missing_tokens"] == 0
         and result["exact"] == result["completed"] == result["jobs"]
+        and not result["unexpected_exits"]
+        and not result.get("engine_step_failures")
     )
     if not clean:
         raise SystemExit(1)

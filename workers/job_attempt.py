@@ -84,7 +84,8 @@ class JobAttempt:
             )
         loop = service.loop()
         wait_healthy(loop)
-        ids = prompt_token_ids(job, loop.engine.tokenizer, service.sessions.stored_tokens(job))
+        stored = service.sessions.stored_tokens(job)
+        ids = prompt_token_ids(job, loop.engine.tokenizer, stored)
         service.prefetch(loop.engine, ids, job.kv_salt)
         resumed = len(before.token_ids)
         if job.session_id:  # its next turn starts with this one's partial last block: keep it
@@ -157,7 +158,7 @@ class JobAttempt:
         )
         if final.finish_reason in ("stop", "length"):
             try:
-                service.sessions.remember(job, loop.engine, ids, final.token_ids, final.text)
+                service.sessions.remember(job, loop.engine, ids, final.token_ids, final.text, stored)
             except redis.RedisError as exc:  # a full or absent KV Redis costs the next turn a miss
                 log.warning("job %s: the session/tier update failed: %s", job_id, exc)
         # The last delta and the result in one round trip: a 1-token job writes its stream once.
@@ -181,6 +182,9 @@ class JobAttempt:
                 raise StaleLeaseError(f"job {self.job_id}: lease epoch {self.epoch} lost")
             if out.delta_token_ids and first_token_at is None:
                 first_token_at = time.time()
+            if not token_ids and not any(texts):  # a delta begins here: at the engine's offsets
+                start = out.token_start
+                text_start = out.text_start if out.text_start >= 0 else text_start
             texts.append(out.delta_text)
             token_ids.extend(out.delta_token_ids)
             now = time.monotonic()

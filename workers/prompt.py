@@ -1,7 +1,8 @@
 """Prompt token ids for a job, with the model's own tokenizer and chat template.
 
 A session's next turn reuses the exact ids its last turn ended with (broker/session_tokens.py)
-when its messages start with exactly that conversation, and tokenises only the text after it:
+when its messages start with exactly that conversation (or an earlier turn's, which those ids
+start with), and tokenises only the text after it:
 re-tokenising a generated reply need not give back the ids the model generated, so every block
 from the first difference on would miss. Anything that does not match re-tokenises it all."""
 
@@ -11,7 +12,7 @@ from typing import Any
 
 from broker.errors import InvalidRequestError
 from broker.messages import GenerateJob
-from broker.session_tokens import SessionTokens, conversation_digest
+from broker.session_tokens import SessionTokens
 
 
 def prompt_token_ids(job: GenerateJob, tokenizer: Any, stored: SessionTokens | None = None) -> list[int]:
@@ -24,9 +25,10 @@ def prompt_token_ids(job: GenerateJob, tokenizer: Any, stored: SessionTokens | N
             raise InvalidRequestError("this model has no chat template: use /v1/completions", "messages")
         messages = [{"role": m.role, "content": m.content} for m in job.messages]
         try:
-            if stored is not None and _continues(job, stored):
+            head = stored.head_for(job.model, job.messages) if stored is not None else None
+            if head is not None:
                 text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-                reused = continuation_ids(tokenizer, stored.token_ids, text)
+                reused = continuation_ids(tokenizer, head, text)
                 if reused is not None:
                     return reused
             ids = tokenizer.apply_chat_template(
@@ -38,17 +40,6 @@ def prompt_token_ids(job: GenerateJob, tokenizer: Any, stored: SessionTokens | N
     if not job.prompt:
         raise InvalidRequestError("the prompt is empty", "prompt")
     return [int(t) for t in tokenizer(job.prompt)["input_ids"]]
-
-
-def _continues(job: GenerateJob, stored: SessionTokens) -> bool:
-    """The job's messages start with the stored conversation (the reply as the client got it)
-    and add at least one message."""
-    n = stored.num_messages
-    return (
-        stored.model == job.model
-        and 0 < n < len(job.messages)
-        and conversation_digest(job.model, job.messages[:n]) == stored.digest
-    )
 
 
 def continuation_ids(tokenizer: Any, head_ids: tuple[int, ...], text: str) -> list[int] | None:

@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING
 
 import redis
 
-from broker import keys, session_store
+from broker import keys, session_store, session_tokens
 from broker.messages import ChatMessage, GenerateJob, SessionRecord
 from broker.prefix_digest import chat_digests, text_digests
-from broker.session_tokens import SessionTokens, conversation_digest
+from broker.session_tokens import SessionTokens
 from kvstore import tier_pins
 from kvstore.block_hash import hash_blocks, root_hash
 from kvstore.redis_tier import RedisTier
@@ -55,10 +55,17 @@ class SessionKeeper:
         return self.service.redis_tier
 
     def remember(
-        self, job: GenerateJob, engine: LLMEngine, ids: list[int], output: tuple[int, ...], text: str
+        self,
+        job: GenerateJob,
+        engine: LLMEngine,
+        ids: list[int],
+        output: tuple[int, ...],
+        text: str,
+        stored: SessionTokens | None = None,
     ) -> None:
         """After a turn: the prefix digests that route the next turn here, the session record (any
-        worker can resume it) and the session's pins: exactly its chain now."""
+        worker can resume it) and the session's pins: exactly its chain now. `stored`: the
+        session's exact tokens as the turn found them (their earlier checkpoints carry on)."""
         now = time.time()
         digests = self._digests(job, text)
         if digests:
@@ -94,9 +101,7 @@ class SessionKeeper:
         exact = None
         if job.endpoint == "chat" and job.messages and not job.prompt_token_ids:
             conversation = (*job.messages, ChatMessage("assistant", text))
-            exact = SessionTokens(
-                job.model, conversation_digest(job.model, conversation), len(conversation), tuple(tokens)
-            )
+            exact = session_tokens.after_turn(stored, job.model, conversation, tokens)
         if not session_store.save(
             self.redis, record, self.tier_config.session_ttl_s, job.submitted_at or now, exact
         ):

@@ -16,7 +16,7 @@ from broker import keys, session_store, session_tokens
 from broker.codec import decode_result, encode_job
 from broker.messages import ChatMessage, GenerateJob, GenerateResult, SessionRecord
 from broker.sampling import SamplingParams
-from broker.session_tokens import SessionTokens
+from broker.session_tokens import Checkpoint, SessionTokens
 from tests.integration.conftest import MODEL, WorkerProcess
 
 Reference = Callable[[list[int], int], list[int]]
@@ -64,7 +64,8 @@ def test_matching_history_reuses_the_generated_ids_and_an_edited_one_retokenises
     r1 = _chat(celery_app, turn1, session, w1.queue)
     ended = [*_template(tokenizer, turn1), *r1.token_ids]
     stored = session_store.load_tokens(redis_client, "", session)
-    assert isinstance(stored, SessionTokens) and list(stored.token_ids) == ended and stored.num_messages == 3
+    assert isinstance(stored, SessionTokens) and list(stored.token_ids) == ended
+    assert [cp.num_messages for cp in stored.checkpoints] == [3]
 
     # The same conversation, the reply as the client got it: the ids turn 1 ended with, reused.
     turn2 = [*turn1, {"role": "assistant", "content": r1.text}, {"role": "user", "content": "and then?"}]
@@ -81,8 +82,12 @@ def test_matching_history_reuses_the_generated_ids_and_an_edited_one_retokenises
     odd = [t for c in r2.text for t in tokenizer(c, add_special_tokens=False)["input_ids"]]
     assert tokenizer.decode(odd) == r2.text and len(odd) > len(r2.token_ids)
     spelled = (*prompt2, *odd)
+    respelled = replace(stored.checkpoints[-1], num_tokens=len(spelled))
     redis_client.set(
-        keys.session_tokens("", session), session_tokens.encode(replace(stored, token_ids=spelled))
+        keys.session_tokens("", session),
+        session_tokens.encode(
+            replace(stored, token_ids=spelled, checkpoints=(*stored.checkpoints[:-1], respelled))
+        ),
     )
     turn3 = [*turn2, {"role": "assistant", "content": r2.text}, {"role": "user", "content": "sure?"}]
     r3 = _chat(celery_app, turn3, session, w1.queue)
@@ -90,12 +95,14 @@ def test_matching_history_reuses_the_generated_ids_and_an_edited_one_retokenises
     assert prompt3[: len(spelled)] == list(spelled) and prompt3 != _template(tokenizer, turn3)
     assert list(r3.token_ids) == tiny_reference(prompt3, 8)
 
-    # An edited reply: not the conversation the session stored, so the whole history re-tokenises.
+    # An edited reply: the conversations that include it are not stored, so the history after
+    # the last one that does not (turn 1's) re-tokenises.
     edited = [*turn3[:4], {"role": "assistant", "content": r2.text + " (edited)"}, turn3[5]]
     turn4 = [*edited, {"role": "assistant", "content": r3.text}, {"role": "user", "content": "why?"}]
     r4 = _chat(celery_app, turn4, session, w1.queue)
     prompt4 = _used_prompt(redis_client, session, r4)
-    assert prompt4 == _template(tokenizer, turn4)
+    assert prompt4[: len(ended)] == ended
+    assert tokenizer.decode(prompt4) == tokenizer.decode(_template(tokenizer, turn4))
     assert list(r4.token_ids) == tiny_reference(prompt4, 8)
 
     # An edited earlier message (the system prompt) re-tokenises too.
@@ -117,7 +124,7 @@ def test_deleted_session_loses_its_tokens_and_a_turn_begun_before_cannot_bring_t
     session = f"gone-{uuid.uuid4().hex[:8]}"
     began = time.time()
     record = SessionRecord(session, "", MODEL, (1, 2, 3), (), "w", began, 1)
-    tokens = SessionTokens(MODEL, b"d" * 16, 3, (1, 2, 3))
+    tokens = SessionTokens(MODEL, (1, 2, 3), (Checkpoint(b"d" * 16, 3, 3),))
     assert session_store.save(redis_client, record, 60, began, tokens)
     assert session_store.load_tokens(redis_client, "", session) == tokens
     assert session_store.delete(redis_client, "", session)
@@ -134,3 +141,26 @@ def test_deleted_session_loses_its_tokens_and_a_turn_begun_before_cannot_bring_t
     second = SessionRecord(other, "", MODEL, (1, 2), (), "w", time.time() + 1, 2)
     assert session_store.save(redis_client, second, 60)
     assert redis_client.exists(keys.session_tokens("", other)) == 0
+
+
+def test_a_turn_sent_again_after_its_twin_ended_gets_the_same_answer(
+    two_workers: tuple[WorkerProcess, WorkerProcess],
+    celery_app: Any,
+    redis_client: redis.Redis,
+    tiny_reference: Reference,
+) -> None:
+    """A client that lost a turn's response sends it again; its first copy has ended and stored
+    its own conversation by then. The copy still continues the turn before, reuses the same ids
+    and answers the same (it once re-tokenised the history, and answered something else)."""
+    w1, w2 = two_workers
+    session = f"twin-{uuid.uuid4().hex[:8]}"
+    turn1 = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "say something odd"}]
+    r1 = _chat(celery_app, turn1, session, w1.queue)
+    turn2 = [*turn1, {"role": "assistant", "content": r1.text}, {"role": "user", "content": "more"}]
+    first = _chat(celery_app, turn2, session, w1.queue)
+    prompt = _used_prompt(redis_client, session, first)
+    again = _chat(celery_app, turn2, session, w2.queue)
+    assert _used_prompt(redis_client, session, again) == prompt
+    assert list(again.token_ids) == list(first.token_ids) == tiny_reference(prompt, 8)
+    stored = session_store.load_tokens(redis_client, "", session)
+    assert stored is not None and [cp.num_messages for cp in stored.checkpoints] == [3, 5]

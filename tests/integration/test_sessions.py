@@ -138,12 +138,15 @@ def test_corrupted_and_foreign_blocks_are_recomputed(
 ) -> None:
     w1, _ = two_workers
     turn1 = [{"role": "system", "content": "Corruption test. " * 20}, {"role": "user", "content": "hi"}]
+    before = set(_settled_packs(redis_client))  # other tests' packs are left as they are
     _chat(celery_app, turn1, f"corrupt-{uuid.uuid4().hex[:8]}", w1.queue)
-    packs = _settled_packs(redis_client)  # the writer thread may still be writing the turn's blocks
+    packs = [k for k in _settled_packs(redis_client) if k not in before]  # the writer may still write
     assert packs, "no block packs in Redis"
     for i, key in enumerate(packs):
-        if i % 2:
-            redis_client.setrange(key, 200, b"\x00garbage\x00")  # a flipped run of bytes: checksum fails
+        if i % 2:  # runs of flipped bytes through every block of the pack: each checksum fails
+            size = int(redis_client.strlen(key))
+            for at in range(200, size, 1024):
+                redis_client.setrange(key, at, b"\x00garbage\x00")
         else:
             redis_client.set(key, b"not msgpack at all")  # undecodable: dropped whole
     fresh = worker_factory("fresh")  # nothing in its pool or warm tier: everything from Redis or computed

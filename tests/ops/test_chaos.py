@@ -120,4 +120,6 @@ def test_chaos_quick_loses_and_repeats_nothing(
     assert result["lost"] == 0, summary
     assert result["duplicated_tokens"] == 0 and result["missing_tokens"] == 0, summary
     assert result["jobs"] > 0 and result["exact"] == result["completed"] == result["jobs"], summary
+    # a Redis restart once ended every worker process; a resumed job once failed its whole step
+    assert not result["unexpected_exits"] and result["engine_step_failures"] == 0, summary
     assert done.returncode == 0, summary

@@ -58,3 +58,49 @@ def test_aborting_a_complete_resume_returns_it(tiny: TinyModel) -> None:
     engine.add_request("r", prompt, SamplingParams(max_tokens=4, **NO_EOS), output_token_ids=expected)
     out = engine.abort_request("r")
     assert out is not None and out.finished and not engine.has_unfinished()
+
+
+def test_resume_whose_cached_prefix_reaches_past_the_prompt_is_exact(tiny: TinyModel) -> None:
+    """A copy resumed on the worker that ran the first attempt: the pool still holds full blocks
+    of the earlier output, so its prefix hit covers more tokens than its prompt has. That must be
+    an ordinary hit (it once failed the step, and every request in it)."""
+    prompt = random_prompt(random.Random(5), 40)
+    expected = tiny.expected(prompt, 14)
+    params = SamplingParams(max_tokens=14, **NO_EOS)
+    engine = make_engine(tiny.loaded, 32)
+    assert list(run_checked(engine, {"first": (prompt, params)})["first"].token_ids) == expected
+    engine.add_request("again", prompt, params, output_token_ids=expected[:10])
+    other = random_prompt(random.Random(6), 30)
+    outs = run_checked(engine, {"mate": (other, params)})
+    assert list(outs["again"].token_ids) == expected and outs["again"].finish_reason == "length"
+    assert list(outs["mate"].token_ids) == tiny.expected(other, 14)
+    assert outs["again"].cached_tokens == len(prompt)  # capped at the prompt: the rest is output
+    stats = engine.pool.stats()
+    assert stats.prefix_cache_hits_tokens <= stats.prefix_cache_queries_tokens
+
+
+def test_resume_inside_a_character_streams_on_from_where_the_client_is(tiny: TinyModel) -> None:
+    """The stream held a token that ends in half a UTF-8 character (its text not yet sent): the
+    resumed copy must send on after the characters the client has, not the whole answer again."""
+    tok = tiny.loaded.tokenizer
+    head = tok("Hi there", add_special_tokens=False)["input_ids"]
+    half = tok("😀", add_special_tokens=False)["input_ids"][:1]  # decodes to U+FFFD alone
+    done = [*head, *half]
+    sent = tok.decode(head)
+    assert tok.decode(done).endswith("\ufffd") and not sent.endswith("\ufffd")
+    prompt = random_prompt(random.Random(7), 30)
+    engine = make_engine(tiny.loaded, 32)
+    params = SamplingParams(max_tokens=len(done) + 6, **NO_EOS)
+    engine.add_request("r", prompt, params, output_token_ids=done, streamed_chars=len(sent))
+    streamed = sent
+    final = None
+    while engine.has_unfinished():
+        for out in engine.step():
+            assert out.text_start == len(streamed) and out.token_start == len(out.token_ids) - len(
+                out.delta_token_ids
+            )
+            streamed += out.delta_text
+            final = out
+    assert final is not None and final.finished
+    assert list(final.token_ids[: len(done)]) == done
+    assert streamed == final.text, (streamed, final.text)

@@ -14,11 +14,11 @@ class Detokenizer:
     def update(self, seq: EngineRequest) -> str | None:
         """Refresh seq.output_text (cut before a stop string); returns the stop string hit, if any.
 
-        Text ending in an incomplete UTF-8 character (U+FFFD) is kept back until it completes.
+        An incomplete UTF-8 character at the end (U+FFFD) is left out until it completes, but the
+        text before it is not: a request resumed with such a token last (a redelivered job)
+        would otherwise have no text yet, and stream the client's characters to it again.
         """
-        text = self.tokenizer.decode(seq.output_token_ids, skip_special_tokens=True)
-        if text.endswith("\ufffd"):
-            return None
+        text = self.tokenizer.decode(seq.output_token_ids, skip_special_tokens=True).rstrip("\ufffd")
         stop_hit = None
         if seq.params.stop:
             longest = max(len(s) for s in seq.params.stop)

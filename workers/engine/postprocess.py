@@ -52,10 +52,12 @@ class Postprocessor:
     def output(
         self, seq: EngineRequest, delta: list[int], delta_text: str | None = None, error: str | None = None
     ) -> RequestOutput:
+        text_start = seq.num_streamed_chars
         return RequestOutput(
             request_id=seq.request_id,
             delta_token_ids=tuple(delta),
             delta_text=self.detokenizer.stream_delta(seq) if delta_text is None else delta_text,
+            text_start=text_start,
             finished=seq.is_finished,
             finish_reason=seq.finish_reason,
             token_ids=tuple(seq.output_token_ids),

@@ -22,10 +22,18 @@ class RequestOutput:
     warm_tokens: int = 0  # ... in its host-memory tier
     redis_tokens: int = 0  # ... brought from Redis (by a prefetch)
     error: str | None = None
+    # where delta_text starts in text (the characters streamed before it): a reader that holds
+    # more drops the overlap, whatever a resumed request's detokenizer made of its first tokens
+    text_start: int = -1
 
     @property
     def computed_prompt_tokens(self) -> int:
         return self.prompt_tokens - self.cached_tokens
+
+    @property
+    def token_start(self) -> int:
+        """Index of delta_token_ids[0] among the output tokens."""
+        return len(self.token_ids) - len(self.delta_token_ids)
 
     @property
     def completion_tokens(self) -> int:

@@ -172,7 +172,8 @@ class Scheduler:
         seq.num_cached_tokens = seq.num_computed_tokens - len(loaded) * bs
         seq.num_warm_tokens = (len(loaded) - from_redis) * bs
         seq.num_redis_tokens = from_redis * bs
-        self.blocks.pool.record_prefix_query(seq.num_prompt_tokens, seq.num_cached_tokens)
+        # A resumed request looks up its earlier output too, and may hit past its prompt.
+        self.blocks.pool.record_prefix_query(seq.num_tokens, seq.num_cached_tokens)
 
     def _pending_prefix_hashes(self) -> set[BlockHash]:
         """Hashes of prompt blocks that running prefills will commit but have not yet."""

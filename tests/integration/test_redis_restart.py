@@ -1,0 +1,53 @@
+"""A restart of the queue's Redis under a running job: the worker process lives on (it once exited,
+with 0, on every restart: broker/redis_transport.py), the job in flight ends token-exact with each
+token streamed once, and the worker takes new jobs afterwards."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import redis
+
+from broker import job_events, keys
+from broker.codec import decode_result
+from ops.redis_server import RedisServer
+from tests.integration.conftest import WorkerProcess, wait_for
+from tests.integration.test_exactly_once import _assert_each_token_once, _job, _prompt, _send
+
+Reference = Callable[[list[int], int], list[int]]
+
+
+def test_a_redis_restart_leaves_the_worker_running_and_its_job_exact(
+    worker_factory: Callable[..., WorkerProcess],
+    tmp_path_factory: Any,
+    tiny_reference: Reference,
+) -> None:
+    from broker.celery_app import BrokerConfig, make_celery
+
+    data = tmp_path_factory.mktemp("redis-restart")
+    server = RedisServer(data, persist=True).start()
+    try:
+        app = make_celery(BrokerConfig(redis_url=server.url))
+        worker = worker_factory("bounce", redis_url=server.url)
+        prompt, n = _prompt(71), 400
+        handle = _send(app, _job(prompt, n), worker.queue)
+        client = redis.Redis.from_url(server.url)
+        wait_for(lambda: bool(client.xlen(keys.job_stream(handle.id))), 60, "the job's first tokens")
+        assert not job_events.ended(client, handle.id), "the job ended before the restart: make it longer"
+        server.stop()
+        time.sleep(0.5)
+        server = RedisServer(data, port=server.port, persist=True).start()
+        client = redis.Redis.from_url(server.url)
+        wait_for(lambda: job_events.ended(client, handle.id), 120, "the job in flight to end")
+        _assert_each_token_once(client, handle.id, tiny_reference(prompt, n))
+        time.sleep(2.0)  # the consumer has reconnected (or died) by now
+        assert worker.process.poll() is None, f"the worker exited: {worker.log.read_text()[-3000:]}"
+        after = _prompt(72)
+        result = decode_result(_send(app, _job(after, 8), worker.queue).get(timeout=60))
+        assert list(result.token_ids) == tiny_reference(after, 8)
+        assert worker.process.poll() is None
+        worker.stop()
+    finally:
+        server.stop()
