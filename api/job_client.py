@@ -44,7 +44,7 @@ class JobClient:
         self.redis = aioredis.Redis.from_url(
             broker.redis_url, socket_connect_timeout=5, socket_timeout=block_ms / 1000 + 10
         )
-        self.celery = make_celery(broker, name="kvferry-api")
+        self.celery = make_celery(broker, name="kvferry-api", send_only=True)  # it follows streams
         self._pool = ThreadPoolExecutor(8, thread_name_prefix="kvferry-api-celery")
 
     async def _sync(self, fn: Callable[..., T], *args: Any) -> T:

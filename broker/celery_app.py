@@ -10,6 +10,7 @@ from kombu import Exchange, Queue
 from broker import keys
 from broker.defaults import DEFAULTS
 from broker.redis_transport import transport_for
+from broker.result_backend import send_only_url
 
 
 def heartbeat_interval_for(ttl_s: float) -> float:
@@ -49,8 +50,11 @@ def queue(name: str) -> Queue:
     return Queue(name, Exchange(name, type="direct"), routing_key=name)
 
 
-def make_celery(config: BrokerConfig, name: str = "kvferry") -> Celery:
-    app = Celery(name, broker=config.redis_url, backend=config.redis_url)
+def make_celery(config: BrokerConfig, name: str = "kvferry", send_only: bool = False) -> Celery:
+    """send_only: for a process that sends jobs and never waits on Celery's results (the api):
+    sending then subscribes to nothing (broker/result_backend.py)."""
+    backend = send_only_url(config.redis_url) if send_only else config.redis_url
+    app = Celery(name, broker=config.redis_url, backend=backend)
     app.conf.update(
         task_serializer="json",
         result_serializer="json",

@@ -137,6 +137,19 @@ def run_queue_bench(settings: Settings, quick: bool, skip: set[str]) -> dict[str
                     f"+{o['queue_overhead_p99_ms']:.1f} ms",
                 )
             )
+        if "publish" not in skip:
+            from ops.bench_publish import bench_publish
+
+            p = bench_publish(100 if quick else 500)
+            results["publish"] = p
+            rows.append(
+                (
+                    "api publish of one job p50 (ms): send-only backend vs Celery's",
+                    f"{p['publish_send_only_p50_ms']:.2f}",
+                    f"{p['publish_celery_backend_p50_ms']:.2f}",
+                    f"{p['publish_p50_ratio']:.2f}x",
+                )
+            )
         if "scaling" not in skip:
             s = bench_scaling(
                 replace(settings), 16 if quick else 32, 20 if quick else 60, 32, run_dir / "scaling"

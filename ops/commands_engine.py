@@ -76,7 +76,9 @@ def bench_engine_cmd(json_path: Path | None, quick: bool, skip: tuple[str, ...],
     "--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), help="write results JSON"
 )
 @click.option("--quick", is_flag=True, help="smaller sizes, for a smoke run")
-@click.option("--skip", multiple=True, type=click.Choice(["overhead", "scaling"]), help="skip a part")
+@click.option(
+    "--skip", multiple=True, type=click.Choice(["overhead", "publish", "scaling"]), help="skip a part"
+)
 @engine_options
 def bench_queue_cmd(json_path: Path | None, quick: bool, skip: tuple[str, ...], **opts: Any) -> None:
     """Queue overhead of a 1-token job vs a direct engine call; 2 workers vs 1."""
