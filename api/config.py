@@ -26,6 +26,7 @@ class ApiConfig:
     route_max_waiting: int = 8  # a worker with more sequences waiting than this is not routed to
     api_keys: tuple[tuple[str, str], ...] = ()  # (key, tenant) pairs; see api/tenants.py
     api_keys_file: Path | None = None  # one "key tenant" per line, re-read when it changes
+    metrics_token: str | None = DEFAULTS.metrics_token  # None: /metrics is open (a scraper's network)
     tenant_max_jobs: int = DEFAULTS.tenant_max_jobs  # unfinished jobs per tenant (over it: 429); 0 = no cap
     # A chat's max_tokens when it names none. None (the default): the worker decides, with its
     # Settings.default_max_tokens capped by the room the context leaves.
@@ -40,6 +41,8 @@ class ApiConfig:
             raise ValueError("job_timeout_s, max_body_bytes and job_ttl_s must be positive")
         if self.api_key is not None and not self.api_key:
             raise ValueError("api_key must be None (no auth) or a non-empty string")
+        if self.metrics_token is not None and not self.metrics_token:
+            raise ValueError("metrics_token must be None (open /metrics) or a non-empty string")
         if self.tenant_max_jobs < 0:
             raise ValueError("tenant_max_jobs must be >= 0 (0: no cap)")
         if self.default_max_tokens is not None and self.default_max_tokens < 1:

@@ -95,6 +95,8 @@ class SettingsFields(BaseModel):
     api_key: str | None = None  # when set, requests need "Authorization: Bearer <key>"
     api_keys: str | None = None  # "key:tenant,key2:tenant2": one tenant per key (api/tenants.py)
     api_keys_file: UserPath | None = None  # one "key tenant" per line, # comments; re-read on change
+    # when set, GET /metrics needs "Authorization: Bearer <token>" (it names tenants and their usage)
+    metrics_token: str | None = None
     tenant_max_jobs: int = 0  # unfinished jobs one tenant may have at once (over it: 429); 0 = no cap
     routing: Routing = "cache-aware"  # "round-robin" and "shared" are the benchmark's baselines
     prefetch_hints: bool = True  # a session routed to a new worker: it loads the blocks while queued

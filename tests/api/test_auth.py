@@ -1,4 +1,5 @@
-"""Auth on: a Bearer key is required on /v1 (not on /healthz or /metrics); the key names the tenant."""
+"""Auth on: a Bearer key is required on /v1 (not on /healthz, nor on /metrics unless it has its own
+token); the key names the tenant."""
 
 from __future__ import annotations
 
@@ -59,3 +60,16 @@ def test_auth_off_accepts_any_key(api: Served, worker: FakeWorker) -> None:
     with api.client(headers={"Authorization": "Bearer whatever"}) as c:
         assert c.post("/v1/chat/completions", json=BODY).status_code == 200
     assert worker.seen[0].job.tenant == ""
+
+
+def test_metrics_take_their_own_token_when_one_is_set(serve: Callable[..., Served], rds: redis.Redis) -> None:
+    """/metrics names every tenant and its usage: with KVFERRY_METRICS_TOKEN set, only a scraper
+    holding that token reads them (a tenant's key is not enough)."""
+    served = serve(api_key=KEY, metrics_token="scrape-me")
+    with served.client() as c:
+        for headers in ({}, {"Authorization": f"Bearer {KEY}"}, {"Authorization": "Bearer scrape-m"}):
+            r = c.get("/metrics", headers=headers)
+            assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+        r = c.get("/metrics", headers={"Authorization": "Bearer scrape-me"})
+        assert r.status_code == 200 and "kvferry" in r.text
+        assert c.get("/healthz").status_code == 200  # still open: load balancers probe it
