@@ -3,7 +3,6 @@ the engine, job leases with fencing, each token once, redelivery after SIGKILL a
 
 from __future__ import annotations
 
-import random
 import threading
 import time
 import uuid
@@ -14,32 +13,16 @@ import pytest
 import redis
 
 from broker import job_events, keys
-from broker.codec import decode_event, decode_result, encode_job
+from broker.codec import decode_event, decode_result
 from broker.job_events import FencedStream, TokenCursor
 from broker.job_lease import JobLeases, Lease, StaleLeaseError
-from broker.messages import GenerateJob, JobDone, StreamEvent, TokenDelta
-from broker.sampling import SamplingParams
-from tests.integration.conftest import MODEL, WorkerProcess, wait_for
+from broker.messages import JobDone, StreamEvent, TokenDelta
+from tests.integration.conftest import WorkerProcess, wait_for
+from tests.integration.jobs import random_prompt as _prompt
+from tests.integration.jobs import send as _send
+from tests.integration.jobs import token_job as _job
 
 Reference = Callable[[list[int], int], list[int]]
-
-
-def _job(prompt: list[int], max_tokens: int) -> GenerateJob:
-    return GenerateJob(
-        model=MODEL,
-        prompt_token_ids=tuple(prompt),
-        params=SamplingParams(max_tokens=max_tokens, ignore_eos=True),
-        submitted_at=time.time(),
-    )
-
-
-def _send(app: Any, job: GenerateJob, queue: str) -> Any:
-    return app.send_task(keys.GENERATE_TASK, args=[encode_job(job)], task_id=str(uuid.uuid4()), queue=queue)
-
-
-def _prompt(seed: int, n: int = 40) -> list[int]:
-    rng = random.Random(seed)
-    return [rng.randrange(100, 49152) for _ in range(n)]
 
 
 def _raw_events(client: redis.Redis, job_id: str) -> list[StreamEvent]:

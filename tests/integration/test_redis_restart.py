@@ -14,7 +14,10 @@ from broker import job_events, keys
 from broker.codec import decode_result
 from ops.redis_server import RedisServer
 from tests.integration.conftest import WorkerProcess, wait_for
-from tests.integration.test_exactly_once import _assert_each_token_once, _job, _prompt, _send
+from tests.integration.jobs import random_prompt as _prompt
+from tests.integration.jobs import send as _send
+from tests.integration.jobs import token_job as _job
+from tests.integration.test_exactly_once import _assert_each_token_once
 
 Reference = Callable[[list[int], int], list[int]]
 

@@ -13,27 +13,13 @@ from typing import Any
 import redis
 
 from broker import keys, session_store, session_tokens
-from broker.codec import decode_result, encode_job
-from broker.messages import ChatMessage, GenerateJob, GenerateResult, SessionRecord
-from broker.sampling import SamplingParams
+from broker.messages import GenerateResult, SessionRecord
 from broker.session_tokens import Checkpoint, SessionTokens
 from tests.integration.conftest import MODEL, WorkerProcess
+from tests.integration.jobs import chat as _chat
 
 Reference = Callable[[list[int], int], list[int]]
 SYSTEM = "You answer in one short sentence, and you never repeat yourself. " * 3
-
-
-def _chat(app: Any, messages: list[dict[str, str]], session: str, queue: str) -> GenerateResult:
-    job = GenerateJob(
-        model=MODEL,
-        endpoint="chat",
-        messages=tuple(ChatMessage(m["role"], m["content"]) for m in messages),
-        params=SamplingParams(max_tokens=8, ignore_eos=True),
-        session_id=session,
-        submitted_at=time.time(),
-    )
-    handle = app.send_task(keys.GENERATE_TASK, args=[encode_job(job)], task_id=str(uuid.uuid4()), queue=queue)
-    return decode_result(handle.get(timeout=120))
 
 
 def _used_prompt(client: redis.Redis, session: str, result: GenerateResult) -> list[int]:

@@ -10,35 +10,15 @@ from typing import Any
 import redis
 
 from broker import keys, session_store
-from broker.codec import decode_result, encode_job
-from broker.messages import ChatMessage, GenerateJob, GenerateResult
-from broker.sampling import SamplingParams
+from broker.messages import GenerateResult
 from ops.redis_server import RedisServer
 from tests.integration.conftest import MODEL, WorkerProcess, wait_for
+from tests.integration.jobs import chat as _chat
 
 Reference = Callable[[list[int], int], list[int]]
 SYSTEM = "You are a patient assistant who answers every question in full sentences. " * 4  # ~64+ tokens
 BLOCK = 16
 BLOCK_BYTES = 2 * 2 * BLOCK * 2 * 16 * 4  # tiny Llama: layers, k+v, tokens, kv heads, head dim, fp32
-
-
-def _chat(
-    app: Any,
-    messages: list[dict[str, str]],
-    session: str | None,
-    queue: str,
-    max_tokens: int = 8,
-) -> GenerateResult:
-    job = GenerateJob(
-        model=MODEL,
-        endpoint="chat",
-        messages=tuple(ChatMessage(m["role"], m["content"]) for m in messages),
-        params=SamplingParams(max_tokens=max_tokens, ignore_eos=True),
-        session_id=session,
-        submitted_at=time.time(),
-    )
-    handle = app.send_task(keys.GENERATE_TASK, args=[encode_job(job)], task_id=str(uuid.uuid4()), queue=queue)
-    return decode_result(handle.get(timeout=120))
 
 
 def _expected(tokenizer: Any, reference: Reference, messages: list[dict[str, str]], n: int) -> list[int]:

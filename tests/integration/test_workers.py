@@ -4,34 +4,21 @@ from __future__ import annotations
 
 import random
 import time
-import uuid
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 import redis
 
-from broker import job_events, keys
-from broker.codec import decode_result, encode_job
+from broker import job_events
+from broker.codec import decode_result
 from broker.messages import GenerateJob, JobDone, JobFailed, TokenDelta
-from broker.sampling import SamplingParams
 from broker.worker_registry import live_workers
 from tests.integration.conftest import MODEL, WorkerProcess, wait_for
+from tests.integration.jobs import send as _send
+from tests.integration.jobs import token_job as _job
 
 Reference = Callable[[list[int], int], list[int]]
-
-
-def _job(prompt: list[int], max_tokens: int, model: str = MODEL) -> GenerateJob:
-    return GenerateJob(
-        model=model,
-        prompt_token_ids=tuple(prompt),
-        params=SamplingParams(max_tokens=max_tokens, ignore_eos=True),
-        submitted_at=time.time(),
-    )
-
-
-def _send(app: Any, job: GenerateJob, queue: str = keys.SHARED_QUEUE) -> Any:
-    return app.send_task(keys.GENERATE_TASK, args=[encode_job(job)], task_id=str(uuid.uuid4()), queue=queue)
 
 
 def _prompts(n: int, seed: int) -> list[list[int]]:

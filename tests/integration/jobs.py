@@ -1,0 +1,49 @@
+"""Jobs as the integration tests send them: straight to Celery, greedy, EOS ignored (the tiny
+models' EOS means nothing), token-id prompts or chat messages."""
+
+from __future__ import annotations
+
+import random
+import time
+import uuid
+from typing import Any
+
+from broker import keys
+from broker.codec import decode_result, encode_job
+from broker.messages import ChatMessage, GenerateJob, GenerateResult
+from broker.sampling import SamplingParams
+from tests.integration.conftest import MODEL
+
+
+def token_job(prompt: list[int], max_tokens: int, model: str = MODEL) -> GenerateJob:
+    return GenerateJob(
+        model=model,
+        prompt_token_ids=tuple(prompt),
+        params=SamplingParams(max_tokens=max_tokens, ignore_eos=True),
+        submitted_at=time.time(),
+    )
+
+
+def send(app: Any, job: GenerateJob, queue: str = keys.SHARED_QUEUE) -> Any:
+    """The task's AsyncResult (its id is the job id)."""
+    return app.send_task(keys.GENERATE_TASK, args=[encode_job(job)], task_id=str(uuid.uuid4()), queue=queue)
+
+
+def random_prompt(seed: int, n: int = 40) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(100, 49152) for _ in range(n)]
+
+
+def chat(
+    app: Any, messages: list[dict[str, str]], session: str | None, queue: str, max_tokens: int = 8
+) -> GenerateResult:
+    """One chat turn (in `session`, if given) on `queue`, waited for."""
+    job = GenerateJob(
+        model=MODEL,
+        endpoint="chat",
+        messages=tuple(ChatMessage(m["role"], m["content"]) for m in messages),
+        params=SamplingParams(max_tokens=max_tokens, ignore_eos=True),
+        session_id=session,
+        submitted_at=time.time(),
+    )
+    return decode_result(send(app, job, queue).get(timeout=120))
