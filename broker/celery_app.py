@@ -7,9 +7,8 @@ from dataclasses import dataclass
 from celery import Celery
 from kombu import Exchange, Queue
 
-from broker import keys
+from broker import keys, redis_transport
 from broker.defaults import DEFAULTS
-from broker.redis_transport import transport_for
 from broker.result_backend import send_only_url
 
 
@@ -52,7 +51,9 @@ def queue(name: str) -> Queue:
 
 def make_celery(config: BrokerConfig, name: str = "kvferry", send_only: bool = False) -> Celery:
     """send_only: for a process that sends jobs and never waits on Celery's results (the api):
-    sending then subscribes to nothing (broker/result_backend.py)."""
+    sending then subscribes to nothing (broker/result_backend.py). The broker's Redis transport
+    is kombu's, fixed so that a Redis restart does not end a worker (broker/redis_transport.py)."""
+    redis_transport.install()
     backend = send_only_url(config.redis_url) if send_only else config.redis_url
     app = Celery(name, broker=config.redis_url, backend=backend)
     app.conf.update(
@@ -74,8 +75,6 @@ def make_celery(config: BrokerConfig, name: str = "kvferry", send_only: bool = F
         task_default_routing_key=keys.SHARED_QUEUE,
         task_create_missing_queues=True,
         broker_connection_retry_on_startup=True,
-        # kombu's Redis transport, fixed so that a Redis restart does not end the worker process
-        broker_transport=transport_for(config.redis_url),
         worker_send_task_events=True,  # Flower's task views
         # No task-sent event: it costs the producer ~3 ms a job (measured in bench queue), and
         # Flower still shows every task from the worker's task-received on.

@@ -6,24 +6,26 @@ transport's client) and then closes it again; the tasks it is running ack later,
 same channel. kombu's Redis channel builds a new connection pool from the transport's client for
 either, finds None, and raises AttributeError: no connection error, so the consumer gives up and
 the worker exits (with 0) on every Redis restart, its running jobs with it. Here a channel keeps
-the connection parameters it last had, so its acks reach Redis once it is back, and its close
-after a collect only releases its sockets: what it delivered is running in this process, and
-acks as it ends (or the reaper hands it back if this process dies), so nothing is put back on
-the queue to run twice.
+the connection it was opened on and builds a pool from it once the transport's client is gone
+(plain URL or Sentinel), so its acks reach Redis once it is back; and its second close, after
+the collect, only releases its sockets.
+
+What the channel delivered may still be put back on its queue by the collect's own first close
+(kombu restores unacked messages when Redis answers then): a copy of a running job then waits
+on the job's lease and replays its result, as any redelivered copy does; nothing runs twice.
+
+The classes replace kombu's under its own aliases (`redis`, `rediss`, `sentinel`), so that a
+failover to another URL of the list, which kombu resolves again by scheme, keeps them.
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
+from kombu import transport as kombu_transport
 from kombu.transport import redis as kombu_redis
-
-# what make_celery() names as broker_transport for each URL scheme
-BY_SCHEME = {
-    "redis": f"{__name__}:Transport",
-    "rediss": f"{__name__}:Transport",
-    "sentinel": f"{__name__}:SentinelTransport",
-}
 
 
 def _collected(channel: Any) -> bool:
@@ -32,15 +34,27 @@ def _collected(channel: Any) -> bool:
 
 
 class Channel(kombu_redis.Channel):
-    _kept_params: dict[bool, dict[str, Any]]
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # the kombu Connection this channel was opened on (collect() leaves it whole)
+        self._kept_client = getattr(self.connection, "client", None)
 
-    def _connparams(self, asynchronous: bool = False) -> dict[str, Any]:
-        kept = self.__dict__.setdefault("_kept_params", {})
-        if _collected(self) and asynchronous in kept:
-            return dict(kept[asynchronous])
-        params: dict[str, Any] = super()._connparams(asynchronous=asynchronous)
-        kept[asynchronous] = dict(params)
-        return params
+    @contextlib.contextmanager
+    def _client_back(self) -> Iterator[None]:
+        """The transport's client, back for the time a pool is built, if it was collected."""
+        transport = self.connection
+        if not _collected(self) or self._kept_client is None:
+            yield
+            return
+        transport.client = self._kept_client
+        try:
+            yield
+        finally:
+            transport.client = None
+
+    def _get_pool(self, asynchronous: bool = False) -> Any:
+        with self._client_back():
+            return super()._get_pool(asynchronous=asynchronous)
 
     def close(self) -> None:
         if self.closed or not _collected(self):
@@ -49,7 +63,7 @@ class Channel(kombu_redis.Channel):
         self._closing = True
         self.closed = True
         if self._qos is not None:
-            self._qos._on_collect.cancel()  # nothing to put back at exit either (see above)
+            self._qos._on_collect.cancel()  # its restore at exit would fail the same way
         self._disconnect_pools()
         self._close_clients()
 
@@ -66,8 +80,18 @@ class SentinelTransport(kombu_redis.SentinelTransport):
     Channel = SentinelChannel
 
 
-def transport_for(url: str) -> str | None:
-    """The broker_transport for a broker URL (None: kombu's own choice, for other schemes)."""
-    first = url.split(";", 1)[0]
-    scheme = first.split("://", 1)[0].lower() if "://" in first else ""
-    return BY_SCHEME.get(scheme)
+ALIASES = {
+    "redis": f"{__name__}:Transport",
+    "rediss": f"{__name__}:Transport",
+    "sentinel": f"{__name__}:SentinelTransport",
+}
+
+
+def install() -> None:
+    """Serve kombu's Redis aliases with these classes (idempotent; before any connection)."""
+    kombu_transport.TRANSPORT_ALIASES.update(ALIASES)
+    for alias in ALIASES:
+        kombu_transport._transport_cache.pop(alias, None)
+
+
+install()

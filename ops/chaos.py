@@ -26,7 +26,7 @@ from ops.settings import Settings
 from ops.stack import Stack
 
 INTEGRITY_COMMAND = "kvferry_integrity"  # workers/control.py
-ENGINE_STEP_FAILED = "engine step failed"  # what workers/engine/engine_loop.py logs
+ENGINE_STEP_FAILED = "engine step failed; failing"  # workers/engine/engine_loop.py, once a step
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,14 +147,22 @@ async def _passes(
         await client.close()
 
 
-def engine_step_failures(run_dir: Path | None) -> int:
-    """Steps that failed every request in them (workers/engine/engine_loop.py logs each): their
-    jobs are redelivered and resume exact, yet each is a bug, so the run counts them."""
+def log_sizes(run_dir: Path) -> dict[str, int]:
+    """The worker logs' sizes now: a run that reuses --run-dir counts only what it appends."""
+    return {log.name: log.stat().st_size for log in run_dir.glob("worker*.log")}
+
+
+def engine_step_failures(run_dir: Path | None, before: dict[str, int] | None = None) -> int:
+    """Steps that failed every request in them (workers/engine/engine_loop.py logs each once):
+    their jobs are redelivered and resume exact, yet each is a bug, so the run counts them."""
     if run_dir is None:
         return 0
-    return sum(
-        log.read_text(errors="replace").count(ENGINE_STEP_FAILED) for log in run_dir.glob("worker*.log")
-    )
+    found = 0
+    for log in run_dir.glob("worker*.log"):
+        with log.open("rb") as f:
+            f.seek((before or {}).get(log.name, 0))
+            found += f.read().decode(errors="replace").count(ENGINE_STEP_FAILED)
+    return found
 
 
 def run_chaos(
@@ -168,11 +176,13 @@ def run_chaos(
     from ops.redis_server import free_port
 
     stack: Stack | None = None
+    sizes: dict[str, int] = {}
     notes: list[str] = []
     if api_url is None:
         run_dir = run_dir or Path(tempfile.mkdtemp(prefix="kvferry-chaos-"))
         settings = settings.with_overrides(api_port=free_port())
         stack = Stack(settings, config.workers, run_dir=run_dir, with_flower=False)
+        sizes = log_sizes(run_dir)
         log(stamped(f"starting {config.workers} worker(s), the api and Redis; logs in {run_dir}"))
     elif config.kills or config.redis_restarts:
         notes.append("running stack: this run did not start its workers or Redis, so it kills none")
@@ -207,7 +217,7 @@ def run_chaos(
         ]
         if stack is not None:
             extra["rss_mb"] = rss
-            extra["engine_step_failures"] = engine_step_failures(run_dir)
+            extra["engine_step_failures"] = engine_step_failures(run_dir, sizes)
         fault_log = faults.log if faults is not None else FaultLog()
         fault_log.notes[:0] = notes
         return report(records, references, fault_log, duration, extra)
