@@ -8,9 +8,11 @@ import time
 import uuid
 from typing import Any
 
-from broker import keys
+import redis
+
+from broker import job_events, keys
 from broker.codec import decode_result, encode_job
-from broker.messages import ChatMessage, GenerateJob, GenerateResult
+from broker.messages import ChatMessage, GenerateJob, GenerateResult, TokenDelta
 from broker.sampling import SamplingParams
 from tests.integration.conftest import MODEL
 
@@ -47,3 +49,9 @@ def chat(
         submitted_at=time.time(),
     )
     return decode_result(send(app, job, queue).get(timeout=120))
+
+
+def followed_tokens(client: redis.Redis, job_id: str) -> list[int]:
+    """The job's tokens as a reader sees them (job_events.follow: each index once)."""
+    events = job_events.follow(client, job_id, timeout_s=5)
+    return [t for e in events if isinstance(e, TokenDelta) for t in e.token_ids]

@@ -18,6 +18,7 @@ from broker.job_events import FencedStream, TokenCursor
 from broker.job_lease import JobLeases, Lease, StaleLeaseError
 from broker.messages import JobDone, StreamEvent, TokenDelta
 from tests.integration.conftest import WorkerProcess, wait_for
+from tests.integration.jobs import followed_tokens
 from tests.integration.jobs import random_prompt as _prompt
 from tests.integration.jobs import send as _send
 from tests.integration.jobs import token_job as _job
@@ -42,13 +43,7 @@ def _assert_each_token_once(client: redis.Redis, job_id: str, expected: list[int
         tokens.extend(event.token_ids)
         epochs.add(event.epoch)
     assert isinstance(events[-1], JobDone) and tokens == expected
-    followed = [
-        t
-        for e in job_events.follow(client, job_id, timeout_s=5)
-        if isinstance(e, TokenDelta)
-        for t in e.token_ids
-    ]
-    assert followed == expected
+    assert followed_tokens(client, job_id) == expected
     return epochs
 
 

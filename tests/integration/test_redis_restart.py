@@ -15,6 +15,7 @@ from broker.codec import decode_result
 from broker.messages import JobDone, TokenDelta
 from ops.redis_server import RedisServer
 from tests.integration.conftest import WorkerProcess, wait_for
+from tests.integration.jobs import followed_tokens
 from tests.integration.jobs import random_prompt as _prompt
 from tests.integration.jobs import send as _send
 from tests.integration.jobs import token_job as _job
@@ -38,13 +39,7 @@ def _assert_no_gap_and_each_token_once_to_readers(
         assert list(event.token_ids[: len(overlap)]) == overlap, "a token index written twice, differently"
         tokens.extend(event.token_ids[len(overlap) :])
     assert isinstance(events[-1], JobDone) and tokens == expected
-    followed = [
-        t
-        for e in job_events.follow(client, job_id, timeout_s=5)
-        if isinstance(e, TokenDelta)
-        for t in e.token_ids
-    ]
-    assert followed == expected
+    assert followed_tokens(client, job_id) == expected
 
 
 def test_a_redis_restart_leaves_the_worker_running_and_its_job_exact(
