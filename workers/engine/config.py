@@ -26,6 +26,9 @@ class EngineConfig:
     dtype: str = DEFAULTS.dtype
     device: str = DEFAULTS.device
     torch_threads: int | None = None  # None: leave torch's default
+    # CPU fp32: the model's linear weights reordered once for oneDNN (workers/engine/packed_linear);
+    # in place, so every engine over the same loaded model shares it.
+    packed_linear: bool = DEFAULTS.packed_linear
     default_max_tokens: int | None = None  # a request naming no max_tokens; None: the room left
     # Fault hooks for tests: a step that computes prompt tokens sleeps this much longer, and the
     # N-th step (1-based) raises RuntimeError once. 0 disables each.

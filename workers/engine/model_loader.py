@@ -15,6 +15,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
 from broker.errors import UnknownModelError
+from workers.engine.packed_linear import packed_bytes
 from workers.engine.weights_fingerprint import dir_fingerprint, file_fingerprint
 
 SMOLLM2 = "smollm2"
@@ -36,7 +37,8 @@ class LoadedModel:
 
     @property
     def weights_bytes(self) -> int:
-        return sum(p.numel() * p.element_size() for p in self.model.parameters())
+        dense = sum(p.numel() * p.element_size() for p in self.model.parameters())
+        return dense + packed_bytes(self.model)
 
 
 def smollm2_gguf_path() -> Path:

@@ -7,14 +7,17 @@ from transformers import PreTrainedModel
 
 from kvstore.kv_cache import KVCache
 from workers.engine import paged_attention
+from workers.engine.packed_linear import pack_linears
 from workers.engine.paged_attention import AttentionMetadata, DecodeBucket, PrefillSegment
 from workers.engine.scheduler import ScheduledSeq
 
 
 class ModelRunner:
-    def __init__(self, model: PreTrainedModel, kv_cache: KVCache) -> None:
+    def __init__(self, model: PreTrainedModel, kv_cache: KVCache, packed: bool = False) -> None:
         paged_attention.register()
         model.set_attn_implementation(paged_attention.ATTN_IMPLEMENTATION)
+        if packed:
+            pack_linears(model)
         self.model = model
         self.decoder = getattr(model, model.base_model_prefix)
         self.kv_cache = kv_cache
@@ -64,6 +67,7 @@ class ModelRunner:
 
         meta = AttentionMetadata(
             kv_cache=self.kv_cache,
+            block_size=self.block_size,
             slot_mapping=torch.cat(slot_parts),
             prefills=tuple(segments),
             num_prefill_tokens=num_prefill_tokens,
@@ -79,41 +83,45 @@ class ModelRunner:
             return hidden.new_empty(0, 0, dtype=torch.float32)
         return self.model.lm_head(hidden[rows]).float()  # [N, vocab]
 
+    def _num_blocks(self, num_tokens: int) -> int:
+        return (num_tokens - 1) // self.block_size + 1
+
     def _decode_buckets(self, singles: list[ScheduledSeq], first_row: int) -> tuple[DecodeBucket, ...]:
         """Split the decodes (longest context first) wherever a context is at most half the
-        bucket's longest: each bucket pads to its own longest, so no short context pays for the
-        batch's longest gather (8 decodes at ~100 beside 8 at ~600: ~40% less K/V gathered)."""
+        bucket's longest and needs fewer blocks: each bucket pads to its own longest, so no short
+        context pays for the batch's longest gather (8 decodes at ~100 beside 8 at ~600: ~40% less
+        K/V gathered)."""
         lengths = [s.seq.num_computed_tokens + 1 for s in singles]
+        blocks = [self._num_blocks(n) for n in lengths]
         buckets: list[DecodeBucket] = []
         start = 0
         while start < len(singles):
-            width = lengths[start]
             end = start + 1
-            while end < len(singles) and 2 * lengths[end] > width:
+            while end < len(singles) and (2 * lengths[end] > lengths[start] or blocks[end] == blocks[start]):
                 end += 1
             buckets.append(self._decode_bucket(singles[start:end], lengths[start:end], first_row + start))
             start = end
         return tuple(buckets)
 
     def _decode_bucket(self, singles: list[ScheduledSeq], lengths: list[int], row: int) -> DecodeBucket:
-        width = lengths[0]
-        slots = torch.stack(
-            [
-                torch.nn.functional.pad(self._slots(s.seq.block_ids, 0, n), (0, width - n))
-                for s, n in zip(singles, lengths, strict=True)
-            ]
-        )  # [b, C]
-        if lengths[-1] == width:
-            return DecodeBucket(row, slots, None)
+        nb = self._num_blocks(lengths[0])
+        table = [s.seq.block_ids[: self._num_blocks(n)] for s, n in zip(singles, lengths, strict=True)]
+        blocks = torch.tensor([t + [0] * (nb - len(t)) for t in table], device=self.device)  # [b, nb]
+        width = nb * self.block_size
+        if lengths[-1] == width:  # every context fills its blocks exactly: nothing to mask
+            return DecodeBucket(row, blocks, None)
         lens = torch.tensor(lengths, device=self.device)
         real = torch.arange(width, device=self.device)[None, :] < lens[:, None]
-        return DecodeBucket(row, slots, real[:, None, None, :])
+        return DecodeBucket(row, blocks, real[:, None, None, :])
 
     def _prefill_segment(self, block_ids: list[int], row: int, start: int, end: int) -> PrefillSegment:
         n = end - start
         if start == 0:
             return PrefillSegment(row, n, n, None, None)
-        # Bottom-right causal: query j (position start + j) sees keys [0, start + j].
+        # Bottom-right causal: query j (position start + j) sees keys [0, start + j]; the slots of
+        # the last block past `end` are masked with the rest of the future.
+        nb = self._num_blocks(end)
         q_pos = torch.arange(start, end, device=self.device)[:, None]
-        k_pos = torch.arange(end, device=self.device)[None, :]
-        return PrefillSegment(row, n, end, self._slots(block_ids, 0, end), k_pos <= q_pos)
+        k_pos = torch.arange(nb * self.block_size, device=self.device)[None, :]
+        blocks = torch.tensor(block_ids[:nb], device=self.device)
+        return PrefillSegment(row, n, end, blocks, k_pos <= q_pos)

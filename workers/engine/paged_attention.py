@@ -28,23 +28,24 @@ class PrefillSegment:
     start: int
     length: int
     context_len: int  # cached prefix + this chunk
-    context_slots: torch.Tensor | None  # [context_len]; None when there is no cached prefix
-    mask: torch.Tensor | None  # [length, context_len] bool, bottom-right causal; None: plain causal
+    context_blocks: torch.Tensor | None  # [nb] blocks holding the context; None: no cached prefix
+    mask: torch.Tensor | None  # [length, nb * block_size] bool, bottom-right causal; None: plain causal
 
 
 @dataclass(frozen=True, slots=True)
 class DecodeBucket:
-    """Single-token steps at rows [start, start + len(slots)) whose contexts are within 2x of each
+    """Single-token steps at rows [start, start + len(blocks)) whose contexts are within 2x of each
     other, so padding them to the longest costs at most 2x the gather (not the batch's longest)."""
 
     start: int
-    slots: torch.Tensor  # [b, C] context slots, padded with slot 0
-    mask: torch.Tensor | None  # [b, 1, 1, C] bool, True where a slot is real; None: no padding
+    blocks: torch.Tensor  # [b, nb] each context's blocks, padded with block 0
+    mask: torch.Tensor | None  # [b, 1, 1, nb * block_size] bool, True where a slot is real; None: all are
 
 
 @dataclass(frozen=True, slots=True)
 class AttentionMetadata:
     kv_cache: KVCache
+    block_size: int
     slot_mapping: torch.Tensor  # [T]: pool slot of each new token
     prefills: tuple[PrefillSegment, ...]
     num_prefill_tokens: int  # rows [0, P) are prefill chunks, rows [P, T) single-token steps
@@ -68,32 +69,40 @@ def paged_attention_forward(
     groups = num_heads // num_kv_heads
 
     meta.kv_cache.write(layer, meta.slot_mapping, key[0].transpose(0, 1), value[0].transpose(0, 1))
-    cache_k, cache_v = meta.kv_cache.keys(layer), meta.kv_cache.values(layer)  # [slots, Hkv, D]
+    pool = meta.kv_cache.tensor[layer]  # [2, slots, Hkv, D]
+    # Contexts are gathered whole blocks at a time (one contiguous block_size * Hkv * D run each)
+    # with index_select, K and V in one pass: on a 1 GiB CPU pool, 16 contexts of 150 tokens x 30
+    # layers take 18 ms instead of 31 ms with `pool[:, slots]`. The tail of a last block is masked.
+    bs = meta.block_size
+    by_block = pool.view(2, pool.shape[1] // bs, bs * num_kv_heads * head_dim)
+
+    def gather(blocks: torch.Tensor) -> torch.Tensor:  # [...] block ids -> [2, ..., slots, Hkv, D]
+        kv = by_block.index_select(1, blocks.flatten())
+        return kv.view(2, *blocks.shape[:-1], blocks.shape[-1] * bs, num_kv_heads, head_dim)
+
     out = query.new_empty(num_tokens, num_heads, head_dim)
 
     for seg in meta.prefills:
         rows = slice(seg.start, seg.start + seg.length)
         q = query[:, :, rows]  # [1, Hq, n, D]
-        if seg.context_slots is None:
+        if seg.context_blocks is None:
             k, v = key[:, :, rows], value[:, :, rows]
         else:
-            k = cache_k[seg.context_slots].transpose(0, 1).unsqueeze(0)  # [1, Hkv, c, D]
-            v = cache_v[seg.context_slots].transpose(0, 1).unsqueeze(0)
+            kv = gather(seg.context_blocks)  # [2, W, Hkv, D]
+            k, v = kv[0].transpose(0, 1).unsqueeze(0), kv[1].transpose(0, 1).unsqueeze(0)  # [1, Hkv, W, D]
         o = F.scaled_dot_product_attention(
             q, k, v, attn_mask=seg.mask, is_causal=seg.mask is None, scale=scaling, enable_gqa=groups > 1
         )
         out[rows] = o[0].transpose(0, 1)
 
     for bucket in meta.decodes:
-        rows = slice(bucket.start, bucket.start + bucket.slots.shape[0])
-        batch = bucket.slots.shape[0]
+        batch = bucket.blocks.shape[0]
+        rows = slice(bucket.start, bucket.start + batch)
         # One query per sequence: fold the query heads that share a kv head into the query axis,
         # [b, Hkv, groups, D], so K/V are read once per kv head instead of being repeated.
         q = query[0, :, rows].transpose(0, 1).reshape(batch, num_kv_heads, groups, head_dim)
-        # K and V in one gather: one pass over the block tables instead of two (~30% less time
-        # in the gather, the largest cost of a decode step after the matmuls).
-        kv = meta.kv_cache.tensor[layer][:, bucket.slots]  # [2, b, C, Hkv, D]
-        k, v = kv[0].transpose(1, 2), kv[1].transpose(1, 2)  # [b, Hkv, C, D]
+        kv = gather(bucket.blocks)  # [2, b, W, Hkv, D]
+        k, v = kv[0].transpose(1, 2), kv[1].transpose(1, 2)  # [b, Hkv, W, D]
         o = F.scaled_dot_product_attention(q, k, v, attn_mask=bucket.mask, scale=scaling)
         out[rows] = o.reshape(batch, num_heads, head_dim)
 

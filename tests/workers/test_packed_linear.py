@@ -1,0 +1,62 @@
+"""Linear weights packed for oneDNN (CPU fp32): the engine really runs them, outputs stay token-exact
+with HF generate (mixed prefill and decode steps, biases too), and where packing does not apply the
+model is left as it was."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from torch import nn
+
+from broker.sampling import SamplingParams
+from tests.workers._helpers import NO_EOS, TinyModel, assert_tokens, make_engine, random_prompt, run_checked
+from tests.workers.conftest import _build_tiny
+from workers.engine.packed_linear import PackedLinear, pack_linears, supported
+
+pytestmark = pytest.mark.skipif(
+    not supported(torch.device("cpu"), torch.float32), reason="this torch has no oneDNN packed linear"
+)
+
+
+def _linears(model: nn.Module) -> tuple[int, int]:
+    plain = sum(1 for m in model.modules() if type(m) is nn.Linear)
+    packed = sum(1 for m in model.modules() if isinstance(m, PackedLinear))
+    return plain, packed
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])  # qwen2: q/k/v projections carry a bias
+def test_packed_engine_is_token_exact(tokenizer: object, arch: str) -> None:
+    tiny: TinyModel = _build_tiny(arch, tokenizer, seed=7)
+    model = tiny.loaded.model
+    total, _ = _linears(model)
+    weights = tiny.loaded.weights_bytes
+    engine = make_engine(tiny.loaded, num_blocks=64, block_size=8, max_num_batched_tokens=32)
+    assert _linears(model) == (0, total), "every linear, lm_head included, runs packed"
+    assert tiny.loaded.weights_bytes == weights, "packing neither loses nor doubles the weights"
+
+    rng = random.Random(3)
+    prompts = {f"r{i}": random_prompt(rng, n) for i, n in enumerate([3, 17, 40, 9, 61])}
+    params = SamplingParams(max_tokens=12, **NO_EOS)
+    done = run_checked(engine, {rid: (p, params) for rid, p in prompts.items()})
+    for rid, prompt in prompts.items():
+        assert_tokens(done[rid].token_ids, tiny.expected(prompt, 12), f"{arch} {rid}")
+
+
+def test_packing_off_or_unsupported_leaves_the_model_alone(tokenizer: object) -> None:
+    tiny = _build_tiny("llama", tokenizer, seed=8)
+    model = tiny.loaded.model
+    total, _ = _linears(model)
+    make_engine(tiny.loaded, num_blocks=16, block_size=8, packed_linear=False)
+    assert _linears(model) == (total, 0)
+
+    half = _build_tiny("llama", tokenizer, seed=8).loaded.model.to(torch.bfloat16)
+    assert pack_linears(half) == 0 and _linears(half) == (total, 0)
+
+    assert pack_linears(model) == total
+    assert pack_linears(model) == 0, "a packed model is not packed again"
+    x = torch.randn(2, 5, model.config.hidden_size)
+    want = tiny.reference.model.model.layers[0].mlp.gate_proj(x)
+    got = model.model.layers[0].mlp.gate_proj(x)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
