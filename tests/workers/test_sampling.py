@@ -110,3 +110,37 @@ def test_ignore_eos_runs_to_max_tokens(smollm2: LoadedModel) -> None:
     out = run_checked(engine, {"r": (prompt, SamplingParams(max_tokens=40, ignore_eos=True))})["r"]
 
     assert out.finish_reason == "length" and len(out.token_ids) == 40
+
+
+def test_unseeded_rows_drawn_together_follow_each_rows_distribution() -> None:
+    """Plain temperature rows are drawn in one multinomial: each row still follows its own
+    softmax(logits / T), a row whose temperature overflows fails alone, and seeded, top-k and
+    greedy rows in the same batch are untouched by the batched draw."""
+    import torch
+
+    from broker.errors import InvalidRequestError
+    from workers.engine.sampler import Sampler
+
+    vocab, n = 64, 600
+    logits = torch.full((n + 3, vocab), -30.0)
+    logits[:n:2, 3], logits[:n:2, 5] = 0.0, -1.0  # even rows: p(3) = 1 / (1 + e^-1) = 0.73 at T=1
+    logits[1:n:2, 7] = 0.0  # odd rows: token 7 alone
+    logits[n:, 9] = 1.0
+    t1 = SamplingParams(temperature=1.0)
+    requests = [(f"r{i}", t1) for i in range(n)]
+    logits[10, 3] = 3e38  # /T overflows to inf: softmax gives NaN
+    requests[10] = ("hot", SamplingParams(temperature=0.5))
+    requests += [
+        ("seeded", SamplingParams(temperature=1.0, seed=5)),
+        ("topk", SamplingParams(temperature=1.0, top_k=1)),
+        ("greedy", SamplingParams(temperature=0.0)),
+    ]
+    out = Sampler(torch.device("cpu")).sample(logits, requests)
+
+    assert isinstance(out[10], InvalidRequestError) and out[10].param == "temperature"
+    even = [out[i] for i in range(0, n, 2) if i != 10]
+    assert set(even) <= {3, 5}
+    share = even.count(3) / len(even)
+    assert 0.63 < share < 0.83, share  # 0.73 +- ~5 sigma over 299 draws
+    assert all(out[i] == 7 for i in range(1, n, 2))
+    assert out[n:] == [9, 9, 9]
