@@ -27,15 +27,32 @@ def _decode_only(engine: LLMEngine, prompts: list[list[int]], new_tokens: int) -
 
 
 def bench_decode(
-    engine: LLMEngine, ref: Any, vocab: int, batch: int, prompt_len: int, new_tokens: int
+    engine: LLMEngine,
+    ref: Any,
+    vocab: int,
+    batch: int,
+    prompt_len: int,
+    new_tokens: int,
+    plain: LLMEngine | None = None,
 ) -> dict[str, Any]:
     """Decode throughput without prefill, ours vs HF generate at its best case: equal-length
-    prompts (no left padding), its decode time being generate(new_tokens) - generate(1)."""
+    prompts (no left padding), its decode time being generate(new_tokens) - generate(1).
+    `plain`: the same engine over its own copy of the model with `F.linear` (packed_linear off),
+    timed alternately with ours, twice each: what the oneDNN-packed weights buy."""
     rng = torch.Generator().manual_seed(4)
     prompts = [prompt(rng, prompt_len, vocab) for _ in range(batch)]
     ref.generation_config.eos_token_id = None
     engine.pool.reset_prefix_cache()
     ours_s = _decode_only(engine, prompts, new_tokens)
+    plain_s = None
+    if plain is not None:
+        runs = []
+        for _ in range(2):
+            runs.append((_decode_only(plain, prompts, new_tokens), _decode_only(engine, prompts, new_tokens)))
+            plain.pool.reset_prefix_cache()
+            engine.pool.reset_prefix_cache()
+        plain_s = min(p for p, _ in runs)
+        ours_s = min(ours_s, *(o for _, o in runs))
     hf_full = hf_generate(ref, prompts, new_tokens, 0)
     hf_decode_s = max(hf_full - hf_generate(ref, prompts, 1, 0), 1e-9)
     steps = new_tokens - 1
@@ -47,6 +64,9 @@ def bench_decode(
         f"hf_equal_len_tok_s_{batch}": batch * new_tokens / hf_full,
         "decode_prompt_len": prompt_len,
     }
+    if plain_s is not None:
+        out[f"decode_plain_linear_tpot_ms_{batch}"] = 1e3 * plain_s / steps
+        out[f"decode_packed_vs_plain_{batch}"] = ours_s / plain_s
     out[f"decode_ratio_vs_hf_equal_len_{batch}"] = (
         out[f"decode_only_tok_s_{batch}"] / out[f"hf_equal_len_decode_tok_s_{batch}"]
     )

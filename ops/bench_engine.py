@@ -169,8 +169,24 @@ def run_engine_bench(settings: Settings, quick: bool = False, skip: set[str] | N
             engine, ref, vocab, new_tokens=16 if quick else 64, sequential=4 if quick else 32
         )
         results.update(t)
-        d = bench_decode(engine, ref, vocab, batch=16, prompt_len=128, new_tokens=16 if quick else 64)
+        plain = None
+        if settings.packed_linear:  # the F.linear baseline needs its own, unpacked copy of the model
+            unpacked = load_model(settings.model, settings.dtype, settings.device, settings.cache_dir)
+            plain = LLMEngine(replace(settings.engine_config(), packed_linear=False), unpacked)
+        d = bench_decode(
+            engine, ref, vocab, batch=16, prompt_len=128, new_tokens=16 if quick else 64, plain=plain
+        )
+        del plain
         results.update(d)
+        if "decode_packed_vs_plain_16" in d:
+            rows.append(
+                (
+                    "decode TPOT at 16, oneDNN-packed linears vs F.linear (ms)",
+                    f"{d['decode_tpot_ms_16']:.1f}",
+                    f"{d['decode_plain_linear_tpot_ms_16']:.1f}",
+                    f"{d['decode_packed_vs_plain_16']:.2f}",
+                )
+            )
         rows.append(
             (
                 "decode-only tok/s at 16 (128-tok prompts) vs HF equal-length",
