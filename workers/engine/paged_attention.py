@@ -3,7 +3,8 @@
 The model runs as one flattened batch: every scheduled token of every sequence is a position of
 a single row ([1, T]). Each layer's attention call writes the new K/V into the pool through the
 slot mapping, then reads each sequence's context back through its block table. The model file
-stays stock transformers; only the attention function is ours.
+stays stock transformers; only the attention function is ours (and, on CPU, the packed linears
+of packed_linear.py).
 """
 
 from __future__ import annotations
