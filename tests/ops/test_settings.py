@@ -60,6 +60,7 @@ DOCUMENTED = {
     "MAX_MODEL_LEN": None,
     "ENABLE_PREFIX_CACHING": True,
     "TORCH_THREADS": None,
+    "PACKED_LINEAR": True,
     "REDIS_URL": "redis://127.0.0.1:6379/0",
     "KV_REDIS_URL": None,
     "WORKER_CONCURRENCY": 32,
@@ -86,6 +87,7 @@ def test_documented_variables_and_defaults() -> None:
     env = {"KVFERRY_" + n: str(v).lower() if v is True else str(v) for n, v in DOCUMENTED.items() if v}
     assert Settings.from_env(env) == s  # each variable reaches its setting
     assert Settings.from_env({"KVFERRY_TORCH_THREADS": "3"}).torch_threads == 3
+    assert Settings.from_env({"KVFERRY_PACKED_LINEAR": "false"}).engine_config().packed_linear is False
 
 
 @pytest.mark.parametrize(
