@@ -50,8 +50,7 @@ def test_a_redis_restart_leaves_the_worker_running_and_its_job_exact(
     from broker.celery_app import BrokerConfig, make_celery
 
     data = tmp_path_factory.mktemp("redis-restart")
-    server = RedisServer(data, persist=True).start()
-    try:
+    with RedisServer(data, persist=True) as server:  # AOF: a restart keeps the job's stream
         app = make_celery(BrokerConfig(redis_url=server.url))
         worker = worker_factory("bounce", redis_url=server.url)
         prompt, n = _prompt(71), 400
@@ -61,7 +60,7 @@ def test_a_redis_restart_leaves_the_worker_running_and_its_job_exact(
         assert not job_events.ended(client, handle.id), "the job ended before the restart: make it longer"
         server.stop()
         time.sleep(0.5)
-        server = RedisServer(data, port=server.port, persist=True).start()
+        server.start()  # same port, same data
         client = redis.Redis.from_url(server.url)
         wait_for(lambda: job_events.ended(client, handle.id), 120, "the job in flight to end")
         _assert_no_gap_and_each_token_once_to_readers(client, handle.id, tiny_reference(prompt, n))
@@ -72,5 +71,3 @@ def test_a_redis_restart_leaves_the_worker_running_and_its_job_exact(
         assert list(result.token_ids) == tiny_reference(after, 8)
         assert worker.process.poll() is None
         worker.stop()
-    finally:
-        server.stop()

@@ -144,8 +144,7 @@ def test_sessions_survive_redis_and_worker_restarts(
     from broker.celery_app import BrokerConfig, make_celery
 
     data = tmp_path_factory.mktemp("redis-aof")
-    server = RedisServer(data, persist=True).start()
-    try:
+    with RedisServer(data, persist=True) as server:
         app = make_celery(BrokerConfig(redis_url=server.url))
         worker = worker_factory("aof1", redis_url=server.url)
         session = f"aof-{uuid.uuid4().hex[:8]}"
@@ -153,7 +152,7 @@ def test_sessions_survive_redis_and_worker_restarts(
         r1 = _chat(app, turn1, session, worker.queue)
         worker.stop()
         server.stop()  # Redis goes down with the session and its blocks in the AOF
-        server = RedisServer(data, port=server.port, persist=True).start()
+        server.start()  # same port, same data
         client = redis.Redis.from_url(server.url)
         wait_for(
             lambda: client.get(keys.session("", session)) is not None, 10, "the session after the restart"
@@ -178,8 +177,6 @@ def test_sessions_survive_redis_and_worker_restarts(
             - BLOCK
         ), r2.usage
         worker.stop()
-    finally:
-        server.stop()
 
 
 def test_preload_pins_a_system_prompt_for_every_worker(
