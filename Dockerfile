@@ -7,7 +7,11 @@ ARG TORCH_SPEC="torch==2.13.0"
 ARG TORCH_INDEX=""
 ENV PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
-    KVFERRY_CACHE_DIR=/var/cache/kvferry
+    KVFERRY_CACHE_DIR=/var/cache/kvferry \
+    TORCH_EXTENSIONS_DIR=/var/cache/kvferry/torch_extensions
+
+# g++ builds the CPU decode-attention kernel on first use (workers/engine/decode_kernel.py).
+RUN apt-get update && apt-get install -y --no-install-recommends g++ && rm -rf /var/lib/apt/lists/*
 
 WORKDIR /app
 RUN if [ -n "$TORCH_INDEX" ]; then pip install "$TORCH_SPEC" --index-url "$TORCH_INDEX"; \

@@ -187,6 +187,15 @@ def run_engine_bench(settings: Settings, quick: bool = False, skip: set[str] | N
                     f"{d['decode_packed_vs_plain_16']:.2f}",
                 )
             )
+        if "decode_kernel_vs_gather_16" in d:
+            rows.append(
+                (
+                    "decode TPOT at 16, in-place CPU kernel vs index_select + SDPA (ms)",
+                    f"{d['decode_tpot_ms_16']:.1f}",
+                    f"{d['decode_gather_sdpa_tpot_ms_16']:.1f}",
+                    f"{d['decode_kernel_vs_gather_16']:.2f}",
+                )
+            )
         rows.append(
             (
                 "decode-only tok/s at 16 (128-tok prompts) vs HF equal-length",

@@ -9,6 +9,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from workers.engine import decode_kernel
 from workers.engine.model_loader import LoadedModel, load_model
 
 
@@ -16,6 +17,13 @@ from workers.engine.model_loader import LoadedModel, load_model
 def kvferry_cache_dir() -> Path:
     """Where converted models live; persists across runs so only the first one converts (~30 s)."""
     return Path(os.environ.get("KVFERRY_CACHE_DIR") or Path.home() / ".cache" / "kvferry")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def decode_kernel_built() -> bool:
+    """The CPU decode kernel, built once here before any worker process starts (~15 s on a fresh
+    machine; each worker then loads the built library)."""
+    return decode_kernel.available()
 
 
 @pytest.fixture(scope="session")

@@ -10,6 +10,7 @@ import pytest
 
 from broker.sampling import SamplingParams
 from tests.workers._helpers import NO_EOS, TinyModel, assert_tokens, make_engine, random_prompt, run_checked
+from workers.engine import decode_kernel as kernel
 
 
 def test_32_concurrent_prompts_are_batched_and_exact(tiny: TinyModel) -> None:
@@ -171,14 +172,19 @@ def test_unbounded_max_tokens_stops_at_the_context_length(tiny: TinyModel) -> No
     assert_tokens(out.token_ids, tiny.expected(prompt, 28), "20-token prompt, context 48")
 
 
-def test_decode_batch_of_mixed_lengths_crossing_block_edges_is_exact(tiny: TinyModel) -> None:
+@pytest.mark.parametrize("decode_kernel", [True, False], ids=["in-place-kernel", "gather-sdpa"])
+def test_decode_batch_of_mixed_lengths_crossing_block_edges_is_exact(
+    tiny: TinyModel, decode_kernel: bool
+) -> None:
     """One decode batch whose contexts end just before, at and after block edges (16, 32, 48):
-    the padded K/V gather must mask each row at its own length, whatever its neighbours."""
+    the CPU kernel must stop each row at its own length, and the padded K/V gather mask it there,
+    whatever its neighbours."""
     rng = random.Random(7)
     lengths = [1, 14, 15, 16, 17, 31, 32, 33, 47, 5]
     prompts = {f"m{i}": random_prompt(rng, n) for i, n in enumerate(lengths)}
     params = SamplingParams(max_tokens=6, **NO_EOS)
-    engine = make_engine(tiny.loaded, num_blocks=64)
+    engine = make_engine(tiny.loaded, num_blocks=64, decode_kernel=decode_kernel)
+    assert engine.runner.decode_kernel is (decode_kernel and kernel.available())
 
     outs = run_checked(engine, {rid: (p, params) for rid, p in prompts.items()})
 
@@ -195,7 +201,7 @@ def test_decode_buckets_of_short_and_long_contexts_are_exact(tiny: TinyModel) ->
     lengths = [150, 7, 40, 151, 8, 41, 40, 150, 3, 100]
     prompts = {f"b{i}": random_prompt(rng, n) for i, n in enumerate(lengths)}
     params = SamplingParams(max_tokens=8, **NO_EOS)
-    engine = make_engine(tiny.loaded, num_blocks=128)
+    engine = make_engine(tiny.loaded, num_blocks=128, decode_kernel=False)  # the gather + SDPA path
     buckets: list[list[int]] = []
     build = engine.runner._decode_buckets
 

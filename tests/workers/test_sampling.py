@@ -113,7 +113,7 @@ def test_ignore_eos_runs_to_max_tokens(smollm2: LoadedModel) -> None:
 
 
 def test_unseeded_rows_drawn_together_follow_each_rows_distribution() -> None:
-    """Plain temperature rows are drawn in one multinomial: each row still follows its own
+    """Plain temperature rows are drawn together (one inverse-CDF draw): each row follows its own
     softmax(logits / T), a row whose temperature overflows fails alone, and seeded, top-k and
     greedy rows in the same batch are untouched by the batched draw."""
     import torch
@@ -144,3 +144,21 @@ def test_unseeded_rows_drawn_together_follow_each_rows_distribution() -> None:
     assert 0.63 < share < 0.83, share  # 0.73 +- ~5 sigma over 299 draws
     assert all(out[i] == 7 for i in range(1, n, 2))
     assert out[n:] == [9, 9, 9]
+
+
+def test_the_batched_draw_follows_each_distribution_and_never_draws_a_zero() -> None:
+    """The inverse-CDF draw: zero-probability tokens (first, inner and last) never come out, the
+    others at their probability, rows of different distributions in one call."""
+    import torch
+
+    from workers.engine.sampler import _inverse_cdf
+
+    n = 20000
+    probs = torch.tensor([[0.0, 0.5, 0.0, 0.2, 0.3, 0.0], [0.0, 0.0, 0.0, 0.0, 0.0, 1.0]]).repeat(n, 1)
+    tokens = _inverse_cdf(probs)
+    first = torch.bincount(tokens[0::2], minlength=6) / n
+    assert first[[0, 2, 5]].sum() == 0
+    torch.testing.assert_close(
+        first[[1, 3, 4]], torch.tensor([0.5, 0.2, 0.3]), atol=0.02, rtol=0
+    )  # ~5.7 sigma
+    assert bool((tokens[1::2] == 5).all())

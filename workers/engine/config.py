@@ -29,6 +29,9 @@ class EngineConfig:
     # CPU fp32: the model's linear weights reordered once for oneDNN (workers/engine/packed_linear);
     # in place, so every engine over the same loaded model shares it.
     packed_linear: bool = DEFAULTS.packed_linear
+    # CPU fp32: decodes attend over the pool in place, with workers/engine/decode_kernel's C++
+    # kernel (built on first use); off, or where it cannot build: index_select + SDPA.
+    decode_kernel: bool = DEFAULTS.decode_kernel
     default_max_tokens: int | None = None  # a request naming no max_tokens; None: the room left
     # Fault hooks for tests: a step that computes prompt tokens sleeps this much longer, and the
     # N-th step (1-based) raises RuntimeError once. 0 disables each.

@@ -63,7 +63,9 @@ class LLMEngine:
                 self.pool, self.kv_cache, self.kv_format, WarmTier(config.warm_cache_size_bytes)
             )
         self.scheduler = Scheduler(config, self.block_manager, self.tiers)
-        self.runner = ModelRunner(self.loaded.model, self.kv_cache, packed=config.packed_linear)
+        self.runner = ModelRunner(
+            self.loaded.model, self.kv_cache, packed=config.packed_linear, decode_kernel=config.decode_kernel
+        )
         self.sampler = Sampler(device)
         self.detokenizer = Detokenizer(self.tokenizer)
         self.max_model_len = min(config.max_model_len or self.loaded.max_model_len, self.loaded.max_model_len)

@@ -6,14 +6,17 @@ import torch
 from transformers import PreTrainedModel
 
 from kvstore.kv_cache import KVCache
+from workers.engine import decode_kernel as kernel
 from workers.engine import paged_attention
 from workers.engine.packed_linear import pack_linears
-from workers.engine.paged_attention import AttentionMetadata, DecodeBucket, PrefillSegment
+from workers.engine.paged_attention import AttentionMetadata, DecodeBucket, DecodeTable, PrefillSegment
 from workers.engine.scheduler import ScheduledSeq
 
 
 class ModelRunner:
-    def __init__(self, model: PreTrainedModel, kv_cache: KVCache, packed: bool = False) -> None:
+    def __init__(
+        self, model: PreTrainedModel, kv_cache: KVCache, packed: bool = False, decode_kernel: bool = False
+    ) -> None:
         paged_attention.register()
         model.set_attn_implementation(paged_attention.ATTN_IMPLEMENTATION)
         if packed:
@@ -24,6 +27,14 @@ class ModelRunner:
         self.block_size = kv_cache.layout.block_size
         self.device = kv_cache.tensor.device
         self._offsets = torch.arange(self.block_size, device=self.device)
+        # Decodes read in place by the CPU kernel where it applies and builds; else gather + SDPA.
+        self.decode_kernel = (
+            decode_kernel
+            and self.device.type == "cpu"
+            and kv_cache.tensor.dtype == torch.float32
+            and kv_cache.tensor.shape[-1] in kernel.HEAD_DIMS
+            and kernel.available()
+        )
 
     def _slots(self, block_ids: list[int], start: int, end: int) -> torch.Tensor:
         """Pool slots of positions [start, end) of a sequence with this block table."""
@@ -63,7 +74,8 @@ class ModelRunner:
                 sample_rows[id(seq)] = row + n - 1
 
         num_prefill_tokens = sum(s.num_new_tokens for s in prefills)
-        decodes = self._decode_buckets(singles, num_prefill_tokens)
+        table = self._decode_table(singles, num_prefill_tokens) if self.decode_kernel and singles else None
+        decodes = () if table is not None else self._decode_buckets(singles, num_prefill_tokens)
 
         meta = AttentionMetadata(
             kv_cache=self.kv_cache,
@@ -72,6 +84,7 @@ class ModelRunner:
             prefills=tuple(segments),
             num_prefill_tokens=num_prefill_tokens,
             decodes=decodes,
+            decode_table=table,
         )
         ids = torch.tensor([input_ids], device=self.device)
         pos = torch.tensor([positions], device=self.device)
@@ -102,6 +115,13 @@ class ModelRunner:
             buckets.append(self._decode_bucket(singles[start:end], lengths[start:end], first_row + start))
             start = end
         return tuple(buckets)
+
+    def _decode_table(self, singles: list[ScheduledSeq], row: int) -> DecodeTable:
+        lengths = [s.seq.num_computed_tokens + 1 for s in singles]
+        nb = self._num_blocks(max(lengths))
+        table = [s.seq.block_ids[: self._num_blocks(n)] for s, n in zip(singles, lengths, strict=True)]
+        blocks = torch.tensor([t + [0] * (nb - len(t)) for t in table], device=self.device)  # [n, nb]
+        return DecodeTable(row, blocks, torch.tensor(lengths, device=self.device))
 
     def _decode_bucket(self, singles: list[ScheduledSeq], lengths: list[int], row: int) -> DecodeBucket:
         nb = self._num_blocks(lengths[0])

@@ -2,7 +2,8 @@
 
 The model runs as one flattened batch: every scheduled token of every sequence is a position of
 a single row ([1, T]). Each layer's attention call writes the new K/V into the pool through the
-slot mapping, then reads each sequence's context back through its block table. The model file
+slot mapping, then reads each sequence's context back through its block table (on CPU fp32,
+decodes are read in place by decode_kernel.py's kernel). The model file
 stays stock transformers; only the attention function is ours (and, on CPU, the packed linears
 of packed_linear.py).
 """
@@ -17,6 +18,7 @@ import torch.nn.functional as F
 from transformers import AttentionInterface
 
 from kvstore.kv_cache import KVCache
+from workers.engine import decode_kernel
 
 ATTN_IMPLEMENTATION = "kvferry_paged"
 METADATA_KWARG = "kvferry_attn"
@@ -44,13 +46,24 @@ class DecodeBucket:
 
 
 @dataclass(frozen=True, slots=True)
+class DecodeTable:
+    """Single-token steps at rows [start, start + len(lens)), read in place by the CPU kernel
+    (decode_kernel.py): no gather, no padding to a bucket's longest."""
+
+    start: int
+    blocks: torch.Tensor  # [n, nb] int64 each context's blocks, padded with block 0
+    lens: torch.Tensor  # [n] int64 context lengths, the new token included
+
+
+@dataclass(frozen=True, slots=True)
 class AttentionMetadata:
     kv_cache: KVCache
     block_size: int
     slot_mapping: torch.Tensor  # [T]: pool slot of each new token
     prefills: tuple[PrefillSegment, ...]
     num_prefill_tokens: int  # rows [0, P) are prefill chunks, rows [P, T) single-token steps
-    decodes: tuple[DecodeBucket, ...]  # covering rows [P, T)
+    decodes: tuple[DecodeBucket, ...]  # covering rows [P, T), or
+    decode_table: DecodeTable | None = None  # covering them all, for the CPU kernel
 
 
 def paged_attention_forward(
@@ -95,6 +108,13 @@ def paged_attention_forward(
             q, k, v, attn_mask=seg.mask, is_causal=seg.mask is None, scale=scaling, enable_gqa=groups > 1
         )
         out[rows] = o[0].transpose(0, 1)
+
+    if meta.decode_table is not None:
+        table = meta.decode_table
+        rows = slice(table.start, table.start + table.lens.shape[0])
+        q = query[0, :, rows].transpose(0, 1).contiguous()  # [n, Hq, D]
+        scale = head_dim**-0.5 if scaling is None else scaling
+        decode_kernel.paged_decode(out[rows], q, pool, table.blocks, table.lens, bs, scale)
 
     for bucket in meta.decodes:
         batch = bucket.blocks.shape[0]

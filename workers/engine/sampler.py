@@ -38,7 +38,8 @@ class Sampler:
         A row that raises (a seed torch refuses, a temperature so low that softmax gives NaN) comes
         back as its exception; the other rows are sampled exactly as if it were not there, each
         drawing from its own generator once."""
-        greedy = logits.argmax(dim=-1).tolist()
+        # Over 49k entries each op here costs ~1 ms a step on CPU: none is run for nothing.
+        greedy = logits.argmax(dim=-1).tolist() if any(p.greedy for _, p in requests) else []
         plain = [row for row, (_, params) in enumerate(requests) if _plain(params)]
         drawn = self._sample_plain(logits, [requests[row][1] for row in plain], plain)
         out: list[Sampled] = []
@@ -58,20 +59,24 @@ class Sampler:
     def _sample_plain(
         self, logits: torch.Tensor, params: list[SamplingParams], rows: list[int]
     ) -> dict[int, Sampled]:
-        """Unseeded rows with a temperature alone, drawn together: one softmax and one multinomial
-        for the batch instead of one each (16 rows over a 49k vocabulary: ~10 ms a step on CPU)."""
+        """Unseeded rows with a temperature alone, drawn together: one softmax and one inverse-CDF
+        draw for the batch instead of a multinomial each."""
         if len(rows) < 2:
             return {}
-        index = torch.tensor(rows, device=logits.device)
-        temps = torch.tensor([p.temperature for p in params], device=logits.device, dtype=logits.dtype)
-        probs = torch.softmax(logits.index_select(0, index) / temps[:, None], dim=-1)
-        finite = torch.isfinite(probs).all(dim=-1).tolist()
+        device = logits.device
+        every_row = rows == list(range(logits.shape[0]))
+        x = logits if every_row else logits.index_select(0, torch.tensor(rows, device=device))
+        if any(p.temperature != 1.0 for p in params):
+            temps = torch.tensor([p.temperature for p in params], device=device, dtype=logits.dtype)
+            x = x / temps[:, None]
+        probs = torch.softmax(x, dim=-1)
+        finite = torch.isfinite(probs.sum(dim=-1)).tolist()  # a softmax row is in [0, 1] or has NaN
         ok = [i for i, f in enumerate(finite) if f]
         out: dict[int, Sampled] = {
             rows[i]: _overflow(params[i].temperature) for i, f in enumerate(finite) if not f
         }
         if ok:
-            tokens = torch.multinomial(probs[ok], 1).flatten().tolist()
+            tokens = _inverse_cdf(probs if len(ok) == len(rows) else probs[ok]).tolist()
             out.update({rows[i]: int(t) for i, t in zip(ok, tokens, strict=True)})
         return out
 
@@ -120,6 +125,17 @@ class Sampler:
 def _plain(params: SamplingParams) -> bool:
     """Sampled with a temperature alone: no seed, no top-k or top-p cut."""
     return not params.greedy and params.seed is None and params.top_k <= 0 and params.top_p >= 1.0
+
+
+def _inverse_cdf(probs: torch.Tensor) -> torch.Tensor:
+    """One categorical draw per row [N, V] from one uniform each: the first index whose running
+    sum passes u * total. torch.multinomial draws an exponential for every vocabulary entry (the
+    exponential race), which on CPU costs 26 ms for 16 rows x 49k against 0.5 ms here. In fp32 a
+    token's share of the running sum is off by at most one rounding of the sum (~6e-8), like the
+    softmax itself; FlashInfer's GPU samplers draw by inverse transform the same way."""
+    cdf = probs.cumsum(dim=-1)
+    u = torch.rand(probs.shape[0], 1, dtype=cdf.dtype, device=cdf.device) * cdf[:, -1:]
+    return torch.searchsorted(cdf, u, right=True).clamp_(max=probs.shape[-1] - 1).flatten()
 
 
 def _overflow(temperature: float) -> InvalidRequestError:

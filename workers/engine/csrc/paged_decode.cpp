@@ -1,0 +1,131 @@
+// kvferry::paged_decode: single-token attention over the paged K/V pool, read in place.
+//
+// The torch path gathers every decode's context out of the pool (index_select) and then runs
+// SDPA on the copy; on CPU both are memory-bound and SDPA's flash kernel does little with one
+// query row. This kernel walks each sequence's block table instead: one pass over K for the
+// scores, a softmax, one pass over V, with all query heads of a kv head sharing each K/V row it
+// loads. Sequences are split across torch's intra-op threads (at::parallel_for).
+//
+// Shapes: out, q [n, Hq, D]; pool [2, slots, Hkv, D] (one layer: K then V); tables [n, W] block
+// ids; lens [n] context lengths (the new token included). fp32, contiguous.
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <c10/util/Exception.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+namespace {
+
+template <int64_t D>
+void attend(const float* q, const float* kp, const float* vp, const int64_t* slots, int64_t len,
+            int64_t hq, int64_t hkv, float scale, float* score, float* acc, float* out) {
+  const int64_t g = hq / hkv;
+  for (int64_t t = 0; t < len; ++t) {  // scores: score[h * len + t] = q_h . k_t * scale
+    const float* krow = kp + slots[t] * hkv * D;
+    for (int64_t h = 0; h < hq; ++h) {
+      const float* qh = q + h * D;
+      const float* k = krow + (h / g) * D;
+      float a = 0.f;
+#pragma omp simd reduction(+ : a)
+      for (int64_t x = 0; x < D; ++x) a += qh[x] * k[x];
+      score[h * len + t] = a * scale;
+    }
+  }
+  std::vector<float> inv(hq);
+  for (int64_t h = 0; h < hq; ++h) {
+    float* row = score + h * len;
+    const float m = *std::max_element(row, row + len);
+    float sum = 0.f;
+    for (int64_t t = 0; t < len; ++t) {
+      row[t] = std::exp(row[t] - m);
+      sum += row[t];
+    }
+    inv[h] = 1.f / sum;
+  }
+  std::fill(acc, acc + hq * D, 0.f);
+  for (int64_t t = 0; t < len; ++t) {  // acc_h += p_ht * v_t
+    const float* vrow = vp + slots[t] * hkv * D;
+    for (int64_t h = 0; h < hq; ++h) {
+      const float p = score[h * len + t];
+      const float* v = vrow + (h / g) * D;
+      float* a = acc + h * D;
+#pragma omp simd
+      for (int64_t x = 0; x < D; ++x) a[x] += p * v[x];
+    }
+  }
+  for (int64_t h = 0; h < hq; ++h)
+    for (int64_t x = 0; x < D; ++x) out[h * D + x] = acc[h * D + x] * inv[h];
+}
+
+template <int64_t D>
+void run(at::Tensor& out, const at::Tensor& q, const at::Tensor& pool, const at::Tensor& tables,
+         const at::Tensor& lens, int64_t block_size, float scale) {
+  const int64_t n = q.size(0), hq = q.size(1), hkv = pool.size(2), width = tables.size(1);
+  const int64_t slots_per_half = pool.size(1);
+  const float* qp = q.data_ptr<float>();
+  const float* kp = pool.data_ptr<float>();
+  const float* vp = kp + slots_per_half * hkv * D;
+  const int64_t* tp = tables.data_ptr<int64_t>();
+  const int64_t* lp = lens.data_ptr<int64_t>();
+  float* op = out.data_ptr<float>();
+  at::parallel_for(0, n, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> score, acc(hq * D);
+    std::vector<int64_t> slots;
+    for (int64_t i = begin; i < end; ++i) {
+      // Rows come longest context first; taking them from both ends (0, n-1, 1, n-2, ...) gives
+      // each thread's contiguous share a mix of long and short contexts instead of all the long.
+      const int64_t s = i % 2 == 0 ? i / 2 : n - 1 - i / 2;
+      const int64_t len = lp[s];
+      score.resize(hq * len);
+      slots.resize(len);
+      for (int64_t t = 0; t < len; ++t) slots[t] = tp[s * width + t / block_size] * block_size + t % block_size;
+      attend<D>(qp + s * hq * D, kp, vp, slots.data(), len, hq, hkv, scale, score.data(), acc.data(),
+                op + s * hq * D);
+    }
+  });
+}
+
+void paged_decode(at::Tensor out, const at::Tensor& q, const at::Tensor& pool, const at::Tensor& tables,
+                  const at::Tensor& lens, int64_t block_size, double scale) {
+  TORCH_CHECK(q.dim() == 3 && pool.dim() == 4 && pool.size(0) == 2, "q [n, Hq, D], pool [2, slots, Hkv, D]");
+  TORCH_CHECK(q.scalar_type() == at::kFloat && pool.scalar_type() == at::kFloat && out.scalar_type() == at::kFloat,
+              "paged_decode is fp32");
+  TORCH_CHECK(tables.scalar_type() == at::kLong && lens.scalar_type() == at::kLong, "int64 tables and lens");
+  TORCH_CHECK(q.is_contiguous() && pool.is_contiguous() && out.is_contiguous() && tables.is_contiguous() &&
+                  lens.is_contiguous(), "contiguous tensors");
+  TORCH_CHECK(out.sizes() == q.sizes(), "out must be shaped like q");
+  const int64_t n = q.size(0), d = q.size(2), hkv = pool.size(2);
+  TORCH_CHECK(pool.size(3) == d && hkv > 0 && q.size(1) % hkv == 0, "Hq must be a multiple of Hkv, same D");
+  TORCH_CHECK(tables.dim() == 2 && tables.size(0) == n && lens.numel() == n, "one table and length per row");
+  TORCH_CHECK(block_size > 0 && pool.size(1) % block_size == 0, "slots must be whole blocks");
+  const int64_t num_blocks = pool.size(1) / block_size, width = tables.size(1);
+  const int64_t* tp = tables.data_ptr<int64_t>();
+  const int64_t* lp = lens.data_ptr<int64_t>();
+  for (int64_t s = 0; s < n; ++s) {  // bounds: a bad table must raise, never read outside the pool
+    TORCH_CHECK(lp[s] >= 1 && lp[s] <= width * block_size, "context length out of its table");
+    for (int64_t b = 0; b < (lp[s] - 1) / block_size + 1; ++b)
+      TORCH_CHECK(tp[s * width + b] >= 0 && tp[s * width + b] < num_blocks, "block id outside the pool");
+  }
+  const float sc = static_cast<float>(scale);
+  switch (d) {
+    case 64: run<64>(out, q, pool, tables, lens, block_size, sc); break;
+    case 128: run<128>(out, q, pool, tables, lens, block_size, sc); break;
+    case 32: run<32>(out, q, pool, tables, lens, block_size, sc); break;
+    case 16: run<16>(out, q, pool, tables, lens, block_size, sc); break;
+    case 256: run<256>(out, q, pool, tables, lens, block_size, sc); break;
+    default: TORCH_CHECK(false, "paged_decode: head_dim ", d, " not built (16, 32, 64, 128, 256)");
+  }
+}
+
+}  // namespace
+
+TORCH_LIBRARY(kvferry, m) {
+  m.def("paged_decode(Tensor(a!) out, Tensor q, Tensor pool, Tensor tables, Tensor lens, int block_size, "
+        "float scale) -> ()");
+}
+
+TORCH_LIBRARY_IMPL(kvferry, CPU, m) { m.impl("paged_decode", &paged_decode); }
