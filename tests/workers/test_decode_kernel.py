@@ -121,10 +121,29 @@ def test_refuses_other_dtypes_and_head_sizes() -> None:
 def test_a_builder_killed_mid_build_leaves_no_lock_that_hangs_the_next_load(tmp_path: Path) -> None:
     """torch's build lock file outlives a process killed while building; the next worker must
     still load the kernel (here: the built library copied to a fresh root, beside a stale lock)."""
-    built = Path(_get_build_directory(f"kvferry_paged_decode_{decode_kernel._cpu_key()}", verbose=False))
+    built = Path(_get_build_directory(f"kvferry_paged_decode_{decode_kernel._build_key()}", verbose=False))
     shutil.copytree(built, tmp_path / built.name)
     (tmp_path / built.name / "lock").touch()  # what a SIGKILLed builder leaves behind
     code = "from workers.engine import decode_kernel; assert decode_kernel.available()"
     env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(tmp_path)}
     subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=120)
     assert not (tmp_path / built.name / "lock").exists()
+
+
+def test_the_build_is_named_by_its_source(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A source that differs (a rollback over a shared cache volume keeps older file times, which
+    ninja alone would take as up to date) gets a library of its own name."""
+    key = decode_kernel._build_key()
+    edited = tmp_path / "paged_decode.cpp"
+    edited.write_bytes(decode_kernel.SOURCE.read_bytes() + b"\n// edited\n")
+    monkeypatch.setattr(decode_kernel, "SOURCE", edited)
+    assert decode_kernel._build_key() != key
+
+
+def test_a_library_that_fails_its_probe_leaves_the_torch_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    def raising() -> bool:
+        raise RuntimeError("kvferry::paged_decode() expected 7 arguments")
+
+    monkeypatch.setattr(decode_kernel, "_built", None)
+    monkeypatch.setattr(decode_kernel, "_agrees", raising)
+    assert decode_kernel.available() is False

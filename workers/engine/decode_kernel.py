@@ -7,10 +7,11 @@ on 16 contexts x 30 layers of SmolLM2's shape, 52 -> 16 ms at 160 tokens and 200
 vLLM's CPU backend and llama.cpp both attend over their caches in place the same way.
 
 It is built with torch's own extension builder (`torch.utils.cpp_extension.load`, g++ and ninja)
-into torch's extension cache (~/.cache/torch_extensions, or $TORCH_EXTENSIONS_DIR), keyed by the
-source, the flags and this CPU's instruction set; the first build takes ~15 s, later processes
-load the built library. Where it cannot be built (no compiler), or a probe of it disagrees with
-SDPA, decodes keep the index_select + SDPA path, which CUDA and other dtypes always use.
+into torch's extension cache (~/.cache/torch_extensions, or $TORCH_EXTENSIONS_DIR), named by a
+hash of the source, the flags, torch's version and this CPU's instruction set; the first build
+takes ~15 s, later processes load the built library. Where it cannot be built (no compiler), or
+a probe of it disagrees with SDPA, decodes keep the index_select + SDPA path, which CUDA and other
+dtypes always use.
 """
 
 from __future__ import annotations
@@ -37,8 +38,16 @@ def available() -> bool:
     global _built
     with _lock:
         if _built is None:
-            _built = _build() and _agrees()
+            _built = _build() and _probe()
         return _built
+
+
+def _probe() -> bool:
+    try:
+        return _agrees()
+    except Exception as err:  # e.g. a library of another signature: the torch path stays
+        log.warning("the CPU decode-attention kernel failed its probe (%s); decodes gather + SDPA", err)
+        return False
 
 
 def paged_decode(
@@ -55,15 +64,28 @@ def paged_decode(
     torch.ops.kvferry.paged_decode(out, query, pool, blocks, lens, block_size, scale)
 
 
-def _cpu_key() -> str:
-    """What the built code depends on besides its source: -march=native's instruction set."""
+_CFLAGS = ["-O3", "-march=native", "-fopenmp"]
+_BUILD_LOCK_TIMEOUT_S = 600  # a hung compiler ends in the torch path, not in a worker that never starts
+
+
+def _build_key() -> str:
+    """Everything the built library depends on: its source, the flags, torch, and the CPU's
+    instruction set (-march=native). ninja alone decides by file times, which a copied or rolled
+    back source (an image over a shared cache volume) does not move."""
     try:
-        flags = next(
-            (line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")), ""
+        cpu = next(
+            (
+                line
+                for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith(("flags", "Features"))  # x86, aarch64
+            ),
+            "",
         )
     except OSError:
-        flags = ""
-    return hashlib.sha256(f"{torch.__version__} {flags}".encode()).hexdigest()[:10]
+        cpu = ""
+    digest = hashlib.sha256(SOURCE.read_bytes())
+    digest.update(f"{_CFLAGS} {torch.__version__} {cpu}".encode())
+    return digest.hexdigest()[:12]
 
 
 def _build() -> bool:
@@ -85,19 +107,19 @@ def _load() -> None:
         import ninja
 
         os.environ["PATH"] = f"{ninja.BIN_DIR}{os.pathsep}{os.environ.get('PATH', '')}"
-    name = f"kvferry_paged_decode_{_cpu_key()}"
+    name = f"kvferry_paged_decode_{_build_key()}"
     build_dir = Path(_get_build_directory(name, verbose=False))  # where load() itself would build
     # torch serialises builds with a lock file that outlives a builder killed mid-build (a worker
     # stopped by its supervisor), and then every later load waits on it forever. This flock dies
     # with its process: whoever holds it is the only builder, so a torch lock file is stale.
-    with FileLock(str(build_dir) + ".lock"):
+    with FileLock(str(build_dir) + ".lock", timeout=_BUILD_LOCK_TIMEOUT_S):
         for attempt in (1, 2):
             (build_dir / "lock").unlink(missing_ok=True)
             try:
                 load(
                     name=name,
                     sources=[str(SOURCE)],
-                    extra_cflags=["-O3", "-march=native", "-fopenmp"],
+                    extra_cflags=_CFLAGS,
                     extra_ldflags=["-fopenmp"],
                     build_directory=str(build_dir),
                     is_python_module=False,
