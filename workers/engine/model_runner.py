@@ -116,17 +116,19 @@ class ModelRunner:
             start = end
         return tuple(buckets)
 
+    def _block_table(self, singles: list[ScheduledSeq], lengths: list[int], nb: int) -> torch.Tensor:
+        """[len(singles), nb] each context's blocks, padded with block 0."""
+        table = [s.seq.block_ids[: self._num_blocks(n)] for s, n in zip(singles, lengths, strict=True)]
+        return torch.tensor([t + [0] * (nb - len(t)) for t in table], device=self.device)
+
     def _decode_table(self, singles: list[ScheduledSeq], row: int) -> DecodeTable:
         lengths = [s.seq.num_computed_tokens + 1 for s in singles]
-        nb = self._num_blocks(max(lengths))
-        table = [s.seq.block_ids[: self._num_blocks(n)] for s, n in zip(singles, lengths, strict=True)]
-        blocks = torch.tensor([t + [0] * (nb - len(t)) for t in table], device=self.device)  # [n, nb]
+        blocks = self._block_table(singles, lengths, self._num_blocks(max(lengths)))
         return DecodeTable(row, blocks, torch.tensor(lengths, device=self.device))
 
     def _decode_bucket(self, singles: list[ScheduledSeq], lengths: list[int], row: int) -> DecodeBucket:
         nb = self._num_blocks(lengths[0])
-        table = [s.seq.block_ids[: self._num_blocks(n)] for s, n in zip(singles, lengths, strict=True)]
-        blocks = torch.tensor([t + [0] * (nb - len(t)) for t in table], device=self.device)  # [b, nb]
+        blocks = self._block_table(singles, lengths, nb)
         width = nb * self.block_size
         if lengths[-1] == width:  # every context fills its blocks exactly: nothing to mask
             return DecodeBucket(row, blocks, None)
