@@ -71,7 +71,7 @@ class SettingsFields(BaseModel):
     dtype: str = "float32"
     device: str = "cpu"
     torch_threads: int | None = None  # None: torch's default
-    packed_linear: bool = True  # CPU fp32: linear weights reordered once for oneDNN's GEMM
+    packed_linear: bool = True  # CPU fp32: linears on kvferry's decode-step GEMM (else oneDNN-packed)
     decode_kernel: bool = True  # CPU fp32: decodes attend over the KV pool in place (a C++ kernel)
     default_max_tokens: int = 1024  # max_tokens of a request that names none (capped by the context)
     debug_slow_step_s: float = 0.0  # test hook: prefill steps sleep this much longer

@@ -4,13 +4,17 @@ best case."""
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Any
 
 import torch
 
 from broker.sampling import SamplingParams
 from ops.hf_baseline import hf_generate, prompt
+from ops.settings import Settings
+from workers.engine import packed_linear
 from workers.engine.llm_engine import LLMEngine
+from workers.engine.model_loader import LoadedModel, load_model
 
 
 def _decode_only(engine: LLMEngine, prompts: list[list[int]], new_tokens: int) -> float:
@@ -26,6 +30,22 @@ def _decode_only(engine: LLMEngine, prompts: list[list[int]], new_tokens: int) -
     return time.perf_counter() - started
 
 
+def linear_baselines(settings: Settings, loaded: LoadedModel) -> dict[str, LLMEngine]:
+    """Engines for bench_decode's baselines, each over its own copy of the model: F.linear, and
+    oneDNN-packed weights where `loaded` runs kvferry's GEMM."""
+
+    def copy() -> LoadedModel:
+        return load_model(settings.model, settings.dtype, settings.device, settings.cache_dir)
+
+    config = replace(settings.engine_config(), packed_linear=False)
+    out = {"plain_linear": LLMEngine(config, copy())}
+    if any(isinstance(m, packed_linear.SkinnyLinear) for m in loaded.model.modules()):
+        onednn = copy()
+        if packed_linear.pack_linears(onednn.model, (packed_linear.ONEDNN,)):
+            out["onednn"] = LLMEngine(config, onednn)
+    return out
+
+
 def bench_decode(
     engine: LLMEngine,
     ref: Any,
@@ -33,12 +53,13 @@ def bench_decode(
     batch: int,
     prompt_len: int,
     new_tokens: int,
-    plain: LLMEngine | None = None,
+    baselines: dict[str, LLMEngine] | None = None,
 ) -> dict[str, Any]:
     """Decode throughput without prefill, ours vs HF generate at its best case: equal-length
     prompts (no left padding), its decode time being generate(new_tokens) - generate(1).
-    `plain`: the same engine over its own copy of the model with `F.linear` (packed_linear off),
-    timed alternately with ours, twice each: what the oneDNN-packed weights buy. Where the engine
+    `baselines`: the same engine over its own copy of the model with other linears, each timed
+    alternately with ours, twice: "plain_linear" (`F.linear`, packed_linear off) and "onednn"
+    (weights packed for oneDNN instead of kvferry's GEMM): what our GEMM buys. Where the engine
     reads decodes in place with the CPU kernel, it is also timed alternately with the kernel off
     (index_select + SDPA), on the same engine: what the kernel buys."""
     rng = torch.Generator().manual_seed(4)
@@ -46,14 +67,14 @@ def bench_decode(
     ref.generation_config.eos_token_id = None
     engine.pool.reset_prefix_cache()
     ours_s = _decode_only(engine, prompts, new_tokens)
-    plain_s = None
-    if plain is not None:
+    base_s: dict[str, float] = {}
+    for name, other in (baselines or {}).items():
         runs = []
         for _ in range(2):
-            runs.append((_decode_only(plain, prompts, new_tokens), _decode_only(engine, prompts, new_tokens)))
-            plain.pool.reset_prefix_cache()
+            runs.append((_decode_only(other, prompts, new_tokens), _decode_only(engine, prompts, new_tokens)))
+            other.pool.reset_prefix_cache()
             engine.pool.reset_prefix_cache()
-        plain_s = min(p for p, _ in runs)
+        base_s[name] = min(b for b, _ in runs)
         ours_s = min(ours_s, *(o for _, o in runs))
     gather_s = None
     if engine.runner.decode_kernel:
@@ -79,9 +100,12 @@ def bench_decode(
         f"hf_equal_len_tok_s_{batch}": batch * new_tokens / hf_full,
         "decode_prompt_len": prompt_len,
     }
-    if plain_s is not None:
-        out[f"decode_plain_linear_tpot_ms_{batch}"] = 1e3 * plain_s / steps
-        out[f"decode_packed_vs_plain_{batch}"] = ours_s / plain_s
+    if "plain_linear" in base_s:
+        out[f"decode_plain_linear_tpot_ms_{batch}"] = 1e3 * base_s["plain_linear"] / steps
+        out[f"decode_packed_vs_plain_{batch}"] = ours_s / base_s["plain_linear"]
+    if "onednn" in base_s:
+        out[f"decode_onednn_tpot_ms_{batch}"] = 1e3 * base_s["onednn"] / steps
+        out[f"decode_gemm_vs_onednn_{batch}"] = ours_s / base_s["onednn"]
     if gather_s is not None:
         out[f"decode_gather_sdpa_tpot_ms_{batch}"] = 1e3 * gather_s / steps
         out[f"decode_kernel_vs_gather_{batch}"] = ours_s / gather_s

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from broker.sampling import SamplingParams
-from ops.bench_decode import bench_decode
+from ops.bench_decode import bench_decode, linear_baselines
 from ops.hf_baseline import hf_generate, hf_model, prompt
 from ops.settings import Settings, parse_size
 from workers.engine.llm_engine import LLMEngine
@@ -169,19 +169,25 @@ def run_engine_bench(settings: Settings, quick: bool = False, skip: set[str] | N
             engine, ref, vocab, new_tokens=16 if quick else 64, sequential=4 if quick else 32
         )
         results.update(t)
-        plain = None
-        if settings.packed_linear:  # the F.linear baseline needs its own, unpacked copy of the model
-            unpacked = load_model(settings.model, settings.dtype, settings.device, settings.cache_dir)
-            plain = LLMEngine(replace(settings.engine_config(), packed_linear=False), unpacked)
+        baselines = linear_baselines(settings, loaded) if settings.packed_linear else {}
         d = bench_decode(
-            engine, ref, vocab, batch=16, prompt_len=128, new_tokens=16 if quick else 64, plain=plain
+            engine, ref, vocab, batch=16, prompt_len=128, new_tokens=16 if quick else 64, baselines=baselines
         )
-        del plain
+        del baselines
         results.update(d)
+        if "decode_gemm_vs_onednn_16" in d:
+            rows.append(
+                (
+                    "decode TPOT at 16, kvferry's GEMM vs oneDNN-packed linears (ms)",
+                    f"{d['decode_tpot_ms_16']:.1f}",
+                    f"{d['decode_onednn_tpot_ms_16']:.1f}",
+                    f"{d['decode_gemm_vs_onednn_16']:.2f}",
+                )
+            )
         if "decode_packed_vs_plain_16" in d:
             rows.append(
                 (
-                    "decode TPOT at 16, oneDNN-packed linears vs F.linear (ms)",
+                    "decode TPOT at 16, our linears vs F.linear (ms)",
                     f"{d['decode_tpot_ms_16']:.1f}",
                     f"{d['decode_plain_linear_tpot_ms_16']:.1f}",
                     f"{d['decode_packed_vs_plain_16']:.2f}",

@@ -47,6 +47,12 @@ def run_batch_cmd(input_path: Path, output_path: Path, stats_path: Path | None, 
         stats_path.write_text(json.dumps(doc, indent=2))
 
 
+def _write_json(results: dict[str, Any], json_path: Path | None) -> None:
+    if json_path is not None:
+        json_path.write_text(json.dumps(results, indent=2))
+        click.echo(f"wrote {json_path}", err=True)
+
+
 @click.group()
 def bench() -> None:
     """Benchmarks: ours and a baseline, side by side in one run."""
@@ -66,9 +72,7 @@ def bench_engine_cmd(json_path: Path | None, quick: bool, skip: tuple[str, ...],
     from ops.bench_engine import run_engine_bench
 
     results = run_engine_bench(settings_from(opts), quick=quick, skip=set(skip))
-    if json_path is not None:
-        json_path.write_text(json.dumps(results, indent=2))
-        click.echo(f"wrote {json_path}", err=True)
+    _write_json(results, json_path)
 
 
 @bench.command("queue")
@@ -85,9 +89,7 @@ def bench_queue_cmd(json_path: Path | None, quick: bool, skip: tuple[str, ...], 
     from ops.bench_queue import run_queue_bench
 
     results = run_queue_bench(settings_from(opts), quick=quick, skip=set(skip))
-    if json_path is not None:
-        json_path.write_text(json.dumps(results, indent=2))
-        click.echo(f"wrote {json_path}", err=True)
+    _write_json(results, json_path)
 
 
 @bench.command("serve")
@@ -148,9 +150,7 @@ def bench_tiers_cmd(json_path: Path | None, quick: bool, skip: tuple[str, ...], 
     from ops.bench_tiers import run_tier_bench
 
     results = run_tier_bench(settings_from(opts), quick=quick, skip=set(skip))
-    if json_path is not None:
-        json_path.write_text(json.dumps(results, indent=2))
-        click.echo(f"wrote {json_path}", err=True)
+    _write_json(results, json_path)
 
 
 @bench.command("tier-dtype")
@@ -164,6 +164,19 @@ def bench_tier_dtype_cmd(json_path: Path | None, quick: bool, **opts: Any) -> No
     from ops.bench_tier_dtype import run_tier_dtype_bench
 
     results = run_tier_dtype_bench(settings_from(opts), quick=quick)
-    if json_path is not None:
-        json_path.write_text(json.dumps(results, indent=2))
-        click.echo(f"wrote {json_path}", err=True)
+    _write_json(results, json_path)
+
+
+@bench.command("gemm")
+@click.option(
+    "--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), help="write results JSON"
+)
+@click.option("--quick", is_flag=True, help="rows 1, 16 and 128 only, shorter timings")
+@engine_options
+def bench_gemm_cmd(json_path: Path | None, quick: bool, **opts: Any) -> None:
+    """The model's linear shapes on kvferry's GEMM vs oneDNN-packed vs F.linear (CPU fp32)."""
+    from ops.bench_gemm import report, run_gemm_bench
+
+    results = run_gemm_bench(settings_from(opts), quick=quick)
+    click.echo(report(results))
+    _write_json(results, json_path)

@@ -20,8 +20,8 @@ def kvferry_cache_dir() -> Path:
 
 
 @pytest.fixture(scope="session", autouse=True)
-def decode_kernel_built() -> bool:
-    """The CPU decode kernel, built once here before any worker process starts (~15 s on a fresh
+def cpu_kernels_built() -> bool:
+    """The CPU kernels, built once here before any worker process starts (~20 s on a fresh
     machine; each worker then loads the built library)."""
     return decode_kernel.available()
 

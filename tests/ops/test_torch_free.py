@@ -40,7 +40,7 @@ runs = {
     "help": ["--help"],
     **{f"{c} --help": [*c.split(), "--help"] for c in (
         "api", "ping", "submit", "stats", "preload", "serve", "worker", "run-batch",
-        "bench engine", "bench queue", "bench tiers", "bench serve", "chaos")},
+        "bench engine", "bench gemm", "bench queue", "bench tiers", "bench serve", "chaos")},
     "api": ["api", "--redis-url", url],
     "ping": ["ping", "--redis-url", url, "--timeout", "0.2"],
     "stats": ["stats", "--json", "--redis-url", url],

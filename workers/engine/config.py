@@ -26,8 +26,8 @@ class EngineConfig:
     dtype: str = DEFAULTS.dtype
     device: str = DEFAULTS.device
     torch_threads: int | None = None  # None: leave torch's default
-    # CPU fp32: the model's linear weights reordered once for oneDNN (workers/engine/packed_linear);
-    # in place, so every engine over the same loaded model shares it.
+    # CPU fp32: the model's linears on kvferry's decode-step GEMM, else weights packed for oneDNN
+    # (workers/engine/packed_linear); in place, so every engine over the same loaded model shares it.
     packed_linear: bool = DEFAULTS.packed_linear
     # CPU fp32: decodes attend over the pool in place, with workers/engine/decode_kernel's C++
     # kernel (built on first use); off, or where it cannot build: index_select + SDPA.

@@ -1,12 +1,20 @@
-"""PackedLinear: a model's linear layers with their weights reordered once for oneDNN's GEMM (CPU).
+"""The model's linear layers on a CPU GEMM that fits a decode step (CPU fp32).
 
 A decode step multiplies a handful of rows by every weight of the model, so on CPU it is bound by
-reading the weights, and MKL's sgemm behind `F.linear` reads a [out, in] weight at ~3-4 GB/s at
-16 rows here. oneDNN reads the same weight, reordered once into its blocked layout, at ~6-7 GB/s:
-measured on SmolLM2-135M's 210 decoder linears plus lm_head at 16 rows, 175 ms -> 105 ms a step.
-vLLM's CPU backend packs its weights for oneDNN the same way. The op is the one inductor's CPU
-freezing pass uses (`mkldnn::_linear_pointwise` over `_reorder_linear_weight`); where it is
-missing, or a probe of it disagrees with `F.linear`, the model keeps its plain linears.
+reading the weights. MKL's sgemm behind `F.linear` reads a [out, in] weight at ~2-4 GB/s at 16
+rows here, oneDNN over the same weight reordered once into its blocked layout at ~4-5 GB/s (vLLM's
+CPU backend packs its weights for oneDNN the same way), kvferry's own GEMM
+(csrc/skinny_gemm.cpp, each weight read once per 16 rows) at ~8-10 GB/s, what the memory itself
+gives: 25-45 vs 45-95 GFLOPS on SmolLM2-135M's shapes at 16 rows, measured side by side.
+
+So, in order of preference:
+- SkinnyLinear, where kvferry's CPU kernels build (cpu_kernels.py): the model's own weight, no
+  copy; up to SKINNY_MAX_ROWS rows by kvferry::skinny_linear, larger batches (prefill chunks) by
+  oneDNN over the same dense weight, which reorders it on the fly at a cost lost in the GEMM;
+- PackedLinear: the weight reordered once for oneDNN (`mkldnn::_linear_pointwise` over
+  `_reorder_linear_weight`, the op inductor's CPU freezing pass uses), where our kernels do not
+  build;
+- else the model keeps its plain linears. Each is probed against `F.linear` first.
 
 Results are not bitwise equal to MKL's (another summation order, ~1e-6 relative), like any change
 of batch shape; greedy outputs stay token-exact against HF `generate`, which the engine tests check.
@@ -20,8 +28,44 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from workers.engine import cpu_kernels
+
 log = logging.getLogger(__name__)
-_PROBE_ROWS = 3
+KVFERRY = "kvferry"
+ONEDNN = "onednn"
+SKINNY_MAX_ROWS = 128  # measured: kvferry's GEMM leads oneDNN up to ~128-256 rows on SmolLM2's shapes
+_PROBE_ROWS = (3, 16, 21, SKINNY_MAX_ROWS + 5)  # a partial chunk, a full one, both, and oneDNN's path
+
+
+def _onednn_runs() -> bool:
+    return (
+        torch.backends.mkldnn.is_available()
+        and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+        and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+    )
+
+
+class SkinnyLinear(nn.Module):
+    """y = x W^T + b over the linear's own weight and bias (tied weights stay tied)."""
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.weight = linear.weight
+        self.bias = linear.bias
+        self._onednn = _onednn_runs()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, self.in_features)
+        if rows.shape[0] > SKINNY_MAX_ROWS:
+            if self._onednn:
+                return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
+            return F.linear(x, self.weight, self.bias)
+        y = torch.ops.kvferry.skinny_linear(rows.contiguous(), self.weight, self.bias)
+        return y.view(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, kvferry GEMM"
 
 
 class PackedLinear(nn.Module):
@@ -43,45 +87,62 @@ class PackedLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, oneDNN-packed"
 
 
+_MODULES: dict[str, type[nn.Module]] = {KVFERRY: SkinnyLinear, ONEDNN: PackedLinear}
+
+
+def _runs(gemm: str) -> bool:
+    return cpu_kernels.built() if gemm == KVFERRY else _onednn_runs()
+
+
 def supported(device: torch.device, dtype: torch.dtype) -> bool:
-    """fp32 on CPU with oneDNN built in: where the packed GEMM was measured to pay."""
-    return (
-        device.type == "cpu"
-        and dtype == torch.float32
-        and torch.backends.mkldnn.is_available()
-        and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
-        and hasattr(torch.ops.mkldnn, "_linear_pointwise")
-    )
+    """fp32 on CPU, where the GEMMs were measured to pay, and one of them runs here."""
+    return device.type == "cpu" and dtype == torch.float32 and any(_runs(g) for g in _MODULES)
 
 
-def _agrees(linear: nn.Linear, packed: PackedLinear) -> bool:
-    x = torch.randn(_PROBE_ROWS, linear.in_features, dtype=linear.weight.dtype)
-    want = F.linear(x, linear.weight, linear.bias)
-    return bool(torch.allclose(packed(x), want, rtol=1e-4, atol=1e-4 * float(want.abs().max()) + 1e-6))
+def _agrees(linear: nn.Linear, gemm: str) -> bool:
+    module = _MODULES[gemm](linear)
+    for rows in _PROBE_ROWS:
+        x = torch.randn(rows, linear.in_features, dtype=linear.weight.dtype)
+        want = F.linear(x, linear.weight, linear.bias)
+        if not torch.allclose(module(x), want, rtol=1e-4, atol=1e-4 * float(want.abs().max()) + 1e-6):
+            log.warning("the %s linear disagrees with F.linear here", gemm)
+            return False
+    return True
 
 
-def pack_linears(model: nn.Module) -> int:
-    """Replace every nn.Linear of `model` by a PackedLinear, where supported; returns how many were
-    packed (0: the model is unchanged). Idempotent: packed layers are no longer nn.Linear."""
+def _choose(linear: nn.Linear, gemms: tuple[str, ...]) -> str | None:
+    """The first of `gemms` that runs here and agrees with F.linear on this layer."""
+    for gemm in gemms:
+        if not _runs(gemm):
+            continue
+        try:
+            with torch.inference_mode():
+                if _agrees(linear, gemm):
+                    return gemm
+        except RuntimeError as exc:  # an op missing from this build, a library of another signature
+            log.warning("could not run the %s linear here (%s)", gemm, exc)
+    return None
+
+
+def pack_linears(model: nn.Module, gemms: tuple[str, ...] = (KVFERRY, ONEDNN)) -> int:
+    """Replace every nn.Linear of `model` by the module of the first of `gemms` that works here;
+    returns how many were replaced (0: the model is unchanged). Idempotent: replaced layers are no
+    longer nn.Linear."""
     linears = [(name, m) for name, m in model.named_modules() if type(m) is nn.Linear]
     if not linears:
         return 0
     first = linears[0][1]
     if not supported(first.weight.device, first.weight.dtype):
         return 0
-    try:
-        with torch.inference_mode():
-            if not _agrees(first, PackedLinear(first)):
-                log.warning("oneDNN's packed linear disagrees with F.linear here; keeping plain linears")
-                return 0
-    except RuntimeError as exc:  # an op missing from this build's oneDNN
-        log.warning("could not pack linears for oneDNN (%s); keeping plain linears", exc)
+    gemm = _choose(first, gemms)
+    if gemm is None:
+        log.warning("no CPU GEMM agrees with F.linear here; keeping plain linears")
         return 0
     with torch.inference_mode():
         for name, linear in linears:
             parent_name, _, attr = name.rpartition(".")
             parent = model.get_submodule(parent_name) if parent_name else model
-            setattr(parent, attr, PackedLinear(linear))
+            setattr(parent, attr, _MODULES[gemm](linear))
     return len(linears)
 
 

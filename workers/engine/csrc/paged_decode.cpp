@@ -123,7 +123,7 @@ void paged_decode(at::Tensor out, const at::Tensor& q, const at::Tensor& pool, c
 
 }  // namespace
 
-TORCH_LIBRARY(kvferry, m) {
+TORCH_LIBRARY_FRAGMENT(kvferry, m) {
   m.def("paged_decode(Tensor(a!) out, Tensor q, Tensor pool, Tensor tables, Tensor lens, int block_size, "
         "float scale) -> ()");
 }
