@@ -53,12 +53,13 @@ def test_the_build_is_named_by_its_sources(tmp_path: Path, monkeypatch: pytest.M
 @needs_kernels
 @pytest.mark.parametrize("rows", [1, 7, 8, 9, 16, 17, 40, 130])
 @pytest.mark.parametrize(("out", "bias"), [(96, False), (101, True), (5, True), (1, False)])
-def test_skinny_linear_matches_f_linear(rows: int, out: int, bias: bool) -> None:
+@pytest.mark.parametrize("features", [72, 37, 1])
+def test_skinny_linear_matches_f_linear(rows: int, out: int, bias: bool, features: int) -> None:
     """Partial and full 16-row chunks, feature counts off the 6-wide panels (a tail panel alone
-    too), with and without a bias."""
-    gen = torch.Generator().manual_seed(rows * 1000 + out)
-    x = torch.randn(rows, 72, generator=gen)
-    weight = torch.randn(out, 72, generator=gen)
+    too), odd input widths, with and without a bias."""
+    gen = torch.Generator().manual_seed(rows * 1000 + out + features)
+    x = torch.randn(rows, features, generator=gen)
+    weight = torch.randn(out, features, generator=gen)
     b = torch.randn(out, generator=gen) if bias else None
 
     got = torch.ops.kvferry.skinny_linear(x, weight, b)
@@ -67,8 +68,12 @@ def test_skinny_linear_matches_f_linear(rows: int, out: int, bias: bool) -> None
 
 
 @needs_kernels
-def test_skinny_linear_of_no_rows_is_empty() -> None:
+def test_skinny_linear_of_no_rows_features_or_outputs() -> None:
     assert torch.ops.kvferry.skinny_linear(torch.empty(0, 8), torch.randn(6, 8), None).shape == (0, 6)
+    assert torch.ops.kvferry.skinny_linear(torch.randn(3, 8), torch.empty(0, 8), None).shape == (3, 0)
+    bias = torch.randn(7)
+    got = torch.ops.kvferry.skinny_linear(torch.empty(3, 0), torch.empty(7, 0), bias)
+    torch.testing.assert_close(got, bias.expand(3, 7))
 
 
 @needs_kernels

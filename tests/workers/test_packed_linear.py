@@ -8,12 +8,13 @@ import random
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from broker.sampling import SamplingParams
 from tests.workers._helpers import NO_EOS, TinyModel, assert_tokens, make_engine, random_prompt, run_checked
 from tests.workers.conftest import _build_tiny
-from workers.engine import cpu_kernels
+from workers.engine import cpu_kernels, packed_linear
 from workers.engine.packed_linear import (
     KVFERRY,
     ONEDNN,
@@ -38,8 +39,8 @@ def _linears(model: nn.Module) -> tuple[int, int]:
 @pytest.mark.parametrize("gemm", [KVFERRY, ONEDNN])
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])  # qwen2: q/k/v projections carry a bias
 def test_packed_engine_is_token_exact(tokenizer: object, arch: str, gemm: str) -> None:
-    if gemm == KVFERRY and not cpu_kernels.built():
-        pytest.skip("the CPU kernels did not build here")
+    if not packed_linear._runs(gemm):
+        pytest.skip(f"the {gemm} GEMM does not run here")
     tiny: TinyModel = _build_tiny(arch, tokenizer, seed=7)
     model = tiny.loaded.model
     total, _ = _linears(model)
@@ -89,3 +90,25 @@ def test_the_kvferry_gemm_keeps_tied_weights_tied(tokenizer: object) -> None:
     assert pack_linears(model, (KVFERRY,)) > 0
     assert isinstance(model.lm_head, SkinnyLinear)
     assert model.lm_head.weight is model.model.embed_tokens.weight
+
+
+def test_a_layer_the_kvferry_gemm_cannot_read_as_is_goes_to_onednn(tokenizer: object) -> None:
+    """A strided weight (a view of a larger tensor) would need a copy, which would untie it: that
+    layer alone runs oneDNN-packed, and the model still answers like F.linear."""
+    if not (cpu_kernels.built() and packed_linear._onednn_runs()):
+        pytest.skip("needs both GEMMs")
+    tiny = _build_tiny("llama", tokenizer, seed=10)
+    model = tiny.loaded.model
+    gate = model.model.layers[0].mlp.gate_proj
+    wide = torch.randn(gate.out_features, 2 * gate.in_features)
+    gate.weight = nn.Parameter(wide[:, ::2])
+    x = torch.randn(2, 5, model.config.hidden_size)
+    want = F.linear(x, gate.weight)
+    total, _ = _linears(model)
+
+    assert pack_linears(model, (KVFERRY,)) == total
+
+    assert isinstance(model.model.layers[0].mlp.gate_proj, PackedLinear)
+    assert isinstance(model.model.layers[0].mlp.up_proj, SkinnyLinear)
+    with torch.inference_mode():
+        torch.testing.assert_close(model.model.layers[0].mlp.gate_proj(x), want, rtol=1e-5, atol=1e-5)

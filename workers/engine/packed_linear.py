@@ -10,7 +10,8 @@ gives: 25-45 vs 45-95 GFLOPS on SmolLM2-135M's shapes at 16 rows, measured side 
 So, in order of preference:
 - SkinnyLinear, where kvferry's CPU kernels build (cpu_kernels.py): the model's own weight, no
   copy; up to SKINNY_MAX_ROWS rows by kvferry::skinny_linear, larger batches (prefill chunks) by
-  oneDNN over the same dense weight, which reorders it on the fly at a cost lost in the GEMM;
+  oneDNN over the same dense weight in its plain layout (as fast as over packed weights there);
+  a layer whose weight the kernel cannot read as it is (strided, another dtype) goes to oneDNN;
 - PackedLinear: the weight reordered once for oneDNN (`mkldnn::_linear_pointwise` over
   `_reorder_linear_weight`, the op inductor's CPU freezing pass uses), where our kernels do not
   build;
@@ -46,7 +47,16 @@ def _onednn_runs() -> bool:
 
 
 class SkinnyLinear(nn.Module):
-    """y = x W^T + b over the linear's own weight and bias (tied weights stay tied)."""
+    """y = x W^T + b over the linear's own weight and bias (tied weights stay tied). For linears
+    whose weight and bias the kernel reads as they are: see `fits`."""
+
+    @staticmethod
+    def fits(linear: nn.Linear) -> bool:
+        return all(
+            t.device.type == "cpu" and t.dtype == torch.float32 and t.is_contiguous()
+            for t in (linear.weight, linear.bias)
+            if t is not None
+        )
 
     def __init__(self, linear: nn.Linear) -> None:
         super().__init__()
@@ -138,12 +148,19 @@ def pack_linears(model: nn.Module, gemms: tuple[str, ...] = (KVFERRY, ONEDNN)) -
     if gemm is None:
         log.warning("no CPU GEMM agrees with F.linear here; keeping plain linears")
         return 0
+    replaced = 0
     with torch.inference_mode():
         for name, linear in linears:
+            chosen = gemm
+            if gemm == KVFERRY and not SkinnyLinear.fits(linear):  # a strided or foreign weight
+                chosen = ONEDNN if _onednn_runs() else None
+            if chosen is None:
+                continue
             parent_name, _, attr = name.rpartition(".")
             parent = model.get_submodule(parent_name) if parent_name else model
-            setattr(parent, attr, _MODULES[gemm](linear))
-    return len(linears)
+            setattr(parent, attr, _MODULES[chosen](linear))
+            replaced += 1
+    return replaced
 
 
 def packed_bytes(model: nn.Module) -> int:

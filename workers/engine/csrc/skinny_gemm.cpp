@@ -74,6 +74,7 @@ at::Tensor skinny_linear(const at::Tensor& x, const at::Tensor& weight, const c1
   at::Tensor xt = at::empty({chunks, k, MR}, x.options());
   const float* xs = x.data_ptr<float>();
   float* xd = xt.data_ptr<float>();
+  TORCH_INTERNAL_ASSERT(reinterpret_cast<uintptr_t>(xd) % 32 == 0, "kvferry::skinny_linear: unaligned buffer");
   at::parallel_for(0, chunks, 1, [&](int64_t c0, int64_t c1) {
     for (int64_t ch = c0; ch < c1; ++ch) {
       const int64_t rows = std::min(MR, m - ch * MR);
@@ -91,14 +92,14 @@ at::Tensor skinny_linear(const at::Tensor& x, const at::Tensor& weight, const c1
   at::Tensor tail;
   if (panels > full) {
     tail = at::zeros({NR, k}, weight.options());
-    std::memcpy(tail.data_ptr<float>(), w + full * NR * k, sizeof(float) * (n - full * NR) * k);
+    if (k > 0) std::memcpy(tail.data_ptr<float>(), w + full * NR * k, sizeof(float) * (n - full * NR) * k);
   }
   float* o = out.data_ptr<float>();
   at::parallel_for(0, panels, 4, [&](int64_t p0, int64_t p1) {
     alignas(32) float t[NR * MR];
     for (int64_t p = p0; p < p1; ++p) {
       const float* wp = p < full ? w + p * NR * k : tail.data_ptr<float>();
-      const float* ahead = p + 1 < full ? w + (p + 1) * NR * k : wp;
+      const float* ahead = p + 1 < full ? w + (p + 1) * NR * k : p + 1 < panels ? tail.data_ptr<float>() : wp;
       const int64_t n0 = p * NR, cols = std::min(NR, n - n0);
       for (int64_t ch = 0; ch < chunks; ++ch) {
         const int64_t m0 = ch * MR, rows = std::min(MR, m - m0);
@@ -118,6 +119,6 @@ at::Tensor skinny_linear(const at::Tensor& x, const at::Tensor& weight, const c1
 
 }  // namespace
 
-TORCH_LIBRARY_FRAGMENT(kvferry, m) {
-  m.def("skinny_linear(Tensor x, Tensor weight, Tensor? bias) -> Tensor", &skinny_linear);
-}
+TORCH_LIBRARY_FRAGMENT(kvferry, m) { m.def("skinny_linear(Tensor x, Tensor weight, Tensor? bias) -> Tensor"); }
+
+TORCH_LIBRARY_IMPL(kvferry, CPU, m) { m.impl("skinny_linear", &skinny_linear); }
