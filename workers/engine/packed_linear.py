@@ -151,7 +151,7 @@ def pack_linears(model: nn.Module, gemms: tuple[str, ...] = (KVFERRY, ONEDNN)) -
     replaced = 0
     with torch.inference_mode():
         for name, linear in linears:
-            chosen = gemm
+            chosen: str | None = gemm
             if gemm == KVFERRY and not SkinnyLinear.fits(linear):  # a strided or foreign weight
                 chosen = ONEDNN if _onednn_runs() else None
             if chosen is None:
