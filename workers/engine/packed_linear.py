@@ -4,8 +4,9 @@ A decode step multiplies a handful of rows by every weight of the model, so on C
 reading the weights. MKL's sgemm behind `F.linear` reads a [out, in] weight at ~2-4 GB/s at 16
 rows here, oneDNN over the same weight reordered once into its blocked layout at ~4-5 GB/s (vLLM's
 CPU backend packs its weights for oneDNN the same way), kvferry's own GEMM
-(csrc/skinny_gemm.cpp, each weight read once per 16 rows) at ~8-10 GB/s, what the memory itself
-gives: 25-45 vs 45-95 GFLOPS on SmolLM2-135M's shapes at 16 rows, measured side by side.
+(csrc/skinny_gemm.cpp, each weight read once per 16 rows) at ~6-9 GB/s, near what the memory
+itself gives (~10 GB/s): 27-45 vs 52-84 GFLOPS on SmolLM2-135M's shapes at 16 rows, weights read
+from memory (`kvferry bench gemm`).
 
 So, in order of preference:
 - SkinnyLinear, where kvferry's CPU kernels build (cpu_kernels.py): the model's own weight, no
