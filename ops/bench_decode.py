@@ -4,7 +4,9 @@ best case."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
 import torch
@@ -46,6 +48,19 @@ def linear_baselines(settings: Settings, loaded: LoadedModel) -> dict[str, LLMEn
     return out
 
 
+def _alternated(
+    baseline: Callable[[], float], ours: Callable[[], float], engines: tuple[LLMEngine, ...]
+) -> tuple[float, float]:
+    """Best seconds of each, timed alternately twice (the machine's drift hits both alike), each
+    engine's prefix cache emptied between rounds."""
+    runs = []
+    for _ in range(2):
+        runs.append((baseline(), ours()))
+        for e in engines:
+            e.pool.reset_prefix_cache()
+    return min(b for b, _ in runs), min(o for _, o in runs)
+
+
 def bench_decode(
     engine: LLMEngine,
     ref: Any,
@@ -67,28 +82,26 @@ def bench_decode(
     ref.generation_config.eos_token_id = None
     engine.pool.reset_prefix_cache()
     ours_s = _decode_only(engine, prompts, new_tokens)
+
+    ours = partial(_decode_only, engine, prompts, new_tokens)
+
+    def gathered() -> float:
+        engine.runner.decode_kernel = False
+        try:
+            return _decode_only(engine, prompts, new_tokens)
+        finally:
+            engine.runner.decode_kernel = True
+
     base_s: dict[str, float] = {}
     for name, other in (baselines or {}).items():
-        runs = []
-        for _ in range(2):
-            runs.append((_decode_only(other, prompts, new_tokens), _decode_only(engine, prompts, new_tokens)))
-            other.pool.reset_prefix_cache()
-            engine.pool.reset_prefix_cache()
-        base_s[name] = min(b for b, _ in runs)
-        ours_s = min(ours_s, *(o for _, o in runs))
+        base_s[name], best = _alternated(
+            partial(_decode_only, other, prompts, new_tokens), ours, (engine, other)
+        )
+        ours_s = min(ours_s, best)
     gather_s = None
     if engine.runner.decode_kernel:
-        runs = []
-        for _ in range(2):
-            engine.runner.decode_kernel = False
-            try:
-                gather_s = _decode_only(engine, prompts, new_tokens)
-            finally:
-                engine.runner.decode_kernel = True
-            runs.append((gather_s, _decode_only(engine, prompts, new_tokens)))
-            engine.pool.reset_prefix_cache()
-        gather_s = min(g for g, _ in runs)
-        ours_s = min(ours_s, *(o for _, o in runs))
+        gather_s, best = _alternated(gathered, ours, (engine,))
+        ours_s = min(ours_s, best)
     hf_full = hf_generate(ref, prompts, new_tokens, 0)
     hf_decode_s = max(hf_full - hf_generate(ref, prompts, 1, 0), 1e-9)
     steps = new_tokens - 1
