@@ -76,7 +76,9 @@ def bench_decode(
     alternately with ours, twice: "plain_linear" (`F.linear`, packed_linear off) and "onednn"
     (weights packed for oneDNN instead of kvferry's GEMM): what our GEMM buys. Where the engine
     reads decodes in place with the CPU kernel, it is also timed alternately with the kernel off
-    (index_select + SDPA), on the same engine: what the kernel buys."""
+    (index_select + SDPA), on the same engine: what the kernel buys; where decode-only steps run
+    the fused decoder stack, alternately with transformers' modules instead (same kernels): what
+    fusing buys."""
     rng = torch.Generator().manual_seed(4)
     prompts = [prompt(rng, prompt_len, vocab) for _ in range(batch)]
     ref.generation_config.eos_token_id = None
@@ -97,6 +99,19 @@ def bench_decode(
         base_s[name], best = _alternated(
             partial(_decode_only, other, prompts, new_tokens), ours, (engine, other)
         )
+        ours_s = min(ours_s, best)
+    modules_s = None
+    fused = engine.runner.fused
+    if fused is not None:
+
+        def modules() -> float:
+            engine.runner.fused = None
+            try:
+                return _decode_only(engine, prompts, new_tokens)
+            finally:
+                engine.runner.fused = fused
+
+        modules_s, best = _alternated(modules, ours, (engine,))
         ours_s = min(ours_s, best)
     gather_s = None
     if engine.runner.decode_kernel:
@@ -119,6 +134,9 @@ def bench_decode(
     if "onednn" in base_s:
         out[f"decode_onednn_tpot_ms_{batch}"] = 1e3 * base_s["onednn"] / steps
         out[f"decode_gemm_vs_onednn_{batch}"] = ours_s / base_s["onednn"]
+    if modules_s is not None:
+        out[f"decode_modules_tpot_ms_{batch}"] = 1e3 * modules_s / steps
+        out[f"decode_fused_vs_modules_{batch}"] = ours_s / modules_s
     if gather_s is not None:
         out[f"decode_gather_sdpa_tpot_ms_{batch}"] = 1e3 * gather_s / steps
         out[f"decode_kernel_vs_gather_{batch}"] = ours_s / gather_s

@@ -24,6 +24,30 @@ from ops.settings import Settings, parse_size
 from workers.engine.llm_engine import LLMEngine
 from workers.engine.model_loader import LoadedModel, load_model
 
+# bench_decode's alternated baselines at 16 sequences: (row label, the baseline's TPOT key, ratio key)
+_DECODE_BASELINE_ROWS = (
+    (
+        "decode TPOT at 16, fused decoder stack vs transformers' modules (ms)",
+        "decode_modules_tpot_ms_16",
+        "decode_fused_vs_modules_16",
+    ),
+    (
+        "decode TPOT at 16, kvferry's GEMM vs oneDNN-packed linears (ms)",
+        "decode_onednn_tpot_ms_16",
+        "decode_gemm_vs_onednn_16",
+    ),
+    (
+        "decode TPOT at 16, our linears vs F.linear (ms)",
+        "decode_plain_linear_tpot_ms_16",
+        "decode_packed_vs_plain_16",
+    ),
+    (
+        "decode TPOT at 16, in-place CPU kernel (and fused stack) vs index_select + SDPA (ms)",
+        "decode_gather_sdpa_tpot_ms_16",
+        "decode_kernel_vs_gather_16",
+    ),
+)
+
 
 def _ttft(engine: LLMEngine, prompt: list[int], rid: str) -> float:
     started = time.perf_counter()
@@ -175,33 +199,9 @@ def run_engine_bench(settings: Settings, quick: bool = False, skip: set[str] | N
         )
         del baselines
         results.update(d)
-        if "decode_gemm_vs_onednn_16" in d:
-            rows.append(
-                (
-                    "decode TPOT at 16, kvferry's GEMM vs oneDNN-packed linears (ms)",
-                    f"{d['decode_tpot_ms_16']:.1f}",
-                    f"{d['decode_onednn_tpot_ms_16']:.1f}",
-                    f"{d['decode_gemm_vs_onednn_16']:.2f}",
-                )
-            )
-        if "decode_packed_vs_plain_16" in d:
-            rows.append(
-                (
-                    "decode TPOT at 16, our linears vs F.linear (ms)",
-                    f"{d['decode_tpot_ms_16']:.1f}",
-                    f"{d['decode_plain_linear_tpot_ms_16']:.1f}",
-                    f"{d['decode_packed_vs_plain_16']:.2f}",
-                )
-            )
-        if "decode_kernel_vs_gather_16" in d:
-            rows.append(
-                (
-                    "decode TPOT at 16, in-place CPU kernel vs index_select + SDPA (ms)",
-                    f"{d['decode_tpot_ms_16']:.1f}",
-                    f"{d['decode_gather_sdpa_tpot_ms_16']:.1f}",
-                    f"{d['decode_kernel_vs_gather_16']:.2f}",
-                )
-            )
+        for label, base, ratio in _DECODE_BASELINE_ROWS:
+            if ratio in d:
+                rows.append((label, f"{d['decode_tpot_ms_16']:.1f}", f"{d[base]:.1f}", f"{d[ratio]:.2f}"))
         rows.append(
             (
                 "decode-only tok/s at 16 (128-tok prompts) vs HF equal-length",

@@ -62,6 +62,7 @@ DOCUMENTED = {
     "TORCH_THREADS": None,
     "PACKED_LINEAR": True,
     "DECODE_KERNEL": True,
+    "FUSED_DECODE": True,
     "REDIS_URL": "redis://127.0.0.1:6379/0",
     "KV_REDIS_URL": None,
     "WORKER_CONCURRENCY": 32,
@@ -90,6 +91,7 @@ def test_documented_variables_and_defaults() -> None:
     assert Settings.from_env({"KVFERRY_TORCH_THREADS": "3"}).torch_threads == 3
     assert Settings.from_env({"KVFERRY_PACKED_LINEAR": "false"}).engine_config().packed_linear is False
     assert Settings.from_env({"KVFERRY_DECODE_KERNEL": "false"}).engine_config().decode_kernel is False
+    assert Settings.from_env({"KVFERRY_FUSED_DECODE": "false"}).engine_config().fused_decode is False
 
 
 @pytest.mark.parametrize(

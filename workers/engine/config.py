@@ -32,6 +32,9 @@ class EngineConfig:
     # CPU fp32: decodes attend over the pool in place, with workers/engine/decode_kernel's C++
     # kernel (built on first use); off, or where it cannot build: index_select + SDPA.
     decode_kernel: bool = DEFAULTS.decode_kernel
+    # CPU fp32, with both above: a decode-only step's decoder stack in one C++ call
+    # (workers/engine/fused_decoder); off: transformers' modules around the same kernels.
+    fused_decode: bool = DEFAULTS.fused_decode
     default_max_tokens: int | None = None  # a request naming no max_tokens; None: the room left
     # Fault hooks for tests: a step that computes prompt tokens sleeps this much longer, and the
     # N-th step (1-based) raises RuntimeError once. 0 disables each.

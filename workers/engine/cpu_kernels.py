@@ -1,5 +1,5 @@
-"""kvferry's CPU kernels (csrc/*.cpp: paged decode attention, the decode-step GEMM), built once
-per machine on first use.
+"""kvferry's CPU kernels (csrc/*.cpp: paged decode attention, the decode-step GEMM, the decoder stack
+of a decode-only step in one call), built once per machine on first use.
 
 They are built with torch's own extension builder (`torch.utils.cpp_extension.load`, g++ and
 ninja) into one library in torch's extension cache (~/.cache/torch_extensions, or
@@ -22,9 +22,10 @@ import torch
 
 log = logging.getLogger(__name__)
 SOURCES = tuple(sorted((Path(__file__).with_name("csrc")).glob("*.cpp")))
+HEADERS = tuple(sorted((Path(__file__).with_name("csrc")).glob("*.h")))  # in the build key, not compiled
 _CFLAGS = ["-O3", "-march=native", "-fopenmp"]
 _BUILD_LOCK_TIMEOUT_S = 600  # a hung compiler ends in the torch paths, not in a worker that never starts
-_OPS = ("paged_decode", "skinny_linear")
+_OPS = ("paged_decode", "skinny_linear", "decode_layers")
 _lock = threading.Lock()
 _built: bool | None = None
 
@@ -54,7 +55,7 @@ def _build_key() -> str:
     except OSError:
         cpu = ""
     digest = hashlib.sha256()
-    for source in SOURCES:
+    for source in SOURCES + HEADERS:
         digest.update(source.name.encode() + b"\0" + source.read_bytes())
     digest.update(f"{_CFLAGS} {torch.__version__} {cpu}".encode())
     return digest.hexdigest()[:12]

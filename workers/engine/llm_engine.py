@@ -64,7 +64,11 @@ class LLMEngine:
             )
         self.scheduler = Scheduler(config, self.block_manager, self.tiers)
         self.runner = ModelRunner(
-            self.loaded.model, self.kv_cache, packed=config.packed_linear, decode_kernel=config.decode_kernel
+            self.loaded.model,
+            self.kv_cache,
+            packed=config.packed_linear,
+            decode_kernel=config.decode_kernel,
+            fused_decode=config.fused_decode,
         )
         self.sampler = Sampler(device)
         self.detokenizer = Detokenizer(self.tokenizer)

@@ -8,6 +8,7 @@ from transformers import PreTrainedModel
 from kvstore.kv_cache import KVCache
 from workers.engine import decode_kernel as kernel
 from workers.engine import paged_attention
+from workers.engine.fused_decoder import FusedDecoder
 from workers.engine.packed_linear import pack_linears
 from workers.engine.paged_attention import AttentionMetadata, DecodeBucket, DecodeTable, PrefillSegment
 from workers.engine.scheduler import ScheduledSeq
@@ -15,7 +16,12 @@ from workers.engine.scheduler import ScheduledSeq
 
 class ModelRunner:
     def __init__(
-        self, model: PreTrainedModel, kv_cache: KVCache, packed: bool = False, decode_kernel: bool = False
+        self,
+        model: PreTrainedModel,
+        kv_cache: KVCache,
+        packed: bool = False,
+        decode_kernel: bool = False,
+        fused_decode: bool = False,
     ) -> None:
         paged_attention.register()
         model.set_attn_implementation(paged_attention.ATTN_IMPLEMENTATION)
@@ -35,6 +41,8 @@ class ModelRunner:
             and kv_cache.tensor.shape[-1] in kernel.HEAD_DIMS
             and kernel.available()
         )
+        # Decode-only steps run the whole decoder stack in one C++ call where the model fits it.
+        self.fused = FusedDecoder.build(model, kv_cache) if fused_decode and self.decode_kernel else None
 
     def _slots(self, block_ids: list[int], start: int, end: int) -> torch.Tensor:
         """Pool slots of positions [start, end) of a sequence with this block table."""
@@ -88,9 +96,12 @@ class ModelRunner:
         )
         ids = torch.tensor([input_ids], device=self.device)
         pos = torch.tensor([positions], device=self.device)
-        hidden = self.decoder(
-            input_ids=ids, position_ids=pos, use_cache=False, **{paged_attention.METADATA_KWARG: meta}
-        ).last_hidden_state[0]  # [T, hidden]
+        if self.fused is not None and table is not None and not prefills and self.fused.fits(len(singles)):
+            hidden = self.fused.forward(ids[0], pos[0], meta.slot_mapping, table.blocks, table.lens)
+        else:
+            hidden = self.decoder(
+                input_ids=ids, position_ids=pos, use_cache=False, **{paged_attention.METADATA_KWARG: meta}
+            ).last_hidden_state[0]  # [T, hidden]
         rows = [sample_rows[id(s.seq)] for s in batch if s.samples]
         if not rows:
             return hidden.new_empty(0, 0, dtype=torch.float32)

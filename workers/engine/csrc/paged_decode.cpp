@@ -13,6 +13,8 @@
 #include <c10/util/Exception.h>
 #include <torch/library.h>
 
+#include "kernels.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -62,16 +64,8 @@ void attend(const float* q, const float* kp, const float* vp, const int64_t* slo
 }
 
 template <int64_t D>
-void run(at::Tensor& out, const at::Tensor& q, const at::Tensor& pool, const at::Tensor& tables,
-         const at::Tensor& lens, int64_t block_size, float scale) {
-  const int64_t n = q.size(0), hq = q.size(1), hkv = pool.size(2), width = tables.size(1);
-  const int64_t slots_per_half = pool.size(1);
-  const float* qp = q.data_ptr<float>();
-  const float* kp = pool.data_ptr<float>();
-  const float* vp = kp + slots_per_half * hkv * D;
-  const int64_t* tp = tables.data_ptr<int64_t>();
-  const int64_t* lp = lens.data_ptr<int64_t>();
-  float* op = out.data_ptr<float>();
+void run(float* op, const float* qp, int64_t n, int64_t hq, const float* kp, const float* vp, int64_t hkv,
+         const int64_t* tp, int64_t width, const int64_t* lp, int64_t block_size, float scale) {
   at::parallel_for(0, n, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> score, acc(hq * D);
     std::vector<int64_t> slots;
@@ -89,6 +83,36 @@ void run(at::Tensor& out, const at::Tensor& q, const at::Tensor& pool, const at:
   });
 }
 
+}  // namespace
+
+namespace kvferry {
+
+void paged_attention(float* out, const float* q, int64_t n, int64_t hq, int64_t d, const float* k_pool,
+                     const float* v_pool, int64_t hkv, const int64_t* tables, int64_t width,
+                     const int64_t* lens, int64_t block_size, float scale) {
+  switch (d) {
+    case 64: run<64>(out, q, n, hq, k_pool, v_pool, hkv, tables, width, lens, block_size, scale); break;
+    case 128: run<128>(out, q, n, hq, k_pool, v_pool, hkv, tables, width, lens, block_size, scale); break;
+    case 32: run<32>(out, q, n, hq, k_pool, v_pool, hkv, tables, width, lens, block_size, scale); break;
+    case 16: run<16>(out, q, n, hq, k_pool, v_pool, hkv, tables, width, lens, block_size, scale); break;
+    case 256: run<256>(out, q, n, hq, k_pool, v_pool, hkv, tables, width, lens, block_size, scale); break;
+    default: TORCH_CHECK(false, "paged_decode: head_dim ", d, " not built (16, 32, 64, 128, 256)");
+  }
+}
+
+void check_tables(const int64_t* tp, int64_t n, int64_t width, const int64_t* lp, int64_t block_size,
+                  int64_t num_blocks) {
+  for (int64_t s = 0; s < n; ++s) {  // bounds: a bad table must raise, never read outside the pool
+    TORCH_CHECK(lp[s] >= 1 && lp[s] <= width * block_size, "context length out of its table");
+    for (int64_t b = 0; b < (lp[s] - 1) / block_size + 1; ++b)
+      TORCH_CHECK(tp[s * width + b] >= 0 && tp[s * width + b] < num_blocks, "block id outside the pool");
+  }
+}
+
+}  // namespace kvferry
+
+namespace {
+
 void paged_decode(at::Tensor out, const at::Tensor& q, const at::Tensor& pool, const at::Tensor& tables,
                   const at::Tensor& lens, int64_t block_size, double scale) {
   TORCH_CHECK(q.dim() == 3 && pool.dim() == 4 && pool.size(0) == 2, "q [n, Hq, D], pool [2, slots, Hkv, D]");
@@ -102,23 +126,13 @@ void paged_decode(at::Tensor out, const at::Tensor& q, const at::Tensor& pool, c
   TORCH_CHECK(pool.size(3) == d && hkv > 0 && q.size(1) % hkv == 0, "Hq must be a multiple of Hkv, same D");
   TORCH_CHECK(tables.dim() == 2 && tables.size(0) == n && lens.numel() == n, "one table and length per row");
   TORCH_CHECK(block_size > 0 && pool.size(1) % block_size == 0, "slots must be whole blocks");
-  const int64_t num_blocks = pool.size(1) / block_size, width = tables.size(1);
-  const int64_t* tp = tables.data_ptr<int64_t>();
-  const int64_t* lp = lens.data_ptr<int64_t>();
-  for (int64_t s = 0; s < n; ++s) {  // bounds: a bad table must raise, never read outside the pool
-    TORCH_CHECK(lp[s] >= 1 && lp[s] <= width * block_size, "context length out of its table");
-    for (int64_t b = 0; b < (lp[s] - 1) / block_size + 1; ++b)
-      TORCH_CHECK(tp[s * width + b] >= 0 && tp[s * width + b] < num_blocks, "block id outside the pool");
-  }
-  const float sc = static_cast<float>(scale);
-  switch (d) {
-    case 64: run<64>(out, q, pool, tables, lens, block_size, sc); break;
-    case 128: run<128>(out, q, pool, tables, lens, block_size, sc); break;
-    case 32: run<32>(out, q, pool, tables, lens, block_size, sc); break;
-    case 16: run<16>(out, q, pool, tables, lens, block_size, sc); break;
-    case 256: run<256>(out, q, pool, tables, lens, block_size, sc); break;
-    default: TORCH_CHECK(false, "paged_decode: head_dim ", d, " not built (16, 32, 64, 128, 256)");
-  }
+  const int64_t width = tables.size(1), slots = pool.size(1);
+  kvferry::check_tables(tables.data_ptr<int64_t>(), n, width, lens.data_ptr<int64_t>(), block_size,
+                        slots / block_size);
+  const float* kp = pool.data_ptr<float>();
+  kvferry::paged_attention(out.data_ptr<float>(), q.data_ptr<float>(), n, q.size(1), d, kp, kp + slots * hkv * d,
+                           hkv, tables.data_ptr<int64_t>(), width, lens.data_ptr<int64_t>(), block_size,
+                           static_cast<float>(scale));
 }
 
 }  // namespace

@@ -19,6 +19,8 @@
 #include <c10/util/Exception.h>
 #include <torch/library.h>
 
+#include "kernels.h"
+
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -49,30 +51,17 @@ inline void micro(const float* __restrict xt, const float* __restrict w, int64_t
     for (int j = 0; j < J; ++j) *reinterpret_cast<vec8*>(t + i * MR + 8 * j) = acc[i][j];
 }
 
-at::Tensor skinny_linear(const at::Tensor& x, const at::Tensor& weight, const c10::optional<at::Tensor>& bias) {
-  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.device().is_cpu(),
-              "kvferry::skinny_linear: x must be a contiguous CPU [rows, in]");
-  TORCH_CHECK(weight.dim() == 2 && weight.is_contiguous() && weight.device().is_cpu(),
-              "kvferry::skinny_linear: weight must be a contiguous CPU [out, in]");
-  TORCH_CHECK(x.scalar_type() == at::kFloat && weight.scalar_type() == at::kFloat,
-              "kvferry::skinny_linear: fp32 only");
-  const int64_t m = x.size(0), k = x.size(1), n = weight.size(0);
-  TORCH_CHECK(weight.size(1) == k, "kvferry::skinny_linear: x has ", k, " features, weight ", weight.size(1));
-  const float* b = nullptr;
-  if (bias.has_value()) {
-    TORCH_CHECK(bias->dim() == 1 && bias->size(0) == n && bias->is_contiguous() &&
-                    bias->scalar_type() == at::kFloat && bias->device().is_cpu(),
-                "kvferry::skinny_linear: bias must be a contiguous fp32 CPU [out]");
-    b = bias->data_ptr<float>();
-  }
-  at::Tensor out = at::empty({m, n}, x.options());
-  if (m == 0 || n == 0) return out;
+}  // namespace
 
+namespace kvferry {
+
+void skinny_gemm(const float* xs, int64_t m, int64_t k, const float* w, int64_t n, const float* b, float* o) {
+  if (m == 0 || n == 0) return;
   // x transposed into 16-row chunks [chunks, K, MR], zero past m. Allocations are 64-byte aligned
   // and each chunk is K * 64 bytes, so every vec8 load is aligned.
+  const auto options = at::TensorOptions().dtype(at::kFloat);
   const int64_t chunks = (m + MR - 1) / MR;
-  at::Tensor xt = at::empty({chunks, k, MR}, x.options());
-  const float* xs = x.data_ptr<float>();
+  at::Tensor xt = at::empty({chunks, k, MR}, options);
   float* xd = xt.data_ptr<float>();
   TORCH_INTERNAL_ASSERT(reinterpret_cast<uintptr_t>(xd) % 32 == 0, "kvferry::skinny_linear: unaligned buffer");
   at::parallel_for(0, chunks, 1, [&](int64_t c0, int64_t c1) {
@@ -88,13 +77,11 @@ at::Tensor skinny_linear(const at::Tensor& x, const at::Tensor& weight, const c1
 
   // The last n % NR features, copied into a zero-padded panel of their own.
   const int64_t full = n / NR, panels = (n + NR - 1) / NR;
-  const float* w = weight.data_ptr<float>();
   at::Tensor tail;
   if (panels > full) {
-    tail = at::zeros({NR, k}, weight.options());
+    tail = at::zeros({NR, k}, options);
     if (k > 0) std::memcpy(tail.data_ptr<float>(), w + full * NR * k, sizeof(float) * (n - full * NR) * k);
   }
-  float* o = out.data_ptr<float>();
   at::parallel_for(0, panels, 4, [&](int64_t p0, int64_t p1) {
     alignas(32) float t[NR * MR];
     for (int64_t p = p0; p < p1; ++p) {
@@ -114,6 +101,30 @@ at::Tensor skinny_linear(const at::Tensor& x, const at::Tensor& weight, const c1
       }
     }
   });
+}
+
+}  // namespace kvferry
+
+namespace {
+
+at::Tensor skinny_linear(const at::Tensor& x, const at::Tensor& weight, const c10::optional<at::Tensor>& bias) {
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.device().is_cpu(),
+              "kvferry::skinny_linear: x must be a contiguous CPU [rows, in]");
+  TORCH_CHECK(weight.dim() == 2 && weight.is_contiguous() && weight.device().is_cpu(),
+              "kvferry::skinny_linear: weight must be a contiguous CPU [out, in]");
+  TORCH_CHECK(x.scalar_type() == at::kFloat && weight.scalar_type() == at::kFloat,
+              "kvferry::skinny_linear: fp32 only");
+  const int64_t m = x.size(0), k = x.size(1), n = weight.size(0);
+  TORCH_CHECK(weight.size(1) == k, "kvferry::skinny_linear: x has ", k, " features, weight ", weight.size(1));
+  const float* b = nullptr;
+  if (bias.has_value()) {
+    TORCH_CHECK(bias->dim() == 1 && bias->size(0) == n && bias->is_contiguous() &&
+                    bias->scalar_type() == at::kFloat && bias->device().is_cpu(),
+                "kvferry::skinny_linear: bias must be a contiguous fp32 CPU [out]");
+    b = bias->data_ptr<float>();
+  }
+  at::Tensor out = at::empty({m, n}, x.options());
+  kvferry::skinny_gemm(x.data_ptr<float>(), m, k, weight.data_ptr<float>(), n, b, out.data_ptr<float>());
   return out;
 }
 

@@ -1,0 +1,168 @@
+"""The decode-only step's fused decoder stack (kvferry::decode_layers): the same logits and pool
+writes as the modules' forward, token-exact engines on every architecture with it on and off, the
+steps it takes and leaves, and its refusals (raised before anything is written)."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+import torch
+
+from broker.sampling import SamplingParams
+from tests.workers._helpers import NO_EOS, TinyModel, assert_tokens, make_engine, random_prompt, run_checked
+from tests.workers.conftest import _build_tiny
+from workers.engine import decode_kernel
+from workers.engine.fused_decoder import FusedDecoder
+from workers.engine.llm_engine import LLMEngine
+from workers.engine.packed_linear import SKINNY_MAX_ROWS
+
+pytestmark = pytest.mark.skipif(
+    not decode_kernel.available(), reason="kvferry's CPU kernels did not build here"
+)
+ARCHS = ["llama", "qwen2", "qwen3", "mistral"]  # biases (qwen2, qwen3), q/k norms (qwen3)
+
+
+def _count_fused(engine: LLMEngine, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Each fused forward's number of rows, as they run."""
+    fused = engine.runner.fused
+    assert fused is not None
+    calls: list[int] = []
+    forward = fused.forward
+
+    def counted(input_ids: torch.Tensor, *args: Any) -> torch.Tensor:
+        calls.append(int(input_ids.shape[0]))
+        return forward(input_ids, *args)
+
+    monkeypatch.setattr(fused, "forward", counted)
+    return calls
+
+
+def _decode_batch(engine: LLMEngine, prompts: list[list[int]]) -> list[Any]:
+    """A step's batch in which every sequence decodes (their prompts prefilled and sampled)."""
+    for i, p in enumerate(prompts):
+        engine.add_request(f"r{i}", p, SamplingParams(max_tokens=8, **NO_EOS))
+    while any(not s.output_token_ids for s in engine.scheduler.running) or engine.scheduler.waiting:
+        engine.step()
+    step = engine.scheduler.schedule()
+    assert all(s.num_new_tokens == 1 for s in step.scheduled)
+    return list(step.scheduled)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_one_decode_step_matches_the_modules_forward(tokenizer: object, arch: str) -> None:
+    """Logits and every K/V written to the pool, against transformers' modules over the same
+    kernels, from the same pool: ragged contexts, block edges, GQA."""
+    tiny = _build_tiny(arch, tokenizer, seed=5)
+    engine = make_engine(tiny.loaded, num_blocks=48, block_size=8)
+    fused = engine.runner.fused
+    assert fused is not None, f"{arch}: the fused stack should apply"
+    rng = random.Random(1)
+    batch = _decode_batch(engine, [random_prompt(rng, n) for n in (1, 7, 8, 15, 40)])
+    pool = engine.kv_cache.tensor
+    before = pool.clone()
+
+    engine.runner.fused = None
+    want = engine.runner.run(batch)
+    want_pool = pool.clone()
+    pool.copy_(before)
+    engine.runner.fused = fused
+    got = engine.runner.run(batch)
+
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4 * float(want.abs().max()))
+    torch.testing.assert_close(pool, want_pool, rtol=1e-4, atol=1e-4)
+    assert not torch.equal(want_pool, before), "the step wrote its new K/V"
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "modules"])
+@pytest.mark.parametrize("arch", ARCHS)
+def test_engine_is_token_exact_with_the_stack_fused_or_not(
+    tiny_model: Any, arch: str, fused: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tiny: TinyModel = tiny_model(arch)
+    engine = make_engine(tiny.loaded, num_blocks=96, fused_decode=fused)
+    assert (engine.runner.fused is not None) is fused
+    calls = _count_fused(engine, monkeypatch) if fused else []
+    rng = random.Random(9)
+    prompts = {f"r{i}": random_prompt(rng, n) for i, n in enumerate([2, 16, 17, 33, 64, 5])}
+    params = SamplingParams(max_tokens=24, **NO_EOS)
+
+    done = run_checked(engine, {rid: (p, params) for rid, p in prompts.items()})
+
+    for rid, prompt in prompts.items():
+        assert_tokens(done[rid].token_ids, tiny.expected(prompt, 24), f"{arch} {rid}, fused={fused}")
+    if fused:
+        assert len(calls) >= 20 and max(calls) == len(prompts), f"decode-only steps ran fused: {calls}"
+
+
+def test_steps_with_a_prefill_or_too_many_rows_keep_the_modules(
+    tiny: TinyModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A prefill chunk beside decodes, and more decodes than the GEMM's row limit, run through the
+    modules; both stay exact."""
+    n = SKINNY_MAX_ROWS + 4
+    engine = make_engine(tiny.loaded, num_blocks=2 * n + 16, max_num_seqs=n + 1, max_num_batched_tokens=4 * n)
+    calls = _count_fused(engine, monkeypatch)
+    rng = random.Random(4)
+    prompts = {f"r{i}": random_prompt(rng, 3) for i in range(n)}
+    late = random_prompt(rng, 30)
+    for rid, p in prompts.items():
+        engine.add_request(rid, p, SamplingParams(max_tokens=3, **NO_EOS))
+    engine.step()  # the n prefills
+    # prefilled beside n decodes, then decoding beside them; all end in the same step
+    engine.add_request("late", late, SamplingParams(max_tokens=2, **NO_EOS))
+    done = run_checked(engine)
+
+    assert calls == [], "no step fitted the fused stack"
+    for rid, p in prompts.items():
+        assert_tokens(done[rid].token_ids, tiny.expected(p, 3), rid)
+    assert_tokens(done["late"].token_ids, tiny.expected(late, 2), "late")
+
+
+def test_it_applies_only_with_the_kernels_and_a_model_it_computes(
+    tokenizer: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tiny = _build_tiny("llama", tokenizer, seed=2)
+    assert make_engine(tiny.loaded, num_blocks=8, decode_kernel=False).runner.fused is None
+    assert make_engine(tiny.loaded, num_blocks=8, fused_decode=False).runner.fused is None
+    plain = _build_tiny("llama", tokenizer, seed=3)
+    assert make_engine(plain.loaded, num_blocks=8, packed_linear=False).runner.fused is None
+    monkeypatch.setattr(tiny.loaded.model.config, "hidden_act", "gelu")
+    assert make_engine(tiny.loaded, num_blocks=8).runner.fused is None
+    monkeypatch.setattr(tiny.loaded.model.config, "hidden_act", "silu")
+    assert make_engine(tiny.loaded, num_blocks=8).runner.fused is not None
+
+
+def test_bad_tables_slots_or_weights_raise_before_anything_is_written(tiny: TinyModel) -> None:
+    engine = make_engine(tiny.loaded, num_blocks=16, block_size=4)
+    fused = engine.runner.fused
+    assert isinstance(fused, FusedDecoder)
+    pool = engine.kv_cache.tensor
+    pool.normal_()
+    before = pool.clone()
+    ids, pos = torch.tensor([5, 6]), torch.tensor([4, 0])
+    blocks, lens = torch.tensor([[3, 7], [2, 0]]), torch.tensor([5, 1])
+    slots = torch.tensor([7 * 4 + 0, 2 * 4 + 0])  # each context's last slot
+    fused.forward(ids, pos, slots, blocks, lens)  # well formed: runs
+    pool.copy_(before)
+
+    cases = {
+        "a slot that is not its context's last": (slots + 1, blocks, lens, fused.weights),
+        "a block outside the pool": (slots, torch.tensor([[3, 16], [2, 0]]), lens, fused.weights),
+        "a context longer than its table": (slots, blocks, torch.tensor([9, 1]), fused.weights),
+        "a weight of another shape": (
+            slots,
+            blocks,
+            lens,
+            [*fused.weights[:-2], torch.zeros(3, 3), fused.weights[-1]],
+        ),
+        "a weight missing": (slots, blocks, lens, fused.weights[:-1]),
+    }
+    for what, (s, b, n, weights) in cases.items():
+        hidden = torch.ones(2, tiny.loaded.model.config.hidden_size)
+        cos = sin = torch.zeros(2, pool.shape[-1])
+        with pytest.raises(RuntimeError, match=r"decode_layers|context length|block id"):
+            torch.ops.kvferry.decode_layers(hidden, cos, sin, pool, s, b, n, weights, 4, 0.25, 1e-6)
+        assert torch.equal(pool, before), f"{what}: the pool was written"
+        assert torch.equal(hidden, torch.ones_like(hidden)), f"{what}: hidden was written"
