@@ -128,8 +128,7 @@ void decode_layers(at::Tensor hidden, const at::Tensor& cos, const at::Tensor& s
       ptrs[l * PER_LAYER + i] = tensor_ptr(weights[l * PER_LAYER + i], shapes[i].first, shapes[i].second, l, i);
   if (n == 0) return;
 
-  std::vector<float> x(n * h), q(n * qd), k(n * kd), v(n * kd), attn(n * qd), o(n * h), gate(n * inter),
-      up(n * inter);
+  std::vector<float> x(n * h), q(n * qd), k(n * kd), v(n * kd), attn(n * qd), o(n * h), gate(n * inter);
   float* hp = hidden.data_ptr<float>();
   const float* cp = cos.data_ptr<float>();
   const float* snp = sin.data_ptr<float>();
@@ -142,9 +141,8 @@ void decode_layers(at::Tensor hidden, const at::Tensor& cos, const at::Tensor& s
 
     // Attention block.
     rms_norm(hp, ln1, x.data(), n, h, e);
-    kvferry::skinny_gemm(x.data(), n, h, wq, qd, bq, q.data());
-    kvferry::skinny_gemm(x.data(), n, h, wk, kd, bk, k.data());
-    kvferry::skinny_gemm(x.data(), n, h, wv, kd, bv, v.data());
+    const kvferry::Gemm qkv[] = {{wq, qd, bq, q.data()}, {wk, kd, bk, k.data()}, {wv, kd, bv, v.data()}};
+    kvferry::skinny_gemms(x.data(), n, h, qkv, 3);
     if (qn != nullptr) rms_norm(q.data(), qn, q.data(), n * hq, d, e);
     if (kn != nullptr) rms_norm(k.data(), kn, k.data(), n * hkv, d, e);
     float* kpool = kv.data_ptr<float>() + l * 2 * num_slots * kd;
@@ -162,13 +160,7 @@ void decode_layers(at::Tensor hidden, const at::Tensor& cos, const at::Tensor& s
 
     // MLP block.
     rms_norm(hp, ln2, x.data(), n, h, e);
-    kvferry::skinny_gemm(x.data(), n, h, wg, inter, bg, gate.data());
-    kvferry::skinny_gemm(x.data(), n, h, wu, inter, bu, up.data());
-    float* g = gate.data();
-    const float* u = up.data();
-    at::parallel_for(0, n * inter, 2048, [&](int64_t i0, int64_t i1) {
-      for (int64_t i = i0; i < i1; ++i) g[i] = g[i] / (1.f + std::exp(-g[i])) * u[i];  // SiLU(gate) * up
-    });
+    kvferry::skinny_gated(x.data(), n, h, wg, bg, wu, bu, inter, gate.data());
     kvferry::skinny_gemm(gate.data(), n, inter, wd, h, bd, o.data());
     add_into(hp, o.data(), n * h);
   }

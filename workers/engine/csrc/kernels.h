@@ -7,9 +7,28 @@
 
 namespace kvferry {
 
-// out[m, n] = x[m, k] W[n, k]^T (+ bias[n] when not null). Every pointer contiguous, row-major.
-void skinny_gemm(const float* x, int64_t m, int64_t k, const float* w, int64_t n, const float* bias,
-                 float* out);
+// One product of skinny_gemms: out[m, n] = x[m, k] w[n, k]^T (+ bias[n] when not null).
+struct Gemm {
+  const float* w;
+  int64_t n;
+  const float* bias;
+  float* out;
+};
+
+// Each of `count` products over the same x [m, k], in one parallel region over all their panels.
+// Every pointer contiguous, row-major.
+void skinny_gemms(const float* x, int64_t m, int64_t k, const Gemm* gemms, int64_t count);
+
+inline void skinny_gemm(const float* x, int64_t m, int64_t k, const float* w, int64_t n, const float* bias,
+                        float* out) {
+  const Gemm gemm{w, n, bias, out};
+  skinny_gemms(x, m, k, &gemm, 1);
+}
+
+// out[m, n] = SiLU(x wg^T + bg) * (x wu^T + bu), a gated MLP's first half, in one parallel region
+// (biases may be null).
+void skinny_gated(const float* x, int64_t m, int64_t k, const float* wg, const float* bg, const float* wu,
+                  const float* bu, int64_t n, float* out);
 
 // out[i, Hq, D] = attention of q[i, Hq, D] over the first lens[i] slots of the blocks tables[i, :]
 // in k_pool / v_pool ([slots, Hkv, D] each). Nothing is checked here: the ops' wrappers do.

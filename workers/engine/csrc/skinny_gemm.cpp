@@ -22,8 +22,10 @@
 #include "kernels.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 namespace {
 
@@ -51,17 +53,11 @@ inline void micro(const float* __restrict xt, const float* __restrict w, int64_t
     for (int j = 0; j < J; ++j) *reinterpret_cast<vec8*>(t + i * MR + 8 * j) = acc[i][j];
 }
 
-}  // namespace
-
-namespace kvferry {
-
-void skinny_gemm(const float* xs, int64_t m, int64_t k, const float* w, int64_t n, const float* b, float* o) {
-  if (m == 0 || n == 0) return;
-  // x transposed into 16-row chunks [chunks, K, MR], zero past m. Allocations are 64-byte aligned
-  // and each chunk is K * 64 bytes, so every vec8 load is aligned.
-  const auto options = at::TensorOptions().dtype(at::kFloat);
+// x [m, k] transposed into 16-row chunks [chunks, k, MR], zero past m. Allocations are 64-byte
+// aligned and each chunk is k * 64 bytes, so every vec8 load is aligned.
+at::Tensor transposed(const float* xs, int64_t m, int64_t k) {
   const int64_t chunks = (m + MR - 1) / MR;
-  at::Tensor xt = at::empty({chunks, k, MR}, options);
+  at::Tensor xt = at::empty({chunks, k, MR}, at::TensorOptions().dtype(at::kFloat));
   float* xd = xt.data_ptr<float>();
   TORCH_INTERNAL_ASSERT(reinterpret_cast<uintptr_t>(xd) % 32 == 0, "kvferry::skinny_linear: unaligned buffer");
   at::parallel_for(0, chunks, 1, [&](int64_t c0, int64_t c1) {
@@ -74,31 +70,107 @@ void skinny_gemm(const float* xs, int64_t m, int64_t k, const float* w, int64_t 
       }
     }
   });
+  return xt;
+}
 
-  // The last n % NR features, copied into a zero-padded panel of their own.
-  const int64_t full = n / NR, panels = (n + NR - 1) / NR;
+// The NR-row panels of a weight [n, k]: the full ones where they lie, the last n % NR rows in a
+// zero-padded copy of their own.
+struct Panels {
+  const float* w;
+  int64_t k, full, count;
   at::Tensor tail;
-  if (panels > full) {
-    tail = at::zeros({NR, k}, options);
-    if (k > 0) std::memcpy(tail.data_ptr<float>(), w + full * NR * k, sizeof(float) * (n - full * NR) * k);
+
+  Panels(const float* weight, int64_t n, int64_t cols) : w(weight), k(cols), full(n / NR), count((n + NR - 1) / NR) {
+    if (count > full) {
+      tail = at::zeros({NR, k}, at::TensorOptions().dtype(at::kFloat));
+      if (k > 0) std::memcpy(tail.data_ptr<float>(), w + full * NR * k, sizeof(float) * (n - full * NR) * k);
+    }
   }
-  at::parallel_for(0, panels, 4, [&](int64_t p0, int64_t p1) {
-    alignas(32) float t[NR * MR];
-    for (int64_t p = p0; p < p1; ++p) {
-      const float* wp = p < full ? w + p * NR * k : tail.data_ptr<float>();
-      const float* ahead = p + 1 < full ? w + (p + 1) * NR * k : p + 1 < panels ? tail.data_ptr<float>() : wp;
-      const int64_t n0 = p * NR, cols = std::min(NR, n - n0);
-      for (int64_t ch = 0; ch < chunks; ++ch) {
-        const int64_t m0 = ch * MR, rows = std::min(MR, m - m0);
-        if (rows > 8)
-          micro<2>(xd + ch * k * MR, wp, k, k, ahead, t);
-        else
-          micro<1>(xd + ch * k * MR, wp, k, k, ahead, t);
-        for (int64_t r = 0; r < rows; ++r) {
-          float* y = o + (m0 + r) * n + n0;
-          for (int64_t i = 0; i < cols; ++i) y[i] = t[i * MR + r] + (b ? b[n0 + i] : 0.f);
-        }
+  const float* operator[](int64_t p) const { return p < full ? w + p * NR * k : tail.data_ptr<float>(); }
+};
+
+// For each 16-row chunk of x (xd, transposed): t = the products of panel wp with its rows, then
+// emit(m0, rows, t) with t[i * MR + r] for output feature i of the panel and row m0 + r.
+template <typename Emit>
+inline void panel_product(const float* xd, int64_t m, int64_t k, const float* wp, const float* ahead, Emit&& emit) {
+  alignas(32) float t[NR * MR];
+  for (int64_t m0 = 0; m0 < m; m0 += MR) {
+    const int64_t rows = std::min(MR, m - m0);
+    const float* xc = xd + (m0 / MR) * k * MR;
+    if (rows > 8)
+      micro<2>(xc, wp, k, k, ahead, t);
+    else
+      micro<1>(xc, wp, k, k, ahead, t);
+    emit(m0, rows, t);
+  }
+}
+
+}  // namespace
+
+namespace kvferry {
+
+void skinny_gemms(const float* xs, int64_t m, int64_t k, const Gemm* gemms, int64_t count) {
+  if (m == 0) return;
+  at::Tensor xt = transposed(xs, m, k);
+  const float* xd = xt.data_ptr<float>();
+  std::vector<Panels> panels;
+  std::vector<int64_t> first(count + 1, 0);  // gemm j's panels are [first[j], first[j + 1])
+  panels.reserve(count);
+  for (int64_t j = 0; j < count; ++j) {
+    panels.emplace_back(gemms[j].w, gemms[j].n, k);
+    first[j + 1] = first[j] + panels[j].count;
+  }
+  // One parallel region over every panel of every weight: a layer's q, k and v cost one fork and
+  // join of the thread team, not three.
+  at::parallel_for(0, first[count], 4, [&](int64_t p0, int64_t p1) {
+    int64_t j = 0;
+    for (int64_t g = p0; g < p1; ++g) {
+      while (g >= first[j + 1]) ++j;
+      const Gemm& gemm = gemms[j];
+      const int64_t p = g - first[j], n0 = p * NR, cols = std::min(NR, gemm.n - n0);
+      const float* ahead = panels[j][p];  // the next panel, of this weight or the next with any
+      if (p + 1 < panels[j].count) {
+        ahead = panels[j][p + 1];
+      } else if (g + 1 < first[count]) {
+        int64_t next = j + 1;
+        while (first[next + 1] == first[next]) ++next;
+        ahead = panels[next][0];
       }
+      panel_product(xd, m, k, panels[j][p], ahead, [&](int64_t m0, int64_t rows, const float* t) {
+        for (int64_t r = 0; r < rows; ++r) {
+          float* y = gemm.out + (m0 + r) * gemm.n + n0;
+          for (int64_t i = 0; i < cols; ++i) y[i] = t[i * MR + r] + (gemm.bias ? gemm.bias[n0 + i] : 0.f);
+        }
+      });
+    }
+  });
+}
+
+void skinny_gated(const float* xs, int64_t m, int64_t k, const float* wg, const float* bg, const float* wu,
+                  const float* bu, int64_t n, float* out) {
+  if (m == 0 || n == 0) return;
+  at::Tensor xt = transposed(xs, m, k);
+  const float* xd = xt.data_ptr<float>();
+  const Panels gate(wg, n, k), up(wu, n, k);
+  at::parallel_for(0, gate.count, 4, [&](int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; ++p) {
+      const int64_t n0 = p * NR, cols = std::min(NR, n - n0);
+      panel_product(xd, m, k, gate[p], up[p], [&](int64_t m0, int64_t rows, const float* t) {
+        for (int64_t r = 0; r < rows; ++r) {
+          float* y = out + (m0 + r) * n + n0;
+          for (int64_t i = 0; i < cols; ++i) y[i] = t[i * MR + r] + (bg ? bg[n0 + i] : 0.f);
+        }
+      });
+      const float* ahead = p + 1 < gate.count ? gate[p + 1] : up[p];
+      panel_product(xd, m, k, up[p], ahead, [&](int64_t m0, int64_t rows, const float* t) {
+        for (int64_t r = 0; r < rows; ++r) {
+          float* y = out + (m0 + r) * n + n0;
+          for (int64_t i = 0; i < cols; ++i) {
+            const float g = y[i];
+            y[i] = g / (1.f + std::exp(-g)) * (t[i * MR + r] + (bu ? bu[n0 + i] : 0.f));  // SiLU(gate) * up
+          }
+        }
+      });
     }
   });
 }
