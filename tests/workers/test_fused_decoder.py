@@ -1,6 +1,7 @@
-"""The decode-only step's fused decoder stack (kvferry::decode_layers): the same logits and pool
-writes as the modules' forward, token-exact engines on every architecture with it on and off, the
-steps it takes and leaves, and its refusals (raised before anything is written)."""
+"""The fused decoder stack (kvferry::decode_layers): the same logits and pool writes as the modules'
+forward (decodes, prefill rows beside them, kvferry's GEMM and ATen's), token-exact engines on
+every architecture with it on and off, the steps it takes and leaves, and its refusals (raised
+before anything is written)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ from tests.workers.conftest import _build_tiny
 from workers.engine import decode_kernel
 from workers.engine.fused_decoder import FusedDecoder
 from workers.engine.llm_engine import LLMEngine
-from workers.engine.packed_linear import SKINNY_MAX_ROWS
+from workers.engine.model_runner import FUSED_PREFILL_READS
+from workers.engine.packed_linear import SkinnyLinear
 
 pytestmark = pytest.mark.skipif(
     not decode_kernel.available(), reason="kvferry's CPU kernels did not build here"
@@ -39,27 +41,47 @@ def _count_fused(engine: LLMEngine, monkeypatch: pytest.MonkeyPatch) -> list[int
     return calls
 
 
-def _decode_batch(engine: LLMEngine, prompts: list[list[int]]) -> list[Any]:
-    """A step's batch in which every sequence decodes (their prompts prefilled and sampled)."""
+def _skinny_rows(engine: LLMEngine, rows: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where kvferry's GEMM hands over to the large-batch one (measured at start-up), set by hand."""
+    for module in engine.runner.model.modules():
+        if isinstance(module, SkinnyLinear):
+            monkeypatch.setattr(module, "max_rows", rows)
+
+
+def _mixed_batch(engine: LLMEngine, prompts: list[list[int]], late: list[int] | None) -> list[Any]:
+    """A step's batch in which every sequence of `prompts` decodes (prefilled and sampled), and
+    `late` (if any) prefills beside them."""
     for i, p in enumerate(prompts):
         engine.add_request(f"r{i}", p, SamplingParams(max_tokens=8, **NO_EOS))
     while any(not s.output_token_ids for s in engine.scheduler.running) or engine.scheduler.waiting:
         engine.step()
+    if late is not None:
+        engine.add_request("late", late, SamplingParams(max_tokens=8, **NO_EOS))
     step = engine.scheduler.schedule()
-    assert all(s.num_new_tokens == 1 for s in step.scheduled)
+    assert sum(s.num_new_tokens > 1 for s in step.scheduled) == (late is not None)
     return list(step.scheduled)
 
 
+@pytest.mark.parametrize("gemm", ["kvferry", "aten"])
+@pytest.mark.parametrize("prefill", [False, True], ids=["decodes", "with-prefill"])
 @pytest.mark.parametrize("arch", ARCHS)
-def test_one_decode_step_matches_the_modules_forward(tokenizer: object, arch: str) -> None:
+def test_one_step_matches_the_modules_forward(
+    tokenizer: object, arch: str, prefill: bool, gemm: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Logits and every K/V written to the pool, against transformers' modules over the same
-    kernels, from the same pool: ragged contexts, block edges, GQA."""
+    kernels, from the same pool: ragged contexts, block edges, GQA, a prefill chunk (after a
+    cached prefix) beside the decodes, and the linears on either GEMM."""
     tiny = _build_tiny(arch, tokenizer, seed=5)
     engine = make_engine(tiny.loaded, num_blocks=48, block_size=8)
     fused = engine.runner.fused
     assert fused is not None, f"{arch}: the fused stack should apply"
+    if gemm == "aten":
+        _skinny_rows(engine, 2, monkeypatch)
     rng = random.Random(1)
-    batch = _decode_batch(engine, [random_prompt(rng, n) for n in (1, 7, 8, 15, 40)])
+    prompts = [random_prompt(rng, n) for n in (1, 7, 8, 15, 40)]
+    late = prompts[4][:19] + random_prompt(rng, 9) if prefill else None  # 16 of it cached, 12 new
+    batch = _mixed_batch(engine, prompts, late)
+    assert engine.runner._fused_for(batch) is fused
     pool = engine.kv_cache.tensor
     before = pool.clone()
 
@@ -93,31 +115,36 @@ def test_engine_is_token_exact_with_the_stack_fused_or_not(
     for rid, prompt in prompts.items():
         assert_tokens(done[rid].token_ids, tiny.expected(prompt, 24), f"{arch} {rid}, fused={fused}")
     if fused:
-        assert len(calls) >= 20 and max(calls) == len(prompts), f"decode-only steps ran fused: {calls}"
+        rows = sum(len(p) for p in prompts.values())
+        assert calls == [rows] + [len(prompts)] * 23, f"every step ran fused, the prefills too: {calls}"
 
 
-def test_steps_with_a_prefill_or_too_many_rows_keep_the_modules(
+def test_prefills_whose_rows_read_many_keys_keep_the_modules(
     tiny: TinyModel, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A prefill chunk beside decodes, and more decodes than the GEMM's row limit, run through the
-    modules; both stay exact."""
-    n = SKINNY_MAX_ROWS + 4
-    engine = make_engine(tiny.loaded, num_blocks=2 * n + 16, max_num_seqs=n + 1, max_num_batched_tokens=4 * n)
+    """Short prompts prefill in the fused stack; one whose rows would read more than
+    FUSED_PREFILL_READS keys in place goes through the modules (SDPA over the chunk). All exact,
+    with kvferry's GEMM and, above a lowered crossover, ATen's."""
+    engine = make_engine(tiny.loaded, num_blocks=96, max_num_batched_tokens=512)
+    _skinny_rows(engine, 8, monkeypatch)
     calls = _count_fused(engine, monkeypatch)
     rng = random.Random(4)
-    prompts = {f"r{i}": random_prompt(rng, 3) for i in range(n)}
-    late = random_prompt(rng, 30)
-    for rid, p in prompts.items():
-        engine.add_request(rid, p, SamplingParams(max_tokens=3, **NO_EOS))
-    engine.step()  # the n prefills
-    # prefilled beside n decodes, then decoding beside them; all end in the same step
-    engine.add_request("late", late, SamplingParams(max_tokens=2, **NO_EOS))
+    short = {f"s{i}": random_prompt(rng, n) for i, n in enumerate([3, 20, 33])}
+    long = random_prompt(rng, 200)
+    assert 200 * 201 // 2 > FUSED_PREFILL_READS >= sum(n * (n + 1) // 2 for n in (3, 20, 33))
+    params = SamplingParams(max_tokens=6, **NO_EOS)
+    for rid, p in short.items():
+        engine.add_request(rid, p, params)
+    engine.step()
+    assert calls == [56], "the short prompts' 56 rows ran fused, above the GEMM crossover"
+    engine.add_request("long", long, params)  # prefilled beside 3 decodes: through the modules
+    engine.step()
+    assert calls == [56], calls
     done = run_checked(engine)
 
-    assert calls == [], "no step fitted the fused stack"
-    for rid, p in prompts.items():
-        assert_tokens(done[rid].token_ids, tiny.expected(p, 3), rid)
-    assert_tokens(done["late"].token_ids, tiny.expected(late, 2), "late")
+    assert len(calls) > 3 and max(calls[1:]) == 4, "the decodes after it ran fused"
+    for rid, p in [*short.items(), ("long", long)]:
+        assert_tokens(done[rid].token_ids, tiny.expected(p, 6), rid)
 
 
 def test_it_applies_only_with_the_kernels_and_a_model_it_computes(
@@ -163,6 +190,6 @@ def test_bad_tables_slots_or_weights_raise_before_anything_is_written(tiny: Tiny
         hidden = torch.ones(2, tiny.loaded.model.config.hidden_size)
         cos = sin = torch.zeros(2, pool.shape[-1])
         with pytest.raises(RuntimeError, match=r"decode_layers|context length|block id"):
-            torch.ops.kvferry.decode_layers(hidden, cos, sin, pool, s, b, n, weights, 4, 0.25, 1e-6)
+            torch.ops.kvferry.decode_layers(hidden, cos, sin, pool, s, b, n, weights, 4, 0.25, 1e-6, 16)
         assert torch.equal(pool, before), f"{what}: the pool was written"
         assert torch.equal(hidden, torch.ones_like(hidden)), f"{what}: hidden was written"

@@ -1,17 +1,20 @@
-"""FusedDecoder: a decode-only step's decoder stack in one C++ call (csrc/decode_layers.cpp).
+"""FusedDecoder: a step's whole decoder stack in one C++ call (csrc/decode_layers.cpp).
 
 Through transformers' modules a decode step of SmolLM2 (30 layers, 16 sequences) dispatches
 ~1,500 torch ops over a few kilobytes of activations each: ~20 % of the step on 2 cores, beside
 the linears and the attention that do the work. `kvferry::decode_layers` runs every layer (norms,
 q/k/v, rotary, the K/V write into the pool, paged attention, o, the MLP, residuals) over raw
-buffers, calling the same GEMM and attention kernels the modules call. The embedding, the rotary
-table (the model's own module, so any rope scaling holds), the final norm and lm_head stay the
-model's.
+buffers, calling the same GEMM and attention kernels the modules call (ATen's GEMM above the
+measured crossover of gemm_crossover.py). Every row attends in place over its own context, so a
+prefill chunk's rows run too, each over its sequence's blocks up to its own position: the model
+runner sends it decode steps and steps whose prefill rows read few keys (FUSED_PREFILL_READS).
+The embedding, the rotary table (the model's own module, so any rope scaling holds), the final
+norm and lm_head stay the model's.
 
-It applies where the step is decode only, on CPU fp32, to a Llama-family decoder (Llama, Mistral,
-Qwen2, Qwen3: optional biases and q/k norms) whose linears run kvferry's GEMM and whose
-decodes run the in-place attention kernel (both probed at start-up), with SiLU, one RMSNorm eps,
-and no sliding window. Anything else keeps the modules' forward.
+It applies on CPU fp32 to a Llama-family decoder (Llama, Mistral, Qwen2, Qwen3: optional biases
+and q/k norms) whose linears run kvferry's GEMM and whose decodes run the in-place attention
+kernel (both probed at start-up), with SiLU, one RMSNorm eps and no sliding window. Anything else
+keeps the modules' forward.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import torch
 from torch import nn
 
 from kvstore.kv_cache import KVCache
-from workers.engine.packed_linear import SKINNY_MAX_ROWS, SkinnyLinear
+from workers.engine.packed_linear import SkinnyLinear
 
 log = logging.getLogger(__name__)
 MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3"})
@@ -116,10 +119,11 @@ class FusedDecoder:
             return None
         return cls(decoder, kv_cache, weights, scales.pop(), eps.pop())
 
-    @staticmethod
-    def fits(num_decodes: int) -> bool:
-        """Up to SKINNY_MAX_ROWS sequences: beyond, the linears belong to oneDNN."""
-        return 0 < num_decodes <= SKINNY_MAX_ROWS
+    @property
+    def skinny_rows(self) -> int:
+        """Up to this many rows a step the linears run kvferry's GEMM, above it ATen's: the
+        crossover pack_linears measured for this model."""
+        return int(self.decoder.layers[0].self_attn.q_proj.max_rows)
 
     def forward(
         self,
@@ -129,9 +133,10 @@ class FusedDecoder:
         blocks: torch.Tensor,
         lens: torch.Tensor,
     ) -> torch.Tensor:
-        """Hidden states [n, H] after the final norm, for n single-token steps: input_ids,
-        positions, slots [n] (each new token's pool slot: its context's last), blocks [n, W] and
-        lens [n] (each context's block table and length, the new token included)."""
+        """Hidden states [n, H] after the final norm, for n rows (a decode each, or a prefill
+        chunk's tokens): input_ids, positions, slots [n] (each new token's pool slot: its context's
+        last), blocks [n, W] and lens [n] (each row's block table and context length, its own token
+        included)."""
         hidden = self.decoder.embed_tokens(input_ids)  # [n, H], a fresh tensor: updated in place
         cos, sin = self.decoder.rotary_emb(hidden, positions[None])  # [1, n, D] each
         torch.ops.kvferry.decode_layers(
@@ -146,5 +151,6 @@ class FusedDecoder:
             self.kv_cache.layout.block_size,
             self.scale,
             self.eps,
+            self.skinny_rows,
         )
         return self.decoder.norm(hidden)

@@ -13,6 +13,10 @@ from workers.engine.packed_linear import pack_linears
 from workers.engine.paged_attention import AttentionMetadata, DecodeBucket, DecodeTable, PrefillSegment
 from workers.engine.scheduler import ScheduledSeq
 
+# Prefill rows of a fused step read their contexts in place, each row its whole context; up to this
+# many keys a step (summed over rows), that beats transformers' forward with SDPA over the chunk.
+FUSED_PREFILL_READS = 16384
+
 
 class ModelRunner:
     def __init__(
@@ -41,7 +45,7 @@ class ModelRunner:
             and kv_cache.tensor.shape[-1] in kernel.HEAD_DIMS
             and kernel.available()
         )
-        # Decode-only steps run the whole decoder stack in one C++ call where the model fits it.
+        # Steps of decodes (and short prefill chunks) run the whole decoder stack in one C++ call.
         self.fused = FusedDecoder.build(model, kv_cache) if fused_decode and self.decode_kernel else None
 
     def _slots(self, block_ids: list[int], start: int, end: int) -> torch.Tensor:
@@ -66,46 +70,79 @@ class ModelRunner:
 
         input_ids: list[int] = []
         positions: list[int] = []
-        slot_parts: list[torch.Tensor] = []
-        segments: list[PrefillSegment] = []
         sample_rows: dict[int, int] = {}  # id(seq) -> row
         for item in ordered:
             seq, n = item.seq, item.num_new_tokens
             start, end = seq.num_computed_tokens, seq.num_computed_tokens + n
-            row = len(input_ids)
+            if item.samples:
+                sample_rows[id(seq)] = len(input_ids) + n - 1
             input_ids.extend(seq.token_slice(start, end))
             positions.extend(range(start, end))
-            slot_parts.append(self._slots(seq.block_ids, start, end))
-            if n > 1:
-                segments.append(self._prefill_segment(seq.block_ids, row, start, end))
-            if item.samples:
-                sample_rows[id(seq)] = row + n - 1
-
-        num_prefill_tokens = sum(s.num_new_tokens for s in prefills)
-        table = self._decode_table(singles, num_prefill_tokens) if self.decode_kernel and singles else None
-        decodes = () if table is not None else self._decode_buckets(singles, num_prefill_tokens)
-
-        meta = AttentionMetadata(
-            kv_cache=self.kv_cache,
-            block_size=self.block_size,
-            slot_mapping=torch.cat(slot_parts),
-            prefills=tuple(segments),
-            num_prefill_tokens=num_prefill_tokens,
-            decodes=decodes,
-            decode_table=table,
-        )
-        ids = torch.tensor([input_ids], device=self.device)
-        pos = torch.tensor([positions], device=self.device)
-        if self.fused is not None and table is not None and not prefills and self.fused.fits(len(singles)):
-            hidden = self.fused.forward(ids[0], pos[0], meta.slot_mapping, table.blocks, table.lens)
+        ids = torch.tensor(input_ids, device=self.device)
+        pos = torch.tensor(positions, device=self.device)
+        fused = self._fused_for(ordered)
+        if fused is not None:  # each row attends over its own context: its table, length pos + 1
+            blocks = self._row_tables(ordered)
+            slots = blocks.gather(1, (pos // self.block_size)[:, None])[:, 0] * self.block_size
+            hidden = fused.forward(ids, pos, slots + pos % self.block_size, blocks, pos + 1)
         else:
+            meta = self._metadata(prefills, singles)
             hidden = self.decoder(
-                input_ids=ids, position_ids=pos, use_cache=False, **{paged_attention.METADATA_KWARG: meta}
+                input_ids=ids[None],
+                position_ids=pos[None],
+                use_cache=False,
+                **{paged_attention.METADATA_KWARG: meta},
             ).last_hidden_state[0]  # [T, hidden]
         rows = [sample_rows[id(s.seq)] for s in batch if s.samples]
         if not rows:
             return hidden.new_empty(0, 0, dtype=torch.float32)
         return self.model.lm_head(hidden[rows]).float()  # [N, vocab]
+
+    def _fused_for(self, ordered: list[ScheduledSeq]) -> FusedDecoder | None:
+        """The fused stack where it takes this step: prefill chunks only while their rows' in-place
+        attention (each row reads its whole context) stays small."""
+        if self.fused is None:
+            return None
+        reads = sum(  # keys the prefill rows read: n rows over contexts of start + 1 .. start + n
+            s.num_new_tokens * (2 * s.seq.num_computed_tokens + s.num_new_tokens + 1) // 2
+            for s in ordered
+            if s.num_new_tokens > 1
+        )
+        return self.fused if reads <= FUSED_PREFILL_READS else None
+
+    def _row_tables(self, ordered: list[ScheduledSeq]) -> torch.Tensor:
+        """[rows, W] each row's block table (its sequence's, up to its chunk's end), padded with
+        block 0."""
+        nbs = [self._num_blocks(s.seq.num_computed_tokens + s.num_new_tokens) for s in ordered]
+        width = max(nbs)
+        rows: list[list[int]] = []
+        for item, nb in zip(ordered, nbs, strict=True):
+            rows.extend([item.seq.block_ids[:nb] + [0] * (width - nb)] * item.num_new_tokens)
+        return torch.tensor(rows, device=self.device)
+
+    def _metadata(self, prefills: list[ScheduledSeq], singles: list[ScheduledSeq]) -> AttentionMetadata:
+        """The paged attention's view of the step, for transformers' modules."""
+        slot_parts: list[torch.Tensor] = []
+        segments: list[PrefillSegment] = []
+        row = 0
+        for item in prefills + singles:
+            seq, n = item.seq, item.num_new_tokens
+            start, end = seq.num_computed_tokens, seq.num_computed_tokens + n
+            slot_parts.append(self._slots(seq.block_ids, start, end))
+            if n > 1:
+                segments.append(self._prefill_segment(seq.block_ids, row, start, end))
+            row += n
+        num_prefill_tokens = sum(s.num_new_tokens for s in prefills)
+        table = self._decode_table(singles, num_prefill_tokens) if self.decode_kernel and singles else None
+        return AttentionMetadata(
+            kv_cache=self.kv_cache,
+            block_size=self.block_size,
+            slot_mapping=torch.cat(slot_parts),
+            prefills=tuple(segments),
+            num_prefill_tokens=num_prefill_tokens,
+            decodes=() if table is not None else self._decode_buckets(singles, num_prefill_tokens),
+            decode_table=table,
+        )
 
     def _num_blocks(self, num_tokens: int) -> int:
         return (num_tokens - 1) // self.block_size + 1

@@ -30,12 +30,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from workers.engine import cpu_kernels
+from workers.engine import cpu_kernels, gemm_crossover
 
 log = logging.getLogger(__name__)
 KVFERRY = "kvferry"
 ONEDNN = "onednn"
-SKINNY_MAX_ROWS = 128  # measured: kvferry's GEMM leads oneDNN up to ~128-256 rows on SmolLM2's shapes
+# kvferry's GEMM leads oneDNN up to ~128 rows on an AVX2 EPYC here, ~48 on an AVX-512 Xeon; each
+# model's crossover is measured when its linears are swapped (gemm_crossover.py), up to this.
+SKINNY_MAX_ROWS = 128
 _PROBE_ROWS = (3, 16, 21, SKINNY_MAX_ROWS + 5)  # a partial chunk, a full one, both, and oneDNN's path
 
 
@@ -64,16 +66,24 @@ class SkinnyLinear(nn.Module):
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight = linear.weight
         self.bias = linear.bias
+        self.max_rows = SKINNY_MAX_ROWS  # above: the large-batch GEMM (set by pack_linears)
         self._onednn = _onednn_runs()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)
-        if rows.shape[0] > SKINNY_MAX_ROWS:
-            if self._onednn:
-                return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
-            return F.linear(x, self.weight, self.bias)
-        y = torch.ops.kvferry.skinny_linear(rows.contiguous(), self.weight, self.bias)
-        return y.view(*x.shape[:-1], self.out_features)
+        if rows.shape[0] > self.max_rows:
+            return self.large(x)
+        return self.skinny(rows).view(*x.shape[:-1], self.out_features)
+
+    def skinny(self, rows: torch.Tensor) -> torch.Tensor:
+        """kvferry's GEMM over [rows, in]."""
+        return torch.ops.kvferry.skinny_linear(rows.contiguous(), self.weight, self.bias)
+
+    def large(self, x: torch.Tensor) -> torch.Tensor:
+        """oneDNN over the same dense weight (F.linear without it): for prefill-sized batches."""
+        if self._onednn:
+            return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
+        return F.linear(x, self.weight, self.bias)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, kvferry GEMM"
@@ -150,6 +160,7 @@ def pack_linears(model: nn.Module, gemms: tuple[str, ...] = (KVFERRY, ONEDNN)) -
         log.warning("no CPU GEMM agrees with F.linear here; keeping plain linears")
         return 0
     replaced = 0
+    skinny: list[SkinnyLinear] = []
     with torch.inference_mode():
         for name, linear in linears:
             chosen: str | None = gemm
@@ -159,8 +170,16 @@ def pack_linears(model: nn.Module, gemms: tuple[str, ...] = (KVFERRY, ONEDNN)) -
                 continue
             parent_name, _, attr = name.rpartition(".")
             parent = model.get_submodule(parent_name) if parent_name else model
-            setattr(parent, attr, _MODULES[chosen](linear))
+            module = _MODULES[chosen](linear)
+            setattr(parent, attr, module)
             replaced += 1
+            if isinstance(module, SkinnyLinear):
+                skinny.append(module)
+        if skinny:
+            max_rows = gemm_crossover.measure(skinny)
+            log.info("kvferry's GEMM takes up to %d rows a step here (oneDNN above)", max_rows)
+            for module in skinny:
+                module.max_rows = max_rows
     return replaced
 
 

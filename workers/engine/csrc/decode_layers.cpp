@@ -1,5 +1,5 @@
-// kvferry::decode_layers: every decoder layer of a Llama-family model for a decode-only step
-// (one new token per sequence), in one call.
+// kvferry::decode_layers: every decoder layer of a Llama-family model for one engine step, in one
+// call: decodes, and prefill rows whose contexts are short (the model runner decides).
 //
 // Through transformers' modules a decode step is ~50 torch ops a layer (norms, rotary, residuals,
 // views, the attention interface) for a few kilobytes of activations each: on 2 cores ~20 % of
@@ -16,9 +16,15 @@
 //   12 w_gate [I, H], 13 b_gate, 14 w_up [I, H], 15 b_up, 16 w_down [H, I], 17 b_down.
 // hidden [n, H] (updated in place); cos, sin [n, D] (the model's rotary embedding, scaling
 // included); kv [layers, 2, slots, Hkv, D] the pool; slots [n]; tables [n, W]; lens [n]
-// (context lengths with the new token).
+// (context lengths with the new token). A row needs not be a decode: rows of a prefill chunk each
+// attend over their own context (their sequence's table, length position + 1), their K/V written
+// before any row attends. skinny_rows: up to this many rows the linears run kvferry's GEMM, above
+// it ATen's.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/addmm.h>
+#include <ATen/ops/from_blob.h>
+#include <ATen/ops/mm.h>
 #include <c10/util/Exception.h>
 #include <torch/library.h>
 
@@ -71,6 +77,18 @@ void rotary(float* x, const float* cos, const float* sin, int64_t heads, int64_t
   }
 }
 
+// out[m, n] = x W^T (+ b) through ATen's CPU GEMM (MKL or oneDNN), which beats kvferry's above a few
+// dozen rows (prefill rows in the step), where the product is bound by arithmetic, not by reading W.
+void aten_linear(const float* x, int64_t m, const at::Tensor& w, const at::Tensor& b, float* out) {
+  const auto options = at::TensorOptions().dtype(at::kFloat);
+  at::Tensor xt = at::from_blob(const_cast<float*>(x), {m, w.size(1)}, options);
+  at::Tensor ot = at::from_blob(out, {m, w.size(0)}, options);
+  if (b.numel() > 0)
+    at::addmm_out(ot, b, xt, w.t());
+  else
+    at::mm_out(ot, xt, w.t());
+}
+
 void add_into(float* h, const float* x, int64_t count) {
 #pragma omp simd
   for (int64_t i = 0; i < count; ++i) h[i] += x[i];
@@ -78,7 +96,7 @@ void add_into(float* h, const float* x, int64_t count) {
 
 void decode_layers(at::Tensor hidden, const at::Tensor& cos, const at::Tensor& sin, at::Tensor kv,
                    const at::Tensor& slots, const at::Tensor& tables, const at::Tensor& lens,
-                   at::TensorList weights, int64_t block_size, double scale, double eps) {
+                   at::TensorList weights, int64_t block_size, double scale, double eps, int64_t skinny_rows) {
   TORCH_CHECK(hidden.dim() == 2 && hidden.is_contiguous() && hidden.device().is_cpu() &&
                   hidden.scalar_type() == at::kFloat,
               "kvferry::decode_layers: hidden must be a contiguous fp32 CPU [n, H]");
@@ -128,7 +146,10 @@ void decode_layers(at::Tensor hidden, const at::Tensor& cos, const at::Tensor& s
       ptrs[l * PER_LAYER + i] = tensor_ptr(weights[l * PER_LAYER + i], shapes[i].first, shapes[i].second, l, i);
   if (n == 0) return;
 
-  std::vector<float> x(n * h), q(n * qd), k(n * kd), v(n * kd), attn(n * qd), o(n * h), gate(n * inter);
+  // kvferry's GEMM up to skinny_rows rows (the crossover measured at start-up), ATen's above.
+  const bool skinny = n <= skinny_rows;
+  std::vector<float> x(n * h), q(n * qd), k(n * kd), v(n * kd), attn(n * qd), o(n * h), gate(n * inter),
+      up(skinny ? 0 : n * inter);
   float* hp = hidden.data_ptr<float>();
   const float* cp = cos.data_ptr<float>();
   const float* snp = sin.data_ptr<float>();
@@ -138,11 +159,18 @@ void decode_layers(at::Tensor hidden, const at::Tensor& cos, const at::Tensor& s
     const float *ln1 = w[0], *wq = w[1], *bq = w[2], *wk = w[3], *bk = w[4], *wv = w[5], *bv = w[6];
     const float *qn = w[7], *kn = w[8], *wo = w[9], *bo = w[10], *ln2 = w[11];
     const float *wg = w[12], *bg = w[13], *wu = w[14], *bu = w[15], *wd = w[16], *bd = w[17];
+    const at::Tensor* t = weights.data() + l * PER_LAYER;  // the same weights, for ATen's GEMM
 
     // Attention block.
     rms_norm(hp, ln1, x.data(), n, h, e);
-    const kvferry::Gemm qkv[] = {{wq, qd, bq, q.data()}, {wk, kd, bk, k.data()}, {wv, kd, bv, v.data()}};
-    kvferry::skinny_gemms(x.data(), n, h, qkv, 3);
+    if (skinny) {
+      const kvferry::Gemm qkv[] = {{wq, qd, bq, q.data()}, {wk, kd, bk, k.data()}, {wv, kd, bv, v.data()}};
+      kvferry::skinny_gemms(x.data(), n, h, qkv, 3);
+    } else {
+      aten_linear(x.data(), n, t[1], t[2], q.data());
+      aten_linear(x.data(), n, t[3], t[4], k.data());
+      aten_linear(x.data(), n, t[5], t[6], v.data());
+    }
     if (qn != nullptr) rms_norm(q.data(), qn, q.data(), n * hq, d, e);
     if (kn != nullptr) rms_norm(k.data(), kn, k.data(), n * hkv, d, e);
     float* kpool = kv.data_ptr<float>() + l * 2 * num_slots * kd;
@@ -155,13 +183,27 @@ void decode_layers(at::Tensor hidden, const at::Tensor& cos, const at::Tensor& s
     }
     kvferry::paged_attention(attn.data(), q.data(), n, hq, d, kpool, vpool, hkv, tp, width, lp, block_size,
                              static_cast<float>(scale));
-    kvferry::skinny_gemm(attn.data(), n, qd, wo, h, bo, o.data());
+    if (skinny)
+      kvferry::skinny_gemm(attn.data(), n, qd, wo, h, bo, o.data());
+    else
+      aten_linear(attn.data(), n, t[9], t[10], o.data());
     add_into(hp, o.data(), n * h);
 
     // MLP block.
     rms_norm(hp, ln2, x.data(), n, h, e);
-    kvferry::skinny_gated(x.data(), n, h, wg, bg, wu, bu, inter, gate.data());
-    kvferry::skinny_gemm(gate.data(), n, inter, wd, h, bd, o.data());
+    if (skinny) {
+      kvferry::skinny_gated(x.data(), n, h, wg, bg, wu, bu, inter, gate.data());
+      kvferry::skinny_gemm(gate.data(), n, inter, wd, h, bd, o.data());
+    } else {
+      aten_linear(x.data(), n, t[12], t[13], gate.data());
+      aten_linear(x.data(), n, t[14], t[15], up.data());
+      float* g = gate.data();
+      const float* u = up.data();
+      at::parallel_for(0, n * inter, 4096, [&](int64_t i0, int64_t i1) {
+        for (int64_t i = i0; i < i1; ++i) g[i] = g[i] / (1.f + std::exp(-g[i])) * u[i];  // SiLU(gate) * up
+      });
+      aten_linear(gate.data(), n, t[16], t[17], o.data());
+    }
     add_into(hp, o.data(), n * h);
   }
 }
@@ -170,7 +212,7 @@ void decode_layers(at::Tensor hidden, const at::Tensor& cos, const at::Tensor& s
 
 TORCH_LIBRARY_FRAGMENT(kvferry, m) {
   m.def("decode_layers(Tensor(a!) hidden, Tensor cos, Tensor sin, Tensor(b!) kv, Tensor slots, Tensor tables, "
-        "Tensor lens, Tensor[] weights, int block_size, float scale, float eps) -> ()");
+        "Tensor lens, Tensor[] weights, int block_size, float scale, float eps, int skinny_rows) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(kvferry, CPU, m) { m.impl("decode_layers", &decode_layers); }
