@@ -17,7 +17,6 @@ from tests.workers.conftest import _build_tiny
 from workers.engine import decode_kernel
 from workers.engine.fused_decoder import FusedDecoder
 from workers.engine.llm_engine import LLMEngine
-from workers.engine.model_runner import FUSED_PREFILL_READS
 from workers.engine.packed_linear import SkinnyLinear
 
 pytestmark = pytest.mark.skipif(
@@ -81,7 +80,6 @@ def test_one_step_matches_the_modules_forward(
     prompts = [random_prompt(rng, n) for n in (1, 7, 8, 15, 40)]
     late = prompts[4][:19] + random_prompt(rng, 9) if prefill else None  # 16 of it cached, 12 new
     batch = _mixed_batch(engine, prompts, late)
-    assert engine.runner._fused_for(batch) is fused
     pool = engine.kv_cache.tensor
     before = pool.clone()
 
@@ -119,30 +117,27 @@ def test_engine_is_token_exact_with_the_stack_fused_or_not(
         assert calls == [rows] + [len(prompts)] * 23, f"every step ran fused, the prefills too: {calls}"
 
 
-def test_prefills_whose_rows_read_many_keys_keep_the_modules(
+def test_every_step_runs_fused_prefills_decodes_and_both_gemms(
     tiny: TinyModel, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Short prompts prefill in the fused stack; one whose rows would read more than
-    FUSED_PREFILL_READS keys in place goes through the modules (SDPA over the chunk). All exact,
-    with kvferry's GEMM and, above a lowered crossover, ATen's."""
-    engine = make_engine(tiny.loaded, num_blocks=96, max_num_batched_tokens=512)
+    """Prompts prefilled together, a long one chunked beside decodes, a cached prefix, decodes
+    alone: every step runs fused, exact, with kvferry's GEMM below a lowered crossover and ATen's
+    above it."""
+    engine = make_engine(tiny.loaded, num_blocks=96, max_num_batched_tokens=64)
     _skinny_rows(engine, 8, monkeypatch)
     calls = _count_fused(engine, monkeypatch)
     rng = random.Random(4)
     short = {f"s{i}": random_prompt(rng, n) for i, n in enumerate([3, 20, 33])}
-    long = random_prompt(rng, 200)
-    assert 200 * 201 // 2 > FUSED_PREFILL_READS >= sum(n * (n + 1) // 2 for n in (3, 20, 33))
+    long = short["s2"][:32] + random_prompt(rng, 150)  # 2 blocks of it cached
     params = SamplingParams(max_tokens=6, **NO_EOS)
     for rid, p in short.items():
         engine.add_request(rid, p, params)
     engine.step()
-    assert calls == [56], "the short prompts' 56 rows ran fused, above the GEMM crossover"
-    engine.add_request("long", long, params)  # prefilled beside 3 decodes: through the modules
-    engine.step()
-    assert calls == [56], calls
+    engine.add_request("long", long, params)  # chunked beside 3 decodes
     done = run_checked(engine)
 
-    assert len(calls) > 3 and max(calls[1:]) == 4, "the decodes after it ran fused"
+    assert calls[:2] == [56, 64], calls  # the short prompts; then 3 decodes + 61 of the long one
+    assert len(calls) == engine.stats().num_steps, "every step ran fused"
     for rid, p in [*short.items(), ("long", long)]:
         assert_tokens(done[rid].token_ids, tiny.expected(p, 6), rid)
 
@@ -168,28 +163,44 @@ def test_bad_tables_slots_or_weights_raise_before_anything_is_written(tiny: Tiny
     pool = engine.kv_cache.tensor
     pool.normal_()
     before = pool.clone()
-    ids, pos = torch.tensor([5, 6]), torch.tensor([4, 0])
-    blocks, lens = torch.tensor([[3, 7], [2, 0]]), torch.tensor([5, 1])
-    slots = torch.tensor([7 * 4 + 0, 2 * 4 + 0])  # each context's last slot
-    fused.forward(ids, pos, slots, blocks, lens)  # well formed: runs
+    # rows: a 2-token prefill chunk (positions 3, 4 of blocks [3, 7]), then a decode at position 0
+    ids, pos = torch.tensor([5, 6, 7]), torch.tensor([3, 4, 0])
+    blocks, lens = torch.tensor([[3, 7], [3, 7], [2, 0]]), torch.tensor([4, 5, 1])
+    slots = torch.tensor([3 * 4 + 3, 7 * 4 + 0, 2 * 4 + 0])  # each context's last slot
+    chunks = torch.tensor([2])
+    fused.forward(ids, pos, slots, blocks, lens, chunks)  # well formed: runs
+    assert not torch.equal(pool, before)
     pool.copy_(before)
 
-    cases = {
-        "a slot that is not its context's last": (slots + 1, blocks, lens, fused.weights),
-        "a block outside the pool": (slots, torch.tensor([[3, 16], [2, 0]]), lens, fused.weights),
-        "a context longer than its table": (slots, blocks, torch.tensor([9, 1]), fused.weights),
-        "a weight of another shape": (
-            slots,
-            blocks,
-            lens,
-            [*fused.weights[:-2], torch.zeros(3, 3), fused.weights[-1]],
-        ),
-        "a weight missing": (slots, blocks, lens, fused.weights[:-1]),
+    good = {"slots": slots, "blocks": blocks, "lens": lens, "chunks": chunks, "weights": fused.weights}
+    cases: dict[str, dict[str, Any]] = {
+        "a slot that is not its context's last": {"slots": slots + 1},
+        "a block outside the pool": {"blocks": torch.tensor([[3, 16], [3, 16], [2, 0]])},
+        "a context longer than its table": {"lens": torch.tensor([4, 9, 1])},
+        "a chunk of two sequences": {"chunks": torch.tensor([3])},
+        "a chunk past the step": {"chunks": torch.tensor([2, 2])},
+        "a weight of another shape": {"weights": [*fused.weights[:-2], torch.zeros(3, 3), fused.weights[-1]]},
+        "a weight missing": {"weights": fused.weights[:-1]},
     }
-    for what, (s, b, n, weights) in cases.items():
-        hidden = torch.ones(2, tiny.loaded.model.config.hidden_size)
-        cos = sin = torch.zeros(2, pool.shape[-1])
+    for what, bad in cases.items():
+        a = good | bad
+        hidden = torch.ones(3, tiny.loaded.model.config.hidden_size)
+        cos = sin = torch.zeros(3, pool.shape[-1])
         with pytest.raises(RuntimeError, match=r"decode_layers|context length|block id"):
-            torch.ops.kvferry.decode_layers(hidden, cos, sin, pool, s, b, n, weights, 4, 0.25, 1e-6, 16)
+            torch.ops.kvferry.decode_layers(
+                hidden,
+                cos,
+                sin,
+                pool,
+                a["slots"],
+                a["blocks"],
+                a["lens"],
+                a["chunks"],
+                a["weights"],
+                4,
+                0.25,
+                1e-6,
+                16,
+            )
         assert torch.equal(pool, before), f"{what}: the pool was written"
         assert torch.equal(hidden, torch.ones_like(hidden)), f"{what}: hidden was written"

@@ -4,12 +4,10 @@ Through transformers' modules a decode step of SmolLM2 (30 layers, 16 sequences)
 ~1,500 torch ops over a few kilobytes of activations each: ~20 % of the step on 2 cores, beside
 the linears and the attention that do the work. `kvferry::decode_layers` runs every layer (norms,
 q/k/v, rotary, the K/V write into the pool, paged attention, o, the MLP, residuals) over raw
-buffers, calling the same GEMM and attention kernels the modules call (ATen's GEMM above the
-measured crossover of gemm_crossover.py). Every row attends in place over its own context, so a
-prefill chunk's rows run too, each over its sequence's blocks up to its own position: the model
-runner sends it decode steps and steps whose prefill rows read few keys (FUSED_PREFILL_READS).
-The embedding, the rotary table (the model's own module, so any rope scaling holds), the final
-norm and lm_head stay the model's.
+buffers, calling the same kernels the modules call: kvferry's GEMM (ATen's above the crossover
+measured by gemm_crossover.py), the in-place attention for decodes, and one SDPA call over the
+gathered context for each prefill chunk. The embedding, the rotary table (the model's own module,
+so any rope scaling holds), the final norm and lm_head stay the model's.
 
 It applies on CPU fp32 to a Llama-family decoder (Llama, Mistral, Qwen2, Qwen3: optional biases
 and q/k norms) whose linears run kvferry's GEMM and whose decodes run the in-place attention
@@ -132,11 +130,12 @@ class FusedDecoder:
         slots: torch.Tensor,
         blocks: torch.Tensor,
         lens: torch.Tensor,
+        chunks: torch.Tensor,
     ) -> torch.Tensor:
-        """Hidden states [n, H] after the final norm, for n rows (a decode each, or a prefill
-        chunk's tokens): input_ids, positions, slots [n] (each new token's pool slot: its context's
+        """Hidden states [n, H] after the final norm, for n rows (a prefill chunk's tokens, or a
+        decode each): input_ids, positions, slots [n] (each new token's pool slot: its context's
         last), blocks [n, W] and lens [n] (each row's block table and context length, its own token
-        included)."""
+        included); chunks [S] the row counts of the prefill chunks, which come first."""
         hidden = self.decoder.embed_tokens(input_ids)  # [n, H], a fresh tensor: updated in place
         cos, sin = self.decoder.rotary_emb(hidden, positions[None])  # [1, n, D] each
         torch.ops.kvferry.decode_layers(
@@ -147,6 +146,7 @@ class FusedDecoder:
             slots,
             blocks,
             lens,
+            chunks,
             self.weights,
             self.kv_cache.layout.block_size,
             self.scale,

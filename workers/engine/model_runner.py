@@ -13,9 +13,9 @@ from workers.engine.packed_linear import pack_linears
 from workers.engine.paged_attention import AttentionMetadata, DecodeBucket, DecodeTable, PrefillSegment
 from workers.engine.scheduler import ScheduledSeq
 
-# Prefill rows of a fused step read their contexts in place, each row its whole context; up to this
-# many keys a step (summed over rows), that beats transformers' forward with SDPA over the chunk.
-FUSED_PREFILL_READS = 16384
+# Above this many rows a step is its GEMMs (a 1,000-token prefill: 1.04x the modules' time, where
+# oneDNN's linears edge out ATen's); below it the fused stack saves its ops (0.77-0.96x).
+FUSED_MAX_ROWS = 512
 
 
 class ModelRunner:
@@ -45,7 +45,7 @@ class ModelRunner:
             and kv_cache.tensor.shape[-1] in kernel.HEAD_DIMS
             and kernel.available()
         )
-        # Steps of decodes (and short prefill chunks) run the whole decoder stack in one C++ call.
+        # Every step runs the whole decoder stack in one C++ call where the model allows it.
         self.fused = FusedDecoder.build(model, kv_cache) if fused_decode and self.decode_kernel else None
 
     def _slots(self, block_ids: list[int], start: int, end: int) -> torch.Tensor:
@@ -80,11 +80,13 @@ class ModelRunner:
             positions.extend(range(start, end))
         ids = torch.tensor(input_ids, device=self.device)
         pos = torch.tensor(positions, device=self.device)
-        fused = self._fused_for(ordered)
-        if fused is not None:  # each row attends over its own context: its table, length pos + 1
+        if (
+            self.fused is not None and len(input_ids) <= FUSED_MAX_ROWS
+        ):  # each row's context: its table, len pos + 1
             blocks = self._row_tables(ordered)
             slots = blocks.gather(1, (pos // self.block_size)[:, None])[:, 0] * self.block_size
-            hidden = fused.forward(ids, pos, slots + pos % self.block_size, blocks, pos + 1)
+            chunks = torch.tensor([s.num_new_tokens for s in prefills], dtype=torch.long)
+            hidden = self.fused.forward(ids, pos, slots + pos % self.block_size, blocks, pos + 1, chunks)
         else:
             meta = self._metadata(prefills, singles)
             hidden = self.decoder(
@@ -97,18 +99,6 @@ class ModelRunner:
         if not rows:
             return hidden.new_empty(0, 0, dtype=torch.float32)
         return self.model.lm_head(hidden[rows]).float()  # [N, vocab]
-
-    def _fused_for(self, ordered: list[ScheduledSeq]) -> FusedDecoder | None:
-        """The fused stack where it takes this step: prefill chunks only while their rows' in-place
-        attention (each row reads its whole context) stays small."""
-        if self.fused is None:
-            return None
-        reads = sum(  # keys the prefill rows read: n rows over contexts of start + 1 .. start + n
-            s.num_new_tokens * (2 * s.seq.num_computed_tokens + s.num_new_tokens + 1) // 2
-            for s in ordered
-            if s.num_new_tokens > 1
-        )
-        return self.fused if reads <= FUSED_PREFILL_READS else None
 
     def _row_tables(self, ordered: list[ScheduledSeq]) -> torch.Tensor:
         """[rows, W] each row's block table (its sequence's, up to its chunk's end), padded with

@@ -1,5 +1,5 @@
-// kvferry::decode_layers: every decoder layer of a Llama-family model for one engine step, in one
-// call: decodes, and prefill rows whose contexts are short (the model runner decides).
+// kvferry::decode_layers: every decoder layer of a Llama-family model for one engine step (prefill
+// chunks and decodes), in one call.
 //
 // Through transformers' modules a decode step is ~50 torch ops a layer (norms, rotary, residuals,
 // views, the attention interface) for a few kilobytes of activations each: on 2 cores ~20 % of
@@ -16,18 +16,22 @@
 //   12 w_gate [I, H], 13 b_gate, 14 w_up [I, H], 15 b_up, 16 w_down [H, I], 17 b_down.
 // hidden [n, H] (updated in place); cos, sin [n, D] (the model's rotary embedding, scaling
 // included); kv [layers, 2, slots, Hkv, D] the pool; slots [n]; tables [n, W]; lens [n]
-// (context lengths with the new token). A row needs not be a decode: rows of a prefill chunk each
-// attend over their own context (their sequence's table, length position + 1), their K/V written
-// before any row attends. skinny_rows: up to this many rows the linears run kvferry's GEMM, above
-// it ATen's.
+// (context lengths with the new token); chunks [S]: the row counts of the prefill chunks, which
+// come first (rows of one sequence, consecutive positions), each attended in one SDPA call over
+// its context; the rows after them attend alone, in place. Every row's K/V is written before any
+// row attends. skinny_rows: up to this many rows the linears run kvferry's GEMM, above it ATen's.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/addmm.h>
+#include <ATen/ops/empty.h>
 #include <ATen/ops/from_blob.h>
+#include <ATen/ops/index_select.h>
 #include <ATen/ops/mm.h>
+#include <ATen/ops/scaled_dot_product_attention.h>
 #include <c10/util/Exception.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -89,6 +93,29 @@ void aten_linear(const float* x, int64_t m, const at::Tensor& w, const at::Tenso
     at::mm_out(ot, xt, w.t());
 }
 
+// out[m, Hq, D] = attention of a prefill chunk's m query rows q [m, Hq, D] (consecutive positions
+// ending at len - 1) over its context's first len slots through `table`, in one SDPA call over the
+// context gathered in whole blocks (bottom-right causal): its rows share every key they load.
+void chunk_attention(float* out, const float* q, int64_t m, int64_t hq, int64_t d, const float* pool_half_k,
+                     const float* pool_half_v, int64_t num_blocks, int64_t hkv, const int64_t* table,
+                     int64_t len, int64_t block_size, double scale) {
+  const auto f32 = at::TensorOptions().dtype(at::kFloat);
+  const int64_t nb = (len - 1) / block_size + 1, start = len - m;
+  at::Tensor blocks = at::from_blob(const_cast<int64_t*>(table), {nb}, at::TensorOptions().dtype(at::kLong));
+  auto gather = [&](const float* half) {  // [1, Hkv, len, D]
+    at::Tensor by_block = at::from_blob(const_cast<float*>(half), {num_blocks, block_size * hkv * d}, f32);
+    return by_block.index_select(0, blocks).view({nb * block_size, hkv, d}).narrow(0, 0, len).permute({1, 0, 2}).unsqueeze(0);
+  };
+  at::Tensor mask = at::empty({m, len}, at::TensorOptions().dtype(at::kBool));
+  bool* mp = mask.data_ptr<bool>();
+  for (int64_t j = 0; j < m; ++j)
+    for (int64_t t = 0; t < len; ++t) mp[j * len + t] = t <= start + j;
+  at::Tensor qt = at::from_blob(const_cast<float*>(q), {m, hq, d}, f32).permute({1, 0, 2}).unsqueeze(0);
+  at::Tensor o = at::scaled_dot_product_attention(qt, gather(pool_half_k), gather(pool_half_v), mask, 0.0, false,
+                                                  scale, hq != hkv);  // [1, Hq, m, D]
+  at::from_blob(out, {m, hq, d}, f32).copy_(o[0].permute({1, 0, 2}));
+}
+
 void add_into(float* h, const float* x, int64_t count) {
 #pragma omp simd
   for (int64_t i = 0; i < count; ++i) h[i] += x[i];
@@ -96,7 +123,7 @@ void add_into(float* h, const float* x, int64_t count) {
 
 void decode_layers(at::Tensor hidden, const at::Tensor& cos, const at::Tensor& sin, at::Tensor kv,
                    const at::Tensor& slots, const at::Tensor& tables, const at::Tensor& lens,
-                   at::TensorList weights, int64_t block_size, double scale, double eps, int64_t skinny_rows) {
+                   const at::Tensor& chunks, at::TensorList weights, int64_t block_size, double scale, double eps, int64_t skinny_rows) {
   TORCH_CHECK(hidden.dim() == 2 && hidden.is_contiguous() && hidden.device().is_cpu() &&
                   hidden.scalar_type() == at::kFloat,
               "kvferry::decode_layers: hidden must be a contiguous fp32 CPU [n, H]");
@@ -130,6 +157,20 @@ void decode_layers(at::Tensor hidden, const at::Tensor& cos, const at::Tensor& s
     const int64_t last = lp[i] - 1;
     TORCH_CHECK(sp[i] == tp[i * width + last / block_size] * block_size + last % block_size,
                 "kvferry::decode_layers: slot ", sp[i], " of row ", i, " is not its context's last");
+  }
+  // Prefill chunks: rows [0, P) in runs of one sequence each, its positions consecutive; rows
+  // [P, n) attend alone, in place.
+  TORCH_CHECK(chunks.is_contiguous() && chunks.scalar_type() == at::kLong && chunks.dim() == 1,
+              "kvferry::decode_layers: chunks must be contiguous int64 [S] (rows of each prefill chunk)");
+  const int64_t* cl = chunks.data_ptr<int64_t>();
+  int64_t prefill_rows = 0;
+  for (int64_t c = 0; c < chunks.size(0); ++c) {
+    const int64_t r0 = prefill_rows, m = cl[c];
+    TORCH_CHECK(m >= 1 && r0 + m <= n, "kvferry::decode_layers: chunk ", c, " of ", m, " rows past the step's ", n);
+    for (int64_t r = r0 + 1; r < r0 + m; ++r)
+      TORCH_CHECK(lp[r] == lp[r - 1] + 1 && std::equal(tp + r * width, tp + (r + 1) * width, tp + r0 * width),
+                  "kvferry::decode_layers: rows of chunk ", c, " are not one sequence's consecutive positions");
+    prefill_rows += m;
   }
 
   const int64_t qd = hq * d, kd = hkv * d;
@@ -181,7 +222,11 @@ void decode_layers(at::Tensor hidden, const at::Tensor& cos, const at::Tensor& s
       std::memcpy(kpool + sp[i] * kd, k.data() + i * kd, sizeof(float) * kd);
       std::memcpy(vpool + sp[i] * kd, v.data() + i * kd, sizeof(float) * kd);
     }
-    kvferry::paged_attention(attn.data(), q.data(), n, hq, d, kpool, vpool, hkv, tp, width, lp, block_size,
+    for (int64_t c = 0, r0 = 0; c < chunks.size(0); r0 += cl[c++])
+      chunk_attention(attn.data() + r0 * qd, q.data() + r0 * qd, cl[c], hq, d, kpool, vpool, num_slots / block_size,
+                      hkv, tp + r0 * width, lp[r0 + cl[c] - 1], block_size, scale);
+    kvferry::paged_attention(attn.data() + prefill_rows * qd, q.data() + prefill_rows * qd, n - prefill_rows, hq, d,
+                             kpool, vpool, hkv, tp + prefill_rows * width, width, lp + prefill_rows, block_size,
                              static_cast<float>(scale));
     if (skinny)
       kvferry::skinny_gemm(attn.data(), n, qd, wo, h, bo, o.data());
@@ -212,7 +257,7 @@ void decode_layers(at::Tensor hidden, const at::Tensor& cos, const at::Tensor& s
 
 TORCH_LIBRARY_FRAGMENT(kvferry, m) {
   m.def("decode_layers(Tensor(a!) hidden, Tensor cos, Tensor sin, Tensor(b!) kv, Tensor slots, Tensor tables, "
-        "Tensor lens, Tensor[] weights, int block_size, float scale, float eps, int skinny_rows) -> ()");
+        "Tensor lens, Tensor chunks, Tensor[] weights, int block_size, float scale, float eps, int skinny_rows) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(kvferry, CPU, m) { m.impl("decode_layers", &decode_layers); }
