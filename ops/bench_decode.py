@@ -32,6 +32,21 @@ def _decode_only(engine: LLMEngine, prompts: list[list[int]], new_tokens: int) -
     return time.perf_counter() - started
 
 
+def _runner_set(
+    engine: LLMEngine, changes: dict[str, Any], prompts: list[list[int]], new_tokens: int
+) -> float:
+    """_decode_only with the model runner's attributes set as `changes` says for the run (paths
+    turned off)."""
+    kept = {attr: getattr(engine.runner, attr) for attr in changes}
+    for attr, value in changes.items():
+        setattr(engine.runner, attr, value)
+    try:
+        return _decode_only(engine, prompts, new_tokens)
+    finally:
+        for attr, value in kept.items():
+            setattr(engine.runner, attr, value)
+
+
 def linear_baselines(settings: Settings, loaded: LoadedModel) -> dict[str, LLMEngine]:
     """Engines for bench_decode's baselines, each over its own copy of the model: F.linear, and
     oneDNN-packed weights where `loaded` runs kvferry's GEMM."""
@@ -75,10 +90,10 @@ def bench_decode(
     `baselines`: the same engine over its own copy of the model with other linears, each timed
     alternately with ours, twice: "plain_linear" (`F.linear`, packed_linear off) and "onednn"
     (weights packed for oneDNN instead of kvferry's GEMM): what our GEMM buys. Where the engine
-    reads decodes in place with the CPU kernel, it is also timed alternately with the kernel off
-    (index_select + SDPA), on the same engine: what the kernel buys; where decode-only steps run
-    the fused decoder stack, alternately with transformers' modules instead (same kernels): what
-    fusing buys."""
+    reads decodes in place with the CPU kernel, it is also timed alternately with the kernel and
+    the fused stack off (transformers' modules, index_select + SDPA), on the same engine: what both
+    buy; where steps run the fused decoder stack, alternately with transformers' modules instead
+    (same kernels): what fusing alone buys."""
     rng = torch.Generator().manual_seed(4)
     prompts = [prompt(rng, prompt_len, vocab) for _ in range(batch)]
     ref.generation_config.eos_token_id = None
@@ -86,14 +101,6 @@ def bench_decode(
     ours_s = _decode_only(engine, prompts, new_tokens)
 
     ours = partial(_decode_only, engine, prompts, new_tokens)
-
-    def gathered() -> float:
-        engine.runner.decode_kernel = False
-        try:
-            return _decode_only(engine, prompts, new_tokens)
-        finally:
-            engine.runner.decode_kernel = True
-
     base_s: dict[str, float] = {}
     for name, other in (baselines or {}).items():
         base_s[name], best = _alternated(
@@ -101,20 +108,13 @@ def bench_decode(
         )
         ours_s = min(ours_s, best)
     modules_s = None
-    fused = engine.runner.fused
-    if fused is not None:
-
-        def modules() -> float:
-            engine.runner.fused = None
-            try:
-                return _decode_only(engine, prompts, new_tokens)
-            finally:
-                engine.runner.fused = fused
-
+    if engine.runner.fused is not None:
+        modules = partial(_runner_set, engine, {"fused": None}, prompts, new_tokens)
         modules_s, best = _alternated(modules, ours, (engine,))
         ours_s = min(ours_s, best)
     gather_s = None
     if engine.runner.decode_kernel:
+        gathered = partial(_runner_set, engine, {"decode_kernel": False, "fused": None}, prompts, new_tokens)
         gather_s, best = _alternated(gathered, ours, (engine,))
         ours_s = min(ours_s, best)
     hf_full = hf_generate(ref, prompts, new_tokens, 0)

@@ -42,7 +42,7 @@ _DECODE_BASELINE_ROWS = (
         "decode_packed_vs_plain_16",
     ),
     (
-        "decode TPOT at 16, in-place CPU kernel (and fused stack) vs index_select + SDPA (ms)",
+        "decode TPOT at 16, ours vs the modules over index_select + SDPA (ms)",
         "decode_gather_sdpa_tpot_ms_16",
         "decode_kernel_vs_gather_16",
     ),
