@@ -1,4 +1,4 @@
-"""The fused decoder stack (kvferry::decode_layers): the same logits and pool writes as the modules'
+"""The fused decoder stack (kvferry::decoder_layers): the same logits and pool writes as the modules'
 forward (decodes, prefill rows beside them, kvferry's GEMM and ATen's), token-exact engines on
 every architecture with it on and off, the steps it takes and leaves, and its refusals (raised
 before anything is written)."""
@@ -186,8 +186,8 @@ def test_bad_tables_slots_or_weights_raise_before_anything_is_written(tiny: Tiny
         a = good | bad
         hidden = torch.ones(3, tiny.loaded.model.config.hidden_size)
         cos = sin = torch.zeros(3, pool.shape[-1])
-        with pytest.raises(RuntimeError, match=r"decode_layers|context length|block id"):
-            torch.ops.kvferry.decode_layers(
+        with pytest.raises(RuntimeError, match=r"decoder_layers|context length|block id"):
+            torch.ops.kvferry.decoder_layers(
                 hidden,
                 cos,
                 sin,

@@ -1,8 +1,8 @@
-"""FusedDecoder: a step's whole decoder stack in one C++ call (csrc/decode_layers.cpp).
+"""FusedDecoder: a step's whole decoder stack in one C++ call (csrc/decoder_layers.cpp).
 
 Through transformers' modules a decode step of SmolLM2 (30 layers, 16 sequences) dispatches
 ~1,500 torch ops over a few kilobytes of activations each: ~20 % of the step on 2 cores, beside
-the linears and the attention that do the work. `kvferry::decode_layers` runs every layer (norms,
+the linears and the attention that do the work. `kvferry::decoder_layers` runs every layer (norms,
 q/k/v, rotary, the K/V write into the pool, paged attention, o, the MLP, residuals) over raw
 buffers, calling the same kernels the modules call: kvferry's GEMM (ATen's above the crossover
 measured by gemm_crossover.py), the in-place attention for decodes, and one SDPA call over the
@@ -41,7 +41,7 @@ def _eps(norm: Any) -> float | None:
 
 
 def _layer_weights(layer: Any) -> tuple[list[torch.Tensor], set[float]] | None:
-    """The 18 tensors decode_layers.cpp reads for one layer, in its order, and the RMSNorm eps
+    """The 18 tensors decoder_layers.cpp reads for one layer, in its order, and the RMSNorm eps
     values met; None where the layer is not of the shape it computes."""
     attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
     if attn is None or mlp is None or getattr(attn, "sliding_window", None) is not None:
@@ -100,7 +100,7 @@ class FusedDecoder:
             or pool.device.type != "cpu"
             or pool.dtype != torch.float32
             or not all(hasattr(decoder, n) for n in ("embed_tokens", "rotary_emb", "norm", "layers"))
-            or not hasattr(torch.ops.kvferry, "decode_layers")
+            or not hasattr(torch.ops.kvferry, "decoder_layers")
         ):
             return None
         weights: list[torch.Tensor] = []
@@ -138,7 +138,7 @@ class FusedDecoder:
         included); chunks [S] the row counts of the prefill chunks, which come first."""
         hidden = self.decoder.embed_tokens(input_ids)  # [n, H], a fresh tensor: updated in place
         cos, sin = self.decoder.rotary_emb(hidden, positions[None])  # [1, n, D] each
-        torch.ops.kvferry.decode_layers(
+        torch.ops.kvferry.decoder_layers(
             hidden,
             cos[0].contiguous(),
             sin[0].contiguous(),

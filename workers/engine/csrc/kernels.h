@@ -1,6 +1,6 @@
 // What the CPU kernels share between their sources (built into one library by cpu_kernels.py):
 // the decode-step GEMM and the paged decode attention, over raw fp32 buffers, so the fused
-// decoder stack (decode_layers.cpp) calls them without a trip through the dispatcher.
+// decoder stack (decoder_layers.cpp) calls them without a trip through the dispatcher.
 #pragma once
 
 #include <cstdint>
@@ -33,8 +33,8 @@ void skinny_gated(const float* x, int64_t m, int64_t k, const float* wg, const f
 // out[i, Hq, D] = attention of q[i, Hq, D] over the first lens[i] slots of the blocks tables[i, :]
 // in k_pool / v_pool ([slots, Hkv, D] each). Nothing is checked here: the ops' wrappers do.
 void paged_attention(float* out, const float* q, int64_t n, int64_t hq, int64_t d, const float* k_pool,
-                     const float* v_pool, int64_t hkv, const int64_t* tables, int64_t width,
-                     const int64_t* lens, int64_t block_size, float scale);
+                     const float* v_pool, int64_t hkv, const int64_t* tables, int64_t width, const int64_t* lens,
+                     int64_t block_size, float scale);
 
 // Raises (TORCH_CHECK) unless every row's length fits its table and its blocks lie in the pool.
 void check_tables(const int64_t* tables, int64_t n, int64_t width, const int64_t* lens, int64_t block_size,

@@ -19,25 +19,25 @@
 #include <c10/util/Exception.h>
 #include <torch/library.h>
 
-#include "kernels.h"
-
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <vector>
 
+#include "kernels.h"
+
 namespace {
 
 typedef float vec8 __attribute__((vector_size(32)));
-constexpr int64_t NR = 6;  // output features per panel
+constexpr int64_t NR = 6;   // output features per panel
 constexpr int64_t MR = 16;  // rows of x per chunk (two vec8)
 
 // t[i * MR + r] = sum_c w[i * ldw + c] * xt[c * MR + r] for i < NR and J * 8 rows r; `ahead` is
 // the next panel, prefetched while this one is multiplied.
 template <int J>
-inline void micro(const float* __restrict xt, const float* __restrict w, int64_t ldw, int64_t k,
-                  const float* ahead, float* __restrict t) {
+inline void micro(const float* __restrict xt, const float* __restrict w, int64_t ldw, int64_t k, const float* ahead,
+                  float* __restrict t) {
   vec8 acc[NR][J] = {};
   for (int64_t c = 0; c < k; ++c) {
     if ((c & 1) == 0) __builtin_prefetch(ahead + c * NR, 0, 3);  // NR floats a step: the whole panel
@@ -184,14 +184,13 @@ at::Tensor skinny_linear(const at::Tensor& x, const at::Tensor& weight, const c1
               "kvferry::skinny_linear: x must be a contiguous CPU [rows, in]");
   TORCH_CHECK(weight.dim() == 2 && weight.is_contiguous() && weight.device().is_cpu(),
               "kvferry::skinny_linear: weight must be a contiguous CPU [out, in]");
-  TORCH_CHECK(x.scalar_type() == at::kFloat && weight.scalar_type() == at::kFloat,
-              "kvferry::skinny_linear: fp32 only");
+  TORCH_CHECK(x.scalar_type() == at::kFloat && weight.scalar_type() == at::kFloat, "kvferry::skinny_linear: fp32 only");
   const int64_t m = x.size(0), k = x.size(1), n = weight.size(0);
   TORCH_CHECK(weight.size(1) == k, "kvferry::skinny_linear: x has ", k, " features, weight ", weight.size(1));
   const float* b = nullptr;
   if (bias.has_value()) {
-    TORCH_CHECK(bias->dim() == 1 && bias->size(0) == n && bias->is_contiguous() &&
-                    bias->scalar_type() == at::kFloat && bias->device().is_cpu(),
+    TORCH_CHECK(bias->dim() == 1 && bias->size(0) == n && bias->is_contiguous() && bias->scalar_type() == at::kFloat &&
+                    bias->device().is_cpu(),
                 "kvferry::skinny_linear: bias must be a contiguous fp32 CPU [out]");
     b = bias->data_ptr<float>();
   }

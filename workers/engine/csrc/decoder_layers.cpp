@@ -1,4 +1,4 @@
-// kvferry::decode_layers: every decoder layer of a Llama-family model for one engine step (prefill
+// kvferry::decoder_layers: every decoder layer of a Llama-family model for one engine step (prefill
 // chunks and decodes), in one call.
 //
 // Through transformers' modules a decode step is ~50 torch ops a layer (norms, rotary, residuals,
@@ -48,9 +48,9 @@ const float* tensor_ptr(const at::Tensor& t, const std::vector<int64_t>& shape, 
                         int64_t index) {
   if (optional && t.numel() == 0) return nullptr;
   TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == at::kFloat && t.is_contiguous(),
-              "kvferry::decode_layers: weight ", index, " of layer ", layer, " must be a contiguous fp32 CPU tensor");
-  TORCH_CHECK(t.sizes().equals(shape), "kvferry::decode_layers: weight ", index, " of layer ", layer,
-              " has shape ", t.sizes(), ", expected ", c10::IntArrayRef(shape));
+              "kvferry::decoder_layers: weight ", index, " of layer ", layer, " must be a contiguous fp32 CPU tensor");
+  TORCH_CHECK(t.sizes().equals(shape), "kvferry::decoder_layers: weight ", index, " of layer ", layer, " has shape ",
+              t.sizes(), ", expected ", c10::IntArrayRef(shape));
   return t.data_ptr<float>();
 }
 
@@ -97,22 +97,26 @@ void aten_linear(const float* x, int64_t m, const at::Tensor& w, const at::Tenso
 // ending at len - 1) over its context's first len slots through `table`, in one SDPA call over the
 // context gathered in whole blocks (bottom-right causal): its rows share every key they load.
 void chunk_attention(float* out, const float* q, int64_t m, int64_t hq, int64_t d, const float* pool_half_k,
-                     const float* pool_half_v, int64_t num_blocks, int64_t hkv, const int64_t* table,
-                     int64_t len, int64_t block_size, double scale) {
+                     const float* pool_half_v, int64_t num_blocks, int64_t hkv, const int64_t* table, int64_t len,
+                     int64_t block_size, double scale) {
   const auto f32 = at::TensorOptions().dtype(at::kFloat);
   const int64_t nb = (len - 1) / block_size + 1, start = len - m;
   at::Tensor blocks = at::from_blob(const_cast<int64_t*>(table), {nb}, at::TensorOptions().dtype(at::kLong));
   auto gather = [&](const float* half) {  // [1, Hkv, len, D]
     at::Tensor by_block = at::from_blob(const_cast<float*>(half), {num_blocks, block_size * hkv * d}, f32);
-    return by_block.index_select(0, blocks).view({nb * block_size, hkv, d}).narrow(0, 0, len).permute({1, 0, 2}).unsqueeze(0);
+    return by_block.index_select(0, blocks)
+        .view({nb * block_size, hkv, d})
+        .narrow(0, 0, len)
+        .permute({1, 0, 2})
+        .unsqueeze(0);
   };
   at::Tensor mask = at::empty({m, len}, at::TensorOptions().dtype(at::kBool));
   bool* mp = mask.data_ptr<bool>();
   for (int64_t j = 0; j < m; ++j)
     for (int64_t t = 0; t < len; ++t) mp[j * len + t] = t <= start + j;
   at::Tensor qt = at::from_blob(const_cast<float*>(q), {m, hq, d}, f32).permute({1, 0, 2}).unsqueeze(0);
-  at::Tensor o = at::scaled_dot_product_attention(qt, gather(pool_half_k), gather(pool_half_v), mask, 0.0, false,
-                                                  scale, hq != hkv);  // [1, Hq, m, D]
+  at::Tensor o = at::scaled_dot_product_attention(qt, gather(pool_half_k), gather(pool_half_v), mask, 0.0, false, scale,
+                                                  hq != hkv);  // [1, Hq, m, D]
   at::from_blob(out, {m, hq, d}, f32).copy_(o[0].permute({1, 0, 2}));
 }
 
@@ -121,33 +125,32 @@ void add_into(float* h, const float* x, int64_t count) {
   for (int64_t i = 0; i < count; ++i) h[i] += x[i];
 }
 
-void decode_layers(at::Tensor hidden, const at::Tensor& cos, const at::Tensor& sin, at::Tensor kv,
-                   const at::Tensor& slots, const at::Tensor& tables, const at::Tensor& lens,
-                   const at::Tensor& chunks, at::TensorList weights, int64_t block_size, double scale, double eps, int64_t skinny_rows) {
-  TORCH_CHECK(hidden.dim() == 2 && hidden.is_contiguous() && hidden.device().is_cpu() &&
-                  hidden.scalar_type() == at::kFloat,
-              "kvferry::decode_layers: hidden must be a contiguous fp32 CPU [n, H]");
-  TORCH_CHECK(kv.dim() == 5 && kv.size(1) == 2 && kv.is_contiguous() && kv.device().is_cpu() &&
-                  kv.scalar_type() == at::kFloat,
-              "kvferry::decode_layers: kv must be the contiguous fp32 CPU pool [layers, 2, slots, Hkv, D]");
+void decoder_layers(at::Tensor hidden, const at::Tensor& cos, const at::Tensor& sin, at::Tensor kv,
+                    const at::Tensor& slots, const at::Tensor& tables, const at::Tensor& lens, const at::Tensor& chunks,
+                    at::TensorList weights, int64_t block_size, double scale, double eps, int64_t skinny_rows) {
+  TORCH_CHECK(
+      hidden.dim() == 2 && hidden.is_contiguous() && hidden.device().is_cpu() && hidden.scalar_type() == at::kFloat,
+      "kvferry::decoder_layers: hidden must be a contiguous fp32 CPU [n, H]");
+  TORCH_CHECK(
+      kv.dim() == 5 && kv.size(1) == 2 && kv.is_contiguous() && kv.device().is_cpu() && kv.scalar_type() == at::kFloat,
+      "kvferry::decoder_layers: kv must be the contiguous fp32 CPU pool [layers, 2, slots, Hkv, D]");
   const int64_t n = hidden.size(0), h = hidden.size(1), layers = kv.size(0), num_slots = kv.size(2);
   const int64_t hkv = kv.size(3), d = kv.size(4);
-  TORCH_CHECK(layers > 0 && static_cast<int64_t>(weights.size()) == layers * PER_LAYER, "kvferry::decode_layers: ",
-              PER_LAYER, " weights per layer, ", layers, " layers: got ", weights.size());
-  TORCH_CHECK(weights[1].dim() == 2 && weights[1].size(0) % d == 0, "kvferry::decode_layers: wq must be [Hq*D, H]");
+  TORCH_CHECK(layers > 0 && static_cast<int64_t>(weights.size()) == layers * PER_LAYER,
+              "kvferry::decoder_layers: ", PER_LAYER, " weights per layer, ", layers, " layers: got ", weights.size());
+  TORCH_CHECK(weights[1].dim() == 2 && weights[1].size(0) % d == 0, "kvferry::decoder_layers: wq must be [Hq*D, H]");
   const int64_t hq = weights[1].size(0) / d, inter = weights[12].dim() == 2 ? weights[12].size(0) : -1;
-  TORCH_CHECK(hq % hkv == 0 && d % 2 == 0 && inter > 0, "kvferry::decode_layers: Hq a multiple of Hkv, even D");
+  TORCH_CHECK(hq % hkv == 0 && d % 2 == 0 && inter > 0, "kvferry::decoder_layers: Hq a multiple of Hkv, even D");
   for (const at::Tensor* t : {&cos, &sin})
-    TORCH_CHECK(t->is_contiguous() && t->device().is_cpu() && t->scalar_type() == at::kFloat &&
-                    t->sizes().equals({n, d}),
-                "kvferry::decode_layers: cos and sin must be contiguous fp32 CPU [n, D]");
+    TORCH_CHECK(
+        t->is_contiguous() && t->device().is_cpu() && t->scalar_type() == at::kFloat && t->sizes().equals({n, d}),
+        "kvferry::decoder_layers: cos and sin must be contiguous fp32 CPU [n, D]");
   for (const at::Tensor* t : {&slots, &lens})
     TORCH_CHECK(t->is_contiguous() && t->scalar_type() == at::kLong && t->dim() == 1 && t->size(0) == n,
-                "kvferry::decode_layers: slots and lens must be contiguous int64 [n]");
-  TORCH_CHECK(tables.is_contiguous() && tables.scalar_type() == at::kLong && tables.dim() == 2 &&
-                  tables.size(0) == n,
-              "kvferry::decode_layers: tables must be contiguous int64 [n, W]");
-  TORCH_CHECK(block_size > 0 && num_slots % block_size == 0, "kvferry::decode_layers: slots must be whole blocks");
+                "kvferry::decoder_layers: slots and lens must be contiguous int64 [n]");
+  TORCH_CHECK(tables.is_contiguous() && tables.scalar_type() == at::kLong && tables.dim() == 2 && tables.size(0) == n,
+              "kvferry::decoder_layers: tables must be contiguous int64 [n, W]");
+  TORCH_CHECK(block_size > 0 && num_slots % block_size == 0, "kvferry::decoder_layers: slots must be whole blocks");
   const int64_t width = tables.size(1);
   const int64_t* sp = slots.data_ptr<int64_t>();
   const int64_t* tp = tables.data_ptr<int64_t>();
@@ -156,20 +159,20 @@ void decode_layers(at::Tensor hidden, const at::Tensor& cos, const at::Tensor& s
   for (int64_t i = 0; i < n; ++i) {  // each new token's slot is its context's last one
     const int64_t last = lp[i] - 1;
     TORCH_CHECK(sp[i] == tp[i * width + last / block_size] * block_size + last % block_size,
-                "kvferry::decode_layers: slot ", sp[i], " of row ", i, " is not its context's last");
+                "kvferry::decoder_layers: slot ", sp[i], " of row ", i, " is not its context's last");
   }
   // Prefill chunks: rows [0, P) in runs of one sequence each, its positions consecutive; rows
   // [P, n) attend alone, in place.
   TORCH_CHECK(chunks.is_contiguous() && chunks.scalar_type() == at::kLong && chunks.dim() == 1,
-              "kvferry::decode_layers: chunks must be contiguous int64 [S] (rows of each prefill chunk)");
+              "kvferry::decoder_layers: chunks must be contiguous int64 [S] (rows of each prefill chunk)");
   const int64_t* cl = chunks.data_ptr<int64_t>();
   int64_t prefill_rows = 0;
   for (int64_t c = 0; c < chunks.size(0); ++c) {
     const int64_t r0 = prefill_rows, m = cl[c];
-    TORCH_CHECK(m >= 1 && r0 + m <= n, "kvferry::decode_layers: chunk ", c, " of ", m, " rows past the step's ", n);
+    TORCH_CHECK(m >= 1 && r0 + m <= n, "kvferry::decoder_layers: chunk ", c, " of ", m, " rows past the step's ", n);
     for (int64_t r = r0 + 1; r < r0 + m; ++r)
       TORCH_CHECK(lp[r] == lp[r - 1] + 1 && std::equal(tp + r * width, tp + (r + 1) * width, tp + r0 * width),
-                  "kvferry::decode_layers: rows of chunk ", c, " are not one sequence's consecutive positions");
+                  "kvferry::decoder_layers: rows of chunk ", c, " are not one sequence's consecutive positions");
     prefill_rows += m;
   }
 
@@ -177,9 +180,9 @@ void decode_layers(at::Tensor hidden, const at::Tensor& cos, const at::Tensor& s
   // Every weight is checked before anything is computed or written: a bad one raises with the
   // pool and hidden untouched.
   const std::vector<std::pair<std::vector<int64_t>, bool>> shapes = {
-      {{h}, false},     {{qd, h}, false}, {{qd}, true},     {{kd, h}, false}, {{kd}, true},
-      {{kd, h}, false}, {{kd}, true},     {{d}, true},      {{d}, true},      {{h, qd}, false},
-      {{h}, true},      {{h}, false},     {{inter, h}, false}, {{inter}, true}, {{inter, h}, false},
+      {{h}, false},     {{qd, h}, false},    {{qd}, true},        {{kd, h}, false}, {{kd}, true},
+      {{kd, h}, false}, {{kd}, true},        {{d}, true},         {{d}, true},      {{h, qd}, false},
+      {{h}, true},      {{h}, false},        {{inter, h}, false}, {{inter}, true},  {{inter, h}, false},
       {{inter}, true},  {{h, inter}, false}, {{h}, true}};
   std::vector<const float*> ptrs(layers * PER_LAYER);
   for (int64_t l = 0; l < layers; ++l)
@@ -256,8 +259,9 @@ void decode_layers(at::Tensor hidden, const at::Tensor& cos, const at::Tensor& s
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(kvferry, m) {
-  m.def("decode_layers(Tensor(a!) hidden, Tensor cos, Tensor sin, Tensor(b!) kv, Tensor slots, Tensor tables, "
-        "Tensor lens, Tensor chunks, Tensor[] weights, int block_size, float scale, float eps, int skinny_rows) -> ()");
+  m.def(
+      "decoder_layers(Tensor(a!) hidden, Tensor cos, Tensor sin, Tensor(b!) kv, Tensor slots, Tensor tables, "
+      "Tensor lens, Tensor chunks, Tensor[] weights, int block_size, float scale, float eps, int skinny_rows) -> ()");
 }
 
-TORCH_LIBRARY_IMPL(kvferry, CPU, m) { m.impl("decode_layers", &decode_layers); }
+TORCH_LIBRARY_IMPL(kvferry, CPU, m) { m.impl("decoder_layers", &decoder_layers); }
