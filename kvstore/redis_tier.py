@@ -40,6 +40,11 @@ from kvstore.tier_stats import RedisTierStats
 
 __all__ = ["HASH_LEN", "PACK_TTL_S", "PinChange", "RedisTier", "TierIntegrityError", "TierKeys"]
 
+# Packs per MULTI/EXEC, in bytes: Redis runs a transaction whole, so a turn's write-through
+# (~60 MB for 1,300 tokens of SmolLM2) in one would stall every other client of that Redis and take
+# its memory past maxmemory by its size before any eviction; a few packs at a time do neither.
+TX_BYTES = 4 * 1024**2
+
 _LOCAL_COUNTERS = (
     "blocks_written",
     "bytes_written",
@@ -102,15 +107,31 @@ class RedisTier:
         if not groups:
             return 0
         now = time.time()
-        pipe = self.client.pipeline(transaction=True)  # one MULTI/EXEC
+        packs = [encode_pack(self.fmt, group, self.tier_dtype) for group in groups]
+        written = 0
+        start = 0
+        while start < len(groups):  # one MULTI/EXEC per TX_BYTES of packs, each self-contained
+            end, size = start, 0
+            while end < len(groups) and (end == start or size + len(packs[end]) <= TX_BYTES):
+                size += len(packs[end])
+                end += 1
+            written += self._put_packs(groups[start:end], packs[start:end], now, first=start)
+            start = end
+        return written
+
+    def _put_packs(
+        self, groups: Sequence[Sequence[StoredBlock]], packs: Sequence[bytes], now: float, first: int
+    ) -> int:
+        """The packs and their index entries in one MULTI/EXEC; returns the blocks written."""
+        pipe = self.client.pipeline(transaction=True)
         keys: list[str] = []
         args: list[bytes | float] = []
-        for i, group in enumerate(groups):
+        for i, (group, pack) in enumerate(zip(groups, packs, strict=True)):
             members = [b.block_hash for b in group]
             keys.append(self.keys.pack(members))
-            pipe.set(keys[-1], encode_pack(self.fmt, group, self.tier_dtype), nx=True, ex=PACK_TTL_S)
+            pipe.set(keys[-1], pack, nx=True, ex=PACK_TTL_S)
             # A sequence's later packs count as used earlier: its tail is evicted before its prefix.
-            args += [b"".join(members), now - i * 1e-6]
+            args += [b"".join(members), now - (first + i) * 1e-6]
         pipe.sadd(TIER_REGISTRY, self.keys.fingerprint)
         namespace = [*self.keys.namespace(), *keys]
         pipe.eval(

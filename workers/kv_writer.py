@@ -7,7 +7,8 @@ operations, never wait for the writer, and never fail for lack of room. The queu
 (workers/write_queue.py) is bounded by bytes: when full, the oldest queued write not yet taken by
 the writer is dropped (unpinned ones, spills, before a turn's write), counted, and its hashes go
 to ``on_drop`` so a later spill may write them again. The writer coalesces everything queued (up
-to ``max_batch_bytes``) into one RedisTier.put: one MULTI/EXEC for many small writes.
+to ``max_batch_bytes``) into one RedisTier.put, which writes it in MULTI/EXECs of a few packs each
+(redis_tier.TX_BYTES).
 """
 
 from __future__ import annotations

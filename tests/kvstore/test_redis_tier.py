@@ -10,6 +10,7 @@ import pytest
 import redis
 import torch
 
+from kvstore import redis_tier
 from kvstore.block_codec import encode_pack
 from kvstore.kv_cache import KVCache
 from kvstore.redis_tier import RedisTier, TierKeys
@@ -266,6 +267,38 @@ def test_byte_cap_evicts_least_recently_used_packs_exactly(
     stats = tier.stats()
     assert (stats.packs_evicted, stats.packs, stats.bytes_stored) == (2, 3, 3 * size)
     tier.check_integrity()
+
+
+def _execs(client: redis.Redis) -> int:
+    return int(client.info("commandstats").get("cmdstat_exec", {}).get("calls", 0))
+
+
+def test_a_large_put_goes_in_transactions_of_a_few_packs(
+    redis_client: redis.Redis, tiny_fmt: KVFormat, make_blocks: MakeBlocks, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each MULTI/EXEC carries at most redis_tier.TX_BYTES of packs (at least one pack), each with
+    its own index entries: all of a put lands, the index and byte count exact, and the byte cap
+    still evicts the put's tail first."""
+    blocks = make_blocks(7)
+    pack = len(encode_pack(tiny_fmt, blocks[:3]))
+    monkeypatch.setattr(redis_tier, "TX_BYTES", 2 * pack)  # two packs of three blocks a transaction
+    tier = RedisTier(redis_client, tiny_fmt, BIG, blocks_per_pack=3)
+    before = _execs(redis_client)
+    assert tier.put(blocks) == 7
+    assert _execs(redis_client) - before == 2
+    tier.check_integrity()
+    assert tier.get_run(hashes(blocks)) == blocks
+    assert tier.stats().blocks_written == 7
+
+    redis_client.flushdb()
+    monkeypatch.setattr(redis_tier, "TX_BYTES", 1)  # below one pack: one pack a transaction
+    one = len(encode_pack(tiny_fmt, blocks[:1]))
+    capped = RedisTier(redis_client, tiny_fmt, 2 * one, blocks_per_pack=1)
+    before = _execs(redis_client)
+    assert capped.put(blocks[:5]) == 5  # written, then the tail evicted, as in one transaction
+    assert _execs(redis_client) - before == 5
+    assert held(capped, blocks[:5]) == [0, 1]
+    capped.check_integrity()
 
 
 def test_byte_cap_in_one_put_keeps_the_prefix(
