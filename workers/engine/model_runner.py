@@ -80,9 +80,8 @@ class ModelRunner:
             positions.extend(range(start, end))
         ids = torch.tensor(input_ids, device=self.device)
         pos = torch.tensor(positions, device=self.device)
-        if (
-            self.fused is not None and len(input_ids) <= FUSED_MAX_ROWS
-        ):  # each row's context: its table, len pos + 1
+        if self.fused is not None and len(input_ids) <= FUSED_MAX_ROWS:
+            # Each row attends over its own context: its sequence's table, length pos + 1.
             blocks = self._row_tables(ordered)
             slots = blocks.gather(1, (pos // self.block_size)[:, None])[:, 0] * self.block_size
             chunks = torch.tensor([s.num_new_tokens for s in prefills], dtype=torch.long)

@@ -10,8 +10,9 @@ from memory (`kvferry bench gemm`).
 
 So, in order of preference:
 - SkinnyLinear, where kvferry's CPU kernels build (cpu_kernels.py): the model's own weight, no
-  copy; up to SKINNY_MAX_ROWS rows by kvferry::skinny_linear, larger batches (prefill chunks) by
-  oneDNN over the same dense weight in its plain layout (as fast as over packed weights there);
+  copy; up to a row count measured on this machine at start-up (gemm_crossover.py; at most
+  SKINNY_MAX_ROWS) by kvferry::skinny_linear, larger batches (prefill chunks) by oneDNN over the
+  same dense weight in its plain layout (as fast as over packed weights there);
   a layer whose weight the kernel cannot read as it is (strided, another dtype) goes to oneDNN;
 - PackedLinear: the weight reordered once for oneDNN (`mkldnn::_linear_pointwise` over
   `_reorder_linear_weight`, the op inductor's CPU freezing pass uses), where our kernels do not
