@@ -17,7 +17,6 @@ keeps the modules' forward.
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 import torch
@@ -26,7 +25,6 @@ from torch import nn
 from kvstore.kv_cache import KVCache
 from workers.engine.packed_linear import SkinnyLinear
 
-log = logging.getLogger(__name__)
 MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3"})
 _ATTN = ("q_proj", "k_proj", "v_proj", "o_proj")
 _MLP = ("gate_proj", "up_proj", "down_proj")
