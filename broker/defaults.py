@@ -83,6 +83,7 @@ class SettingsFields(BaseModel):
     session_ttl_s: int = 3600  # idle sessions expire; their pinned blocks become ordinary cached ones
     kv_tier_dtype: TierDtype = "exact"  # how Redis stores blocks; int8/fp16/bf16 are lossy (README)
     kv_write_queue_size: Size = ByteSize(256 * MiB)  # KV writes waiting for Redis; full: oldest dropped
+    kv_write_defer_s: float = 1.0  # the KV writer waits for an idle engine at most this long; 0 = never
     tenant_kv_quota: Size | None = None  # session-pinned bytes per tenant in the Redis tier; None: no quota
     # the queue service
     redis_url: str = "redis://127.0.0.1:6379/0"

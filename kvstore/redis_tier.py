@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import redis
 
@@ -91,10 +91,12 @@ class RedisTier:
         self._lock = threading.Lock()  # guards the counters: writer and task threads share a tier
         self._counts = dict.fromkeys(_LOCAL_COUNTERS, 0)
 
-    def put(self, blocks: Sequence[StoredBlock]) -> int:
+    def put(self, blocks: Sequence[StoredBlock], before_tx: Callable[[], None] | None = None) -> int:
         """Write the blocks not yet indexed, consecutive ones packed together; returns blocks written.
 
-        Then evicts least recently used unpinned packs until the stored bytes fit the capacity.
+        Packs are encoded and written a transaction (TX_BYTES) at a time; ``before_tx`` is called
+        before each (the KV writer yields the cores to a busy engine there). Then evicts least
+        recently used unpinned packs until the stored bytes fit the capacity.
         """
         for block in blocks:  # all checked before anything is written
             sizes = (len(block.block_hash), len(block.token_ids), len(block.kv))
@@ -104,25 +106,31 @@ class RedisTier:
         if not unique:
             return 0
         groups = self._new_packs(unique, self._reader.locate([b.block_hash for b in unique]))
-        if not groups:
-            return 0
         now = time.time()
-        packs = [encode_pack(self.fmt, group, self.tier_dtype) for group in groups]
-        written = 0
-        start = 0
-        while start < len(groups):  # one MULTI/EXEC per TX_BYTES of packs, each self-contained
-            end, size = start, 0
-            while end < len(groups) and (end == start or size + len(packs[end]) <= TX_BYTES):
-                size += len(packs[end])
-                end += 1
-            written += self._put_packs(groups[start:end], packs[start:end], now, first=start)
-            start = end
+        written, first, size = 0, 0, 0
+        tx_packs: list[bytes] = []
+        for i, group in enumerate(groups):  # one MULTI/EXEC per TX_BYTES of packs, each self-contained
+            pack = encode_pack(self.fmt, group, self.tier_dtype)
+            if tx_packs and size + len(pack) > TX_BYTES:
+                written += self._put_packs(groups[first:i], tx_packs, now, first, before_tx)
+                first, size, tx_packs = i, 0, []
+            tx_packs.append(pack)
+            size += len(pack)
+        if tx_packs:
+            written += self._put_packs(groups[first:], tx_packs, now, first, before_tx)
         return written
 
     def _put_packs(
-        self, groups: Sequence[Sequence[StoredBlock]], packs: Sequence[bytes], now: float, first: int
+        self,
+        groups: Sequence[Sequence[StoredBlock]],
+        packs: Sequence[bytes],
+        now: float,
+        first: int,
+        before_tx: Callable[[], None] | None = None,
     ) -> int:
         """The packs and their index entries in one MULTI/EXEC; returns the blocks written."""
+        if before_tx is not None:
+            before_tx()
         pipe = self.client.pipeline(transaction=True)
         keys: list[str] = []
         args: list[bytes | float] = []

@@ -46,6 +46,12 @@ def engine_options(fn: Callable[..., Any]) -> Callable[..., Any]:
             "--kv-write-queue-size", help="KV bytes waiting for Redis, e.g. 256M; full: oldest dropped"
         ),
         click.option(
+            "--kv-write-defer",
+            "kv_write_defer_s",
+            type=float,
+            help=f"how long the KV writer may wait for an idle engine ({DEFAULTS.kv_write_defer_s} s)",
+        ),
+        click.option(
             "--max-prefill-tokens-with-decodes",
             type=int,
             help="prompt tokens per step while sequences decode (default: only the step budget)",

@@ -9,6 +9,8 @@ the writer is dropped (unpinned ones, spills, before a turn's write), counted, a
 to ``on_drop`` so a later spill may write them again. The writer coalesces everything queued (up
 to ``max_batch_bytes``) into one RedisTier.put, which writes it in MULTI/EXECs of a few packs each
 (redis_tier.TX_BYTES).
+
+Before each transaction the writer yields to a busy engine (workers/engine_yield.py).
 """
 
 from __future__ import annotations
@@ -23,7 +25,9 @@ import torch
 from kvstore.block_hash import BlockHash
 from kvstore.redis_tier import RedisTier
 from kvstore.stored_block import StoredBlock
+from workers.engine.omp_team import confine_to_this_thread
 from workers.engine.pending_write import BlockMeta, PendingWrite
+from workers.engine_yield import EngineYield
 from workers.staging_arena import StagingArena
 from workers.write_queue import WriteQueue
 
@@ -44,6 +48,8 @@ class WriterStats:
     writes_dropped: int  # queued writes dropped whole or in part: the queue was full
     blocks_dropped: int
     put_errors: int
+    yields: int  # transactions that waited for the engine to go idle
+    yielded_s: float  # how long those waited in all
 
 
 class KVWriter:
@@ -54,11 +60,14 @@ class KVWriter:
         max_batch_bytes: int = DEFAULT_BATCH_BYTES,
         pinned_memory: bool = False,
         on_drop: Callable[[list[BlockHash]], None] | None = None,
+        defer_s: float = 0.0,
     ) -> None:
         self.tier = tier
         self.max_queued_bytes = max_queued_bytes
         self.max_batch_bytes = max_batch_bytes
         self.on_drop = on_drop
+        self.yielding = EngineYield(defer_s)  # its ``idle``: EngineLoop.idle, set by the service
+        self._flushing = 0  # threads in flush(): the writer then never yields
         capacity = max(1, max_queued_bytes // tier.fmt.nbytes)
         block_shape = tuple(tier.fmt.shape)
         self._arena = StagingArena(block_shape, _TORCH_DTYPES[tier.fmt.dtype], capacity, pinned_memory)
@@ -148,7 +157,11 @@ class KVWriter:
         """Wait until everything queued so far is in Redis (or was dropped)."""
         with self._cond:
             target = self._queue.next_seq - 1
-            return self._cond.wait_for(lambda: self._queue.oldest_pending() > target, timeout_s)
+            self._flushing += 1
+            try:
+                return self._cond.wait_for(lambda: self._queue.oldest_pending() > target, timeout_s)
+            finally:
+                self._flushing -= 1
 
     def stop(self) -> None:
         """Write what is queued, then end the thread."""
@@ -163,6 +176,8 @@ class KVWriter:
                 queued_writes=len(self._queue),
                 queued_bytes=self._queue.queued_bytes,
                 capacity_bytes=self.max_queued_bytes,
+                yields=self.yielding.yields,
+                yielded_s=self.yielding.yielded_s,
                 **self._counts,
             )
 
@@ -174,6 +189,7 @@ class KVWriter:
     # -- the writer thread ----------------------------------------------------------------------
 
     def _run(self) -> None:
+        confine_to_this_thread()  # packing lossy tiers runs torch ops: no second OpenMP pool
         self._arena.touch()  # page faults here, not in the engine thread's first copy
         while True:
             with self._cond:
@@ -197,8 +213,9 @@ class KVWriter:
             else:
                 blocks += item.ready
         written, failed = 0, False
+        deadline = self.yielding.deadline()
         try:
-            written = self.tier.put(blocks)
+            written = self.tier.put(blocks, before_tx=lambda: self.yielding.wait(deadline, self._hurried))
         except Exception:  # a lost write costs a recompute later, never a wrong token
             failed = True
             log.exception("writing %d block(s) to Redis failed", len(blocks))
@@ -211,6 +228,12 @@ class KVWriter:
         if failed and self.on_drop is not None:
             self.on_drop([b.block_hash for b in blocks])
         self._report_drops()
+
+    def _hurried(self) -> bool:
+        """No yielding: the queue holds over half its bound, someone flushes, or the writer stops."""
+        with self._cond:
+            full = self._queue.held_bytes * 2 > self.max_queued_bytes
+            return full or bool(self._flushing) or self._stopping
 
     def _report_drops(self) -> None:
         """Raise the tier's shared writes_dropped counter (for /metrics) by the drops since the

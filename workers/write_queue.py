@@ -67,6 +67,11 @@ class WriteQueue:
             self.arena.give(list(item.slots))
         self._in_flight = []
 
+    @property
+    def held_bytes(self) -> int:
+        """Bytes queued or being written: what the queue's bound and the staging arena hold."""
+        return self.queued_bytes + sum(item.nbytes for _, item in self._in_flight)
+
     def oldest_pending(self) -> int:
         """The sequence number of the oldest write not yet written; next_seq when there is none."""
         seqs = [s for s, _ in self._entries] + [s for s, _ in self._in_flight]

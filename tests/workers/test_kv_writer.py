@@ -11,7 +11,7 @@ from __future__ import annotations
 import random
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import pytest
 import redis
@@ -41,7 +41,9 @@ class GatedTier:
         self.fail = fail
         self.puts: list[list[StoredBlock]] = []
 
-    def put(self, blocks: Sequence[StoredBlock]) -> int:
+    def put(self, blocks: Sequence[StoredBlock], before_tx: Callable[[], None] | None = None) -> int:
+        if before_tx is not None:  # one transaction
+            before_tx()
         self.entered.set()
         self.gate.wait(30)
         if self.fail:
@@ -169,9 +171,9 @@ def test_the_engine_never_waits_for_a_slow_or_unreachable_redis(tiny: TinyModel,
 class GatedRedisTier(RedisTier):
     gate = threading.Event()
 
-    def put(self, blocks: Sequence[StoredBlock]) -> int:
+    def put(self, blocks: Sequence[StoredBlock], before_tx: Callable[[], None] | None = None) -> int:
         self.gate.wait(30)
-        return super().put(blocks)
+        return super().put(blocks, before_tx)
 
 
 def test_a_turn_written_through_the_writer_resumes_exactly_on_a_fresh_engine(
