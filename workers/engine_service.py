@@ -19,6 +19,7 @@ from workers.engine.config import EngineConfig
 from workers.engine.engine_loop import EngineLoop
 from workers.engine.errors import EngineFailedError
 from workers.engine.llm_engine import LLMEngine
+from workers.engine.omp_team import confine_to_this_thread
 from workers.kv_writer import KVWriter
 from workers.prefetch import prefetch
 from workers.session_keeper import SessionKeeper
@@ -81,26 +82,33 @@ class EngineService:
         with self._lock:
             if self._loop is None:
                 try:
-                    engine = LLMEngine(self.config, cache_dir=self.cache_dir)
+                    self._loop = EngineLoop.build(self._build_engine)
                 except Exception as exc:
                     self.load_error = exc
                     raise EngineFailedError(f"the engine could not be built: {exc}") from exc
-                if self.tier_config.redis_capacity_bytes > 0 and engine.tiers is not None:
-                    self.redis_tier = RedisTier(
-                        self.kv_redis,
-                        engine.kv_format,
-                        self.tier_config.redis_capacity_bytes,
-                        tenant_quota_bytes=self.tier_config.tenant_kv_quota_bytes,
-                        tier_dtype=self.tier_config.tier_dtype,
-                    )
-                    self.writer = KVWriter(
-                        self.redis_tier,
-                        max_queued_bytes=self.tier_config.kv_write_queue_bytes,
-                        pinned_memory=engine.kv_cache.tensor.device.type == "cuda",
-                    )
-                    engine.tiers.attach(self.writer)
-                self._loop = EngineLoop(engine).start()
+                if self.writer is not None:
+                    self.writer.yielding.idle = self._loop.idle
             return self._loop
+
+    def _build_engine(self) -> LLMEngine:
+        """On the loop's own thread: the engine, with the Redis tier's writer attached."""
+        engine = LLMEngine(self.config, cache_dir=self.cache_dir)
+        if self.tier_config.redis_capacity_bytes > 0 and engine.tiers is not None:
+            self.redis_tier = RedisTier(
+                self.kv_redis,
+                engine.kv_format,
+                self.tier_config.redis_capacity_bytes,
+                tenant_quota_bytes=self.tier_config.tenant_kv_quota_bytes,
+                tier_dtype=self.tier_config.tier_dtype,
+            )
+            self.writer = KVWriter(
+                self.redis_tier,
+                max_queued_bytes=self.tier_config.kv_write_queue_bytes,
+                pinned_memory=engine.kv_cache.tensor.device.type == "cuda",
+                defer_s=self.tier_config.kv_write_defer_s,
+            )
+            engine.tiers.attach(self.writer)
+        return engine
 
     def shutdown(self) -> None:
         with self._lock:
@@ -121,7 +129,9 @@ class EngineService:
         return self._counts  # an immutable snapshot: read without a lock
 
     def prefetch(self, engine: LLMEngine, ids: list[int], salt: str) -> None:
+        """On a job's thread: its prompt's blocks from Redis into the warm tier."""
         if self.redis_tier is not None:
+            confine_to_this_thread()  # decoding lossy tier blocks runs torch ops: no second OpenMP pool
             try:
                 prefetch(engine, self.redis_tier, ids, salt)
             except redis.RedisError as exc:  # the tier only ever misses: the engine computes it

@@ -14,6 +14,7 @@ from broker import keys, prefetch_hint, session_store
 from kvstore.block_hash import hash_blocks, root_hash
 from kvstore.redis_tier import RedisTier
 from workers.engine.llm_engine import LLMEngine
+from workers.engine.omp_team import confine_to_this_thread
 
 if TYPE_CHECKING:
     from workers.engine_service import EngineService
@@ -68,6 +69,7 @@ class HintListener:
         self._stop.set()
 
     def _run(self) -> None:
+        confine_to_this_thread()  # decoding lossy tier blocks runs torch ops: no second OpenMP pool
         while not self._stop.is_set():
             try:
                 got: Any = self.service.redis.blpop([self.key], timeout=self.block_s)

@@ -6,11 +6,14 @@ import random
 import threading
 
 import pytest
+import torch
 
 from broker.errors import InvalidRequestError
 from broker.sampling import SamplingParams
 from tests.workers._helpers import NO_EOS, TinyModel, assert_tokens, make_engine, random_prompt
+from workers.engine import omp_team
 from workers.engine.engine_loop import EngineLoop
+from workers.engine.llm_engine import LLMEngine
 from workers.engine.request_output import RequestOutput
 
 
@@ -77,3 +80,52 @@ def test_stopped_loop_fails_new_submissions(tiny: TinyModel) -> None:
     loop.stop()
     with pytest.raises(RuntimeError, match="stopped"):
         loop.submit([1, 2, 3], SamplingParams(max_tokens=2)).result(timeout=5)
+
+
+def test_a_built_loop_makes_and_runs_its_engine_on_its_own_thread(tiny: TinyModel) -> None:
+    """EngineLoop.build: the factory runs on the loop's thread, which then steps the engine (one
+    thread of the process runs torch's parallel regions: workers/engine/omp_team.py)."""
+    ran_on: list[threading.Thread] = []
+
+    def factory() -> LLMEngine:
+        ran_on.append(threading.current_thread())
+        return make_engine(tiny.loaded, num_blocks=32)
+
+    loop = EngineLoop.build(factory, name="kvferry-engine-test")
+    try:
+        assert ran_on[0] is not threading.current_thread() and ran_on[0].name == "kvferry-engine-test"
+        stepped_on = loop.call(lambda e: threading.current_thread())
+        assert stepped_on is ran_on[0] and loop.healthy
+        prompt = random_prompt(random.Random(5), 25)
+        out = loop.submit(prompt, SamplingParams(max_tokens=6, **NO_EOS)).result(60)
+        assert_tokens(out.token_ids, tiny.expected(prompt, 6), "built loop")
+    finally:
+        loop.stop()
+    assert not loop.healthy
+
+    def broken() -> LLMEngine:
+        raise RuntimeError("no such model")
+
+    with pytest.raises(RuntimeError, match="no such model"):
+        EngineLoop.build(broken)
+
+
+def test_a_confined_thread_runs_torch_on_itself_alone() -> None:
+    """omp_team.confine_to_this_thread: that thread's torch ops use a team of one (no second pool of
+    OpenMP threads); other threads keep theirs."""
+    if omp_team._set_team_size() is None:
+        pytest.skip("torch runs no libgomp here")
+    mine = torch.get_num_threads()
+    seen: list[int] = []
+
+    def confined() -> None:
+        omp_team.confine_to_this_thread()
+        omp_team.confine_to_this_thread()  # idempotent
+        torch.ones(1 << 20).sum()  # a parallel region, on this thread alone
+        seen.append(torch.get_num_threads())
+
+    thread = threading.Thread(target=confined)
+    thread.start()
+    thread.join(30)
+    assert seen == [1]
+    assert torch.get_num_threads() == mine

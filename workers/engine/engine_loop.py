@@ -54,6 +54,9 @@ class EngineLoop:
         self.restarts = 0  # steps that failed and were recovered from
         self._failed_in_row = 0
         self.failure: BaseException | None = None  # what killed the loop thread, if anything did
+        # Set while the loop waits with nothing to run, cleared by a submit and while stepping: the
+        # KV writer writes through while it is set (it yields the cores to the engine otherwise).
+        self.idle = threading.Event()
 
     @property
     def healthy(self) -> bool:
@@ -63,6 +66,26 @@ class EngineLoop:
     def start(self) -> EngineLoop:
         self._thread.start()
         return self
+
+    @classmethod
+    def build(cls, factory: Callable[[], LLMEngine], name: str = "kvferry-engine") -> EngineLoop:
+        """Build the engine on the loop's own thread, then run the loop there; returns once built
+        (the factory's exception, if it raises). The thread that builds the engine is then the one
+        thread of the process that runs torch's parallel regions (workers/engine/omp_team.py)."""
+        built: Future[EngineLoop] = Future()
+
+        def run() -> None:
+            try:
+                loop = cls(factory(), name)
+            except BaseException as exc:
+                built.set_exception(exc)
+                return
+            loop._thread = threading.current_thread()
+            built.set_result(loop)
+            loop._run()
+
+        threading.Thread(target=run, name=name, daemon=True).start()
+        return built.result()
 
     def stop(self, timeout: float = 10.0) -> None:
         self._inbox.put(None)
@@ -88,6 +111,7 @@ class EngineLoop:
         msg = Submit(
             handle, list(prompt_token_ids), params, cache_salt, list(output_token_ids), streamed_chars
         )
+        self.idle.clear()
         if not self._put(msg):
             handle._fail(self._stopped_error())
         return handle
@@ -124,11 +148,13 @@ class EngineLoop:
             self._refresh_stats(force=True)
             while self._drain(block=not self.engine.has_unfinished()):
                 if self.engine.has_unfinished():
+                    self.idle.clear()
                     self._step()
         except BaseException as exc:
             self.failure = exc
             log.exception("the engine loop thread died; failing every request")
         finally:
+            self.idle.set()  # nothing runs here any more: the KV writer must not wait for it
             with self._gate:
                 self._stopped.set()
             err = self._stopped_error()
@@ -151,6 +177,8 @@ class EngineLoop:
     def _drain(self, block: bool) -> bool:
         """Handle every waiting message (waiting up to STATS_IDLE_S for one when idle); False once
         asked to stop."""
+        if block and self._inbox.empty():
+            self.idle.set()
         try:
             msg = self._inbox.get(timeout=STATS_IDLE_S) if block else self._inbox.get_nowait()
         except queue.Empty:
