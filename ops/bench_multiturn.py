@@ -137,6 +137,9 @@ def workload(
         / max(1, sum(r["prompt"] for r in later)),
         # The best any cache could do on those turns (every earlier token reused).
         "hit_rate_ceiling_after_first_turn": 1 - novel / max(1, sum(r["prompt"] for r in later)),
+        # Of the tokens any cache could serve on those turns, the share served.
+        "hit_share_of_reusable": sum(r["cached"] for r in later)
+        / max(1, sum(r["prompt"] for r in later) - novel),
         "ttft_p50_s": ttfts[len(ttfts) // 2] if ttfts else float("nan"),
         "ttft_mean_s": statistics.fmean(ttfts) if ttfts else float("nan"),
         "redis_tokens": sum(r["sources"].get("redis", 0) for r in rows),

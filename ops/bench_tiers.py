@@ -64,8 +64,9 @@ def run_tier_bench(settings: Settings, quick: bool, skip: set[str]) -> dict[str,
         label = f"{w['routing']}{'' if w['redis_tier'] else ', no Redis tier'}"
         rows.append(
             (
-                f"workload hit rate / p50 TTFT ({label})",
-                f"{w['hit_rate']:.1%} / {w['ttft_p50_s'] * 1000:.0f} ms",
+                f"workload hit rate / after turn 1 / of reusable / p50 TTFT ({label})",
+                f"{w['hit_rate']:.1%} / {w['hit_rate_after_first_turn']:.1%} / "
+                f"{w['hit_share_of_reusable']:.1%} / {w['ttft_p50_s'] * 1000:.0f} ms",
             )
         )
     if "api_ttft" in results:
