@@ -21,15 +21,23 @@ class WorkerView:
     status: WorkerStatus | None  # None when dead or its heartbeat is unreadable
 
 
+# Every announced worker with its heartbeat, in one round trip (not SMEMBERS, then the HGETs).
+_WORKERS = """
+local out = {}
+for _, name in ipairs(redis.call('SMEMBERS', KEYS[1])) do
+  table.insert(out, name)
+  table.insert(out, redis.call('HGET', ARGV[1] .. name .. ARGV[2], ARGV[3]))
+end
+return out
+"""
+_BEAT_HEAD, _, _BEAT_TAIL = keys.worker_heartbeat("\0").partition("\0")
+
+
 async def workers(client: aioredis.Redis) -> list[WorkerView]:
     """Every worker that ever announced itself (keys.WORKERS), live or not."""
-    members: Any = await client.smembers(keys.WORKERS)
-    names = sorted(n.decode() for n in members)
-    pipe = client.pipeline(transaction=False)
-    for name in names:
-        pipe.hget(keys.worker_heartbeat(name), HEARTBEAT_FIELD)
-    beats: list[Any] = await pipe.execute() if names else []
-    return [WorkerView(name, raw is not None, _status(raw)) for name, raw in zip(names, beats, strict=True)]
+    reply: Any = await client.eval(_WORKERS, 1, keys.WORKERS, _BEAT_HEAD, _BEAT_TAIL, HEARTBEAT_FIELD)
+    beats = {reply[i].decode(): reply[i + 1] for i in range(0, len(reply), 2)}
+    return [WorkerView(name, beats[name] is not None, _status(beats[name])) for name in sorted(beats)]
 
 
 def _status(raw: bytes | None) -> WorkerStatus | None:

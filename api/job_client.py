@@ -1,11 +1,12 @@
 """JobClient: the api's side of the broker. Sends jobs as Celery tasks, follows their event
 streams in Redis (api/job_wait.py), cancels them and reads their state. Celery's client is
-synchronous, so its calls run on a small thread pool of their own; Redis is read with redis.asyncio."""
+synchronous, so its calls (revoke, result state) run on a small thread pool of their own; Redis is
+read and written with redis.asyncio, jobs included (a job's Celery message is pushed in the
+transaction that records it)."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import json
 import time
@@ -25,12 +26,12 @@ from broker import keys
 from broker.celery_app import BrokerConfig, make_celery
 from broker.codec import decode_event, encode_job
 from broker.job_events import EVENT_FIELD
+from broker.job_lease import owner_worker
 from broker.messages import GenerateJob, StreamEvent
+from broker.task_message import task_message
 
 T = TypeVar("T")
 SYNC_TIMEOUT_S = 10.0  # the longest a request waits for a blocking Celery call
-# kombu's publish retries: a broker that is down fails the request in about a second, not minutes.
-SEND_RETRY_POLICY = {"max_retries": 2, "interval_start": 0.0, "interval_step": 0.25, "interval_max": 0.5}
 
 
 class JobClient:
@@ -61,43 +62,30 @@ class JobClient:
         self.celery.close()
 
     async def submit(self, meta: JobMeta, job: GenerateJob, clock: StageClock | None = None) -> None:
-        """Record the job's metadata, then queue it; if queueing fails, the metadata goes too."""
+        """Record the job's metadata and queue its Celery message, in one Redis transaction: both
+        land or neither does (broker/task_message.py)."""
         key = keys.job_meta(meta.job_id)
         fields: dict[Any, Any] = meta.to_hash()
-        message = json.dumps({"job": encode_job(job), "queue": meta.queue})
+        encoded = encode_job(job)
+        message = json.dumps({"job": encoded, "queue": meta.queue})
         try:
+            queued = task_message(self.celery, keys.GENERATE_TASK, meta.job_id, [encoded], meta.queue)
+            if clock is not None:
+                clock.mark("meta")
             pipe = self.redis.pipeline(transaction=True)
             pipe.hset(key, mapping=fields)
             pipe.expire(key, self.job_ttl_s)
             # until a worker starts it (then the worker deletes both): see workers/lost_jobs.py
             pipe.set(keys.job_message(meta.job_id), message, ex=self.job_ttl_s)
             pipe.zadd(keys.PENDING_JOBS, {meta.job_id: time.time()})
+            pipe.lpush(queued.key, queued.payload)
             await pipe.execute()
-            if clock is not None:
-                clock.mark("meta")
-            await self.send(meta.job_id, job, meta.queue)
-            if clock is not None:
-                clock.mark("published")
         except Exception as exc:
-            with contextlib.suppress(aioredis.RedisError):  # else its TTL removes it
-                await self.redis.delete(key, keys.job_message(meta.job_id))
-                await self.redis.zrem(keys.PENDING_JOBS, meta.job_id)
             if not isinstance(exc, UNAVAILABLE):
-                raise
+                raise  # a bug of ours (a CodecError, say): a 500, never "unavailable"
             raise BrokerUnavailableError(f"could not queue the job: {type(exc).__name__}: {exc}") from exc
-
-    async def send(self, job_id: str, job: GenerateJob, queue: str) -> None:
-        await self._sync(self._send, job_id, job, queue)
-
-    def _send(self, job_id: str, job: GenerateJob, queue: str) -> None:
-        self.celery.send_task(
-            keys.GENERATE_TASK,
-            args=[encode_job(job)],
-            task_id=job_id,
-            queue=queue,
-            retry=True,
-            retry_policy=SEND_RETRY_POLICY,
-        )
+        if clock is not None:
+            clock.mark("published")
 
     async def meta(self, job_id: str) -> JobMeta | None:
         raw: Any = await self.redis.hgetall(keys.job_meta(job_id))
@@ -117,6 +105,11 @@ class JobClient:
     async def celery_state(self, job_id: str) -> CeleryState:
         meta = await self._sync(functools.partial(self.celery.backend.get_task_meta, cache=False), job_id)
         return CeleryState(str(meta.get("status", states.PENDING)), meta.get("result"))
+
+    async def lease_worker(self, job_id: str) -> str | None:
+        """The worker that holds the job's lease (runs it) now, if any (broker/job_lease.py)."""
+        owner: Any = await self.redis.hget(keys.job_lease(job_id), "owner")
+        return owner_worker(owner.decode()) if owner else None
 
     async def last_event(self, job_id: str) -> tuple[int, StreamEvent | None]:
         """(events in the job's stream, the last of them)."""

@@ -17,13 +17,8 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class CeleryState:
-    state: str  # celery.states: PENDING, STARTED, SUCCESS, FAILURE, REVOKED, RETRY
-    result: Any  # SUCCESS: the encoded GenerateResult; FAILURE: the exception; STARTED: {"hostname"}
-
-    @property
-    def hostname(self) -> str | None:
-        host = self.result.get("hostname") if isinstance(self.result, dict) else None
-        return host if isinstance(host, str) else None
+    state: str  # celery.states: PENDING, SUCCESS, FAILURE, REVOKED, RETRY (no STARTED: see celery_app)
+    result: Any  # SUCCESS: the encoded GenerateResult; FAILURE: the exception
 
 
 def is_final(event: StreamEvent | None) -> bool:

@@ -1,4 +1,5 @@
-"""A job as GET /v1/jobs/{id} shows it: status from its stream's last event and Celery's state."""
+"""A job as GET /v1/jobs/{id} shows it: status from its stream's last event, its lease (who runs
+it now) and Celery's state (how a job that wrote no final event ended)."""
 
 from __future__ import annotations
 
@@ -30,7 +31,9 @@ async def job_view(jobs: JobClient, meta: JobMeta) -> dict[str, Any]:
     cancelled = await jobs.is_cancelled(job_id)
     outcome: StreamEvent | None = last if is_final(last) else None
     state = None
+    running_on: str | None = None
     if outcome is None:
+        running_on = await jobs.lease_worker(job_id)
         state = await jobs.celery_state(job_id)
         if state.state in states.READY_STATES:
             count, last = await jobs.last_event(job_id)  # its final event may have landed since
@@ -45,7 +48,7 @@ async def job_view(jobs: JobClient, meta: JobMeta) -> dict[str, Any]:
         status = "failed"
     elif cancelled:
         status = "cancelling"
-    elif count or (state is not None and state.state == states.STARTED):
+    elif count or running_on is not None:
         status = "running"
     else:
         status = "queued"
@@ -62,7 +65,7 @@ async def job_view(jobs: JobClient, meta: JobMeta) -> dict[str, Any]:
         "session_id": meta.session_id,
         "result": None,
         "error": None,
-        "worker": state.hostname if state is not None else None,
+        "worker": running_on,
         "usage": None,
         # lease epochs the job has run under (1: never redelivered); its result and stream show
         # each token once whatever this is

@@ -23,7 +23,7 @@ from broker.errors import KvferryError
 
 EPOCH_TTL_S = DEFAULTS.job_ttl_s  # as long as the job's stream lives
 
-_ACQUIRE = """
+_TAKE_LEASE = """
 local owner = redis.call('HGET', KEYS[1], 'owner')
 if owner then
   return {0, owner, tonumber(redis.call('HGET', KEYS[1], 'epoch') or '0'), redis.call('PTTL', KEYS[1])}
@@ -32,8 +32,23 @@ local epoch = redis.call('INCR', KEYS[2])
 redis.call('EXPIRE', KEYS[2], ARGV[3])
 redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'epoch', epoch)
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
-return {1, ARGV[1], epoch, tonumber(ARGV[2])}
 """
+_ACQUIRE = _TAKE_LEASE + "return {1, ARGV[1], epoch, tonumber(ARGV[2])}"
+
+# A worker starting a job, in one round trip: the job is listed as the worker's (KEYS[3]: the
+# reaper hands it back if the worker dies), the lease is taken and, once it is ours, the queued
+# message's copy and its pending entry go (no copy is needed once a worker started it:
+# workers/lost_jobs.py) and the stream and the cancel flag are read: after the epoch was raised,
+# so no older epoch can append to what was read.
+_START = (
+    "redis.call('SADD', KEYS[3], ARGV[4])\n"
+    + _TAKE_LEASE
+    + """redis.call('DEL', KEYS[4])
+redis.call('ZREM', KEYS[5], ARGV[4])
+return {1, ARGV[1], epoch, tonumber(ARGV[2]), redis.call('XRANGE', KEYS[6], '-', '+'),
+        redis.call('EXISTS', KEYS[7])}
+"""
+)
 
 # Renew ours; re-take it if it lapsed while nobody else took it (the epoch is still ours), so a
 # Redis hiccup longer than the TTL costs nothing. Anything else: the lease is lost.
@@ -77,6 +92,15 @@ class Lease:
 
 
 @dataclass(frozen=True, slots=True)
+class Started:
+    """A job's lease, just taken, with what its stream held and its cancel flag at that moment."""
+
+    lease: Lease
+    entries: Any  # the stream's entries, as XRANGE returns them (job_events.progress_of)
+    cancelled: bool
+
+
+@dataclass(frozen=True, slots=True)
 class LeaseHolder:
     """Who holds a job's lease now."""
 
@@ -108,6 +132,7 @@ class JobLeases:
         self.client = client
         self.ttl_ms = max(1, int(ttl_s * 1000))
         self._acquire = client.register_script(_ACQUIRE)
+        self._start = client.register_script(_START)
         self._renew = client.register_script(_RENEW)
         self._release = client.register_script(_RELEASE)
         self._drop_previous = client.register_script(_DROP_PREVIOUS)
@@ -120,6 +145,26 @@ class JobLeases:
         if int(got):
             return Lease(job_id, owner, int(epoch))
         return LeaseHolder(_text(who), int(epoch), int(ttl))
+
+    def start(self, job_id: str, owner: str, worker_jobs: str) -> Started | LeaseHolder:
+        """acquire(), for a worker that runs the job: see _START."""
+        reply = self._start(
+            keys=[
+                keys.job_lease(job_id),
+                keys.job_epoch(job_id),
+                worker_jobs,
+                keys.job_message(job_id),
+                keys.PENDING_JOBS,
+                keys.job_stream(job_id),
+                keys.job_cancel(job_id),
+            ],
+            args=[owner, self.ttl_ms, EPOCH_TTL_S, job_id],
+        )
+        if int(reply[0]):
+            # XRANGE's reply through Lua: [id, [field, value, ...]] pairs, as redis-py parses it
+            entries = [(eid, dict(zip(kv[::2], kv[1::2], strict=True))) for eid, kv in reply[4]]
+            return Started(Lease(job_id, owner, int(reply[2])), entries, bool(reply[5]))
+        return LeaseHolder(_text(reply[1]), int(reply[2]), int(reply[3]))
 
     def renew(self, lease: Lease) -> bool:
         """False once the lease is lost (another epoch began)."""

@@ -66,7 +66,7 @@ class JobRunner:
     def run(self, job_id: str, job: GenerateJob, picked_at: float | None = None) -> GenerateResult:
         """`picked_at`: when the task began (unix time), the first of the attempt's stage times."""
         stages = {"picked": picked_at or time.time()}
-        self._enter(job_id)  # listed from the start, so the reaper hands it back if we die
+        self._enter(job_id)
         try:
             got = self._take(job_id)
             if isinstance(got, StreamProgress):
@@ -91,9 +91,9 @@ class JobRunner:
         self.service.count(failed=1)
 
     def _enter(self, job_id: str) -> None:
+        """Counted here; listed in Redis as this worker's by the lease take (JobLeases.start)."""
         with self._copies_lock:
             self._copies[job_id] += 1
-        self.redis.sadd(keys.worker_jobs(self.service.identity.name), job_id)
 
     def _leave(self, job_id: str) -> None:
         with self._copies_lock:
@@ -116,36 +116,25 @@ class JobRunner:
             if waited and job_events.ended(self.redis, job_id):
                 return job_events.progress(self.redis, job_id)
             got = self.leases.try_take(job_id)
-            if isinstance(got, HeldLease):
-                # Read after the epoch was raised: no older epoch can append from here on. One
-                # round trip: the message copy goes (started: no copy of it is needed any more,
-                # as lost_jobs.forget_message), the stream and the cancel flag are read.
+            if isinstance(got, tuple):
+                held, started = got
                 try:
-                    before, cancelled = self._started(job_id)
+                    before = job_events.progress_of(started.entries)
                 except BaseException:
-                    self.leases.release(got)
+                    self.leases.release(held)
                     raise
                 if before.final:
-                    self.leases.release(got)
+                    self.leases.release(held)
                     return before
                 if waited:
-                    log.info("job %s: lease taken (epoch %d) after waiting", job_id, got.epoch)
-                return got, before, cancelled
+                    log.info("job %s: lease taken (epoch %d) after waiting", job_id, held.epoch)
+                return held, before, started.cancelled
             if not waited:
                 log.info("job %s is leased by %s (epoch %d); waiting", job_id, got.owner, got.epoch)
                 waited = True
             if time.monotonic() > deadline:
                 raise LeaseBusyError(f"job {job_id} is still leased by {got.owner}")
             time.sleep(LEASE_POLL_S)
-
-    def _started(self, job_id: str) -> tuple[StreamProgress, bool]:
-        pipe = self.redis.pipeline(transaction=False)
-        pipe.delete(keys.job_message(job_id))
-        pipe.zrem(keys.PENDING_JOBS, job_id)
-        pipe.xrange(keys.job_stream(job_id))
-        pipe.exists(keys.job_cancel(job_id))
-        _, _, entries, cancelled = pipe.execute()
-        return job_events.progress_of(entries), bool(cancelled)
 
     def _replay(self, job_id: str, ended: StreamProgress) -> GenerateResult:
         if ended.done is not None:  # finished before this copy: the same answer again

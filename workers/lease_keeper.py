@@ -10,7 +10,8 @@ import uuid
 
 import redis
 
-from broker.job_lease import JobLeases, Lease, LeaseHolder, make_owner
+from broker import keys
+from broker.job_lease import JobLeases, Lease, LeaseHolder, Started, make_owner
 
 log = logging.getLogger(__name__)
 
@@ -39,18 +40,19 @@ class LeaseKeeper:
         self._thread = threading.Thread(target=self._run, name="kvferry-leases", daemon=True)
         self._thread.start()
 
-    def try_take(self, job_id: str) -> HeldLease | LeaseHolder:
+    def try_take(self, job_id: str) -> tuple[HeldLease, Started] | LeaseHolder:
+        """The job's lease and what its stream held (JobLeases.start), or who holds the lease."""
         with self._lock:
             if job_id in self._held:  # a second copy in this very process: never run it twice
                 held = self._held[job_id]
                 return LeaseHolder(self.owner, held.epoch, int(self.leases.ttl_ms))
-        got = self.leases.acquire(job_id, self.owner)
+        got = self.leases.start(job_id, self.owner, keys.worker_jobs(self.worker_name))
         if isinstance(got, LeaseHolder):
             return got
-        held = HeldLease(got)
+        held = HeldLease(got.lease)
         with self._lock:
             self._held[job_id] = held
-        return held
+        return held, got
 
     def release(self, held: HeldLease) -> None:
         with self._lock:

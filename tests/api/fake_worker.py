@@ -15,6 +15,7 @@ from celery import Celery
 
 from broker import job_events, keys
 from broker.codec import decode_job, encode_result
+from broker.job_lease import JobLeases, make_owner
 from broker.messages import GenerateJob, GenerateResult, JobDone, JobFailed, TokenDelta, Usage
 
 WORKER = "fake@test"
@@ -36,6 +37,7 @@ class FakeWorker:
     def __init__(self, redis_url: str, celery: Celery) -> None:
         self.redis = redis.Redis.from_url(redis_url)
         self.celery = celery
+        self.leases = JobLeases(self.redis, ttl_s=60)
         self.seen: list[Seen] = []
         self.consuming = threading.Event()
         self.consuming.set()
@@ -101,7 +103,7 @@ class FakeWorker:
         if self.redis.exists(keys.job_cancel(job_id)):  # what Celery does with a revoked message
             self.celery.backend.mark_as_revoked(job_id, "revoked")
             return
-        self.celery.backend.store_result(job_id, {"pid": 1, "hostname": WORKER}, "STARTED")
+        self.leases.acquire(job_id, make_owner(WORKER, "fake"))  # running, as a worker's lease says
         if "TOO_LONG" in text:
             self._fail(job_id, JobFailed("invalid_request_error", "prompt is too long", 400, "messages"))
         elif "NO_MODEL" in text:

@@ -10,10 +10,12 @@ from typing import Any
 
 import pytest
 import redis
+import redis.asyncio as aioredis
 from fastapi.testclient import TestClient
 from kombu.exceptions import OperationalError
 from redis.exceptions import ConnectionError as RedisConnectionError
 
+from api import job_client
 from api.app import create_app
 from api.config import ApiConfig
 from broker import job_events, keys
@@ -99,21 +101,30 @@ def test_body_too_large_is_413(serve: Any, rds: redis.Redis) -> None:
         assert small.status_code == 202
 
 
-def test_broker_down_at_send_is_503_and_leaves_nothing(
+def test_broker_down_at_submit_is_503_and_leaves_nothing(
     api: Served, rds: redis.Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    async def broken_send(*args: Any) -> None:
-        raise ConnectionError("broker went away")
+    """A job's record and its Celery message go in one transaction: a Redis that cannot be
+    reached at submit answers 503, and neither a record nor a message is left behind."""
+    jobs = api.app.state.ctx.jobs
+    dead = aioredis.Redis.from_url("redis://127.0.0.1:1", socket_connect_timeout=1)
+    submit = jobs.submit
 
-    monkeypatch.setattr(api.app.state.ctx.jobs, "send", broken_send)
+    async def submit_to_a_dead_redis(*args: Any) -> None:  # admission and routing still reach it
+        with monkeypatch.context() as m:
+            m.setattr(jobs.redis, "pipeline", dead.pipeline)
+            await submit(*args)
+
+    monkeypatch.setattr(jobs, "submit", submit_to_a_dead_redis)
     with api.client() as c:
         for r in (
             c.post(CHAT, json={"model": MODEL, "messages": MSGS}),
             c.post("/v1/jobs", json={"endpoint": CHAT, "body": {"model": MODEL, "messages": MSGS}}),
         ):
             error = assert_error(r, 503)
-            assert "broker went away" in error["message"]
+            assert "could not queue the job" in error["message"]
     assert not rds.keys("kvferry:job:*")
+    assert rds.llen(keys.SHARED_QUEUE) == 0
 
 
 def test_unknown_route_and_method(api: Served) -> None:
@@ -226,10 +237,10 @@ def test_a_stream_event_that_does_not_decode_is_500_and_logged(
 def test_send_failures_are_classified_by_type(
     api: Served, rds: redis.Redis, monkeypatch: pytest.MonkeyPatch, raised: Exception, status: int
 ) -> None:
-    async def broken_send(*args: Any) -> None:
+    def broken_message(*args: Any) -> None:
         raise raised
 
-    monkeypatch.setattr(api.app.state.ctx.jobs, "send", broken_send)
+    monkeypatch.setattr(job_client, "task_message", broken_message)
     with api.client() as c:
         error = assert_error(c.post(CHAT, json={"model": MODEL, "messages": MSGS}), status)
     assert error["type"] == ("service_unavailable_error" if status == 503 else "server_error")

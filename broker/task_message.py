@@ -1,0 +1,64 @@
+"""A Celery task message exactly as kombu's Redis transport queues it, built without a broker
+connection: (list key, payload) for an LPUSH the caller sends in a transaction of its own.
+
+The api records a job and queues it in one Redis transaction (api/job_client.py): the metadata
+and the message appear together or not at all, in one round trip, from the event loop. Celery's
+own send_task is synchronous (a thread hop each way) and takes a round trip of its own.
+
+Celery builds the message (headers and body: `app.amqp.create_task_message`, task protocol 2)
+and kombu serialises it; what is left is the transport's envelope, as kombu's virtual channel
+and Redis `_put` write it for a direct queue: the anonymous exchange, the queue's name as the
+routing key and as the list's key, a base64 body and a fresh delivery tag. A test compares the
+payload with what `send_task` itself pushes (tests/broker/test_task_message.py), so a Celery or
+kombu upgrade that changes the envelope fails there, not in production.
+"""
+
+from __future__ import annotations
+
+import base64
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from celery import Celery
+from kombu.serialization import dumps as serialize
+from kombu.utils.json import dumps as json_dumps
+
+PERSISTENT = 2  # kombu's delivery_mode for 'persistent', Celery's default
+
+
+@dataclass(frozen=True, slots=True)
+class QueuedMessage:
+    key: str  # the Redis list kombu's consumers BRPOP
+    payload: str
+
+
+def task_message(app: Celery, name: str, task_id: str, args: list[Any], queue: str) -> QueuedMessage:
+    """The message `app.send_task(name, args=args, task_id=task_id, queue=queue)` would push."""
+    message = app.amqp.create_task_message(
+        task_id,
+        name,
+        args,
+        {},
+        reply_to=app.thread_oid,
+        create_sent_event=app.conf.task_send_sent_event,
+        ignore_result=None,  # send_task's own default: the task's setting decides
+    )
+    content_type, content_encoding, body = serialize(message.body, serializer=app.conf.task_serializer)
+    raw = body.encode(content_encoding) if isinstance(body, str) else body
+    properties = dict(message.properties)
+    properties.update(
+        delivery_mode=PERSISTENT,
+        delivery_info={"exchange": "", "routing_key": queue},
+        priority=0,
+        body_encoding="base64",
+        delivery_tag=str(uuid.uuid4()),
+    )
+    envelope = {
+        "body": base64.b64encode(raw).decode("ascii"),
+        "content-encoding": content_encoding,
+        "content-type": content_type,
+        "headers": message.headers,
+        "properties": properties,
+    }
+    return QueuedMessage(queue, json_dumps(envelope))

@@ -1,0 +1,61 @@
+"""The api's task message (broker/task_message.py) is the one Celery's send_task pushes, and a real
+Celery worker runs it and acks it."""
+
+from __future__ import annotations
+
+import json
+import threading
+import uuid
+from typing import Any
+
+import pytest
+import redis
+from celery.contrib.testing.worker import start_worker
+
+from broker import keys
+from broker.celery_app import BrokerConfig, make_celery
+from broker.task_message import task_message
+from ops.redis_server import RedisServer
+
+JOB = {"prompt": "héllo wörld " * 200, "max_tokens": 8, "seed": 2**63 - 1, "stop": ["\n"]}
+
+
+@pytest.mark.parametrize("queue", [keys.SHARED_QUEUE, "kvferry.worker.w1"])
+def test_the_message_is_send_tasks_own(redis_server: RedisServer, rds: redis.Redis, queue: str) -> None:
+    app = make_celery(BrokerConfig(redis_url=redis_server.url), send_only=True)
+    try:
+        task_id = str(uuid.uuid4())
+        app.send_task(keys.GENERATE_TASK, args=[JOB], task_id=task_id, queue=queue)
+        sent = json.loads(rds.rpop(queue))
+        ours = task_message(app, keys.GENERATE_TASK, task_id, [JOB], queue)
+        built = json.loads(ours.payload)
+        assert ours.key == queue
+        assert sent["properties"].pop("delivery_tag") != built["properties"].pop("delivery_tag")
+        assert built == sent
+    finally:
+        app.close()
+
+
+def test_a_celery_worker_runs_and_acks_it(redis_server: RedisServer, rds: redis.Redis) -> None:
+    app = make_celery(BrokerConfig(redis_url=redis_server.url))
+    app.conf.task_queues = []  # the worker consumes the queue named below only
+    seen: list[tuple[str, Any]] = []
+    done = threading.Event()
+
+    @app.task(name="kvferry.test.record", bind=True)
+    def record(self: Any, job: dict[str, Any]) -> int:
+        seen.append((self.request.id, job))
+        done.set()
+        return len(job["prompt"])
+
+    queue = "kvferry.test.direct"
+    with start_worker(app, pool="threads", concurrency=1, perform_ping_check=False, queues=[queue]):
+        task_id = str(uuid.uuid4())
+        pushed = task_message(app, "kvferry.test.record", task_id, [JOB], queue)
+        rds.lpush(pushed.key, pushed.payload)
+        assert done.wait(20)
+        assert app.AsyncResult(task_id).get(timeout=10) == len(JOB["prompt"])
+    assert seen == [(task_id, JOB)]
+    assert rds.llen(queue) == 0
+    assert rds.hlen("unacked") == 0  # acked, not waiting for redelivery
+    app.close()
