@@ -13,7 +13,6 @@ import asyncio
 import statistics
 import tempfile
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -151,9 +150,7 @@ def run_queue_bench(settings: Settings, quick: bool, skip: set[str]) -> dict[str
                 )
             )
         if "scaling" not in skip:
-            s = bench_scaling(
-                replace(settings), 16 if quick else 32, 20 if quick else 60, 32, run_dir / "scaling"
-            )
+            s = bench_scaling(settings, 16 if quick else 32, 20 if quick else 60, 32, run_dir / "scaling")
             results["scaling"] = s
             results["throughput_ratio_2_vs_1"] = s["throughput_ratio_2_vs_1"]
             rows.append(
