@@ -3,6 +3,7 @@ against recomputing them, at several history lengths (part of `kvferry bench tie
 
 from __future__ import annotations
 
+import resource
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -110,9 +111,11 @@ def bench_resume(
             fresh = _engine(config, loaded)  # another worker: nothing of this session local
             _ttft(fresh, [7, 8, 9])  # first-forward warm-up, outside the timing
             writes = _timed_writes(fresh)
+            before = resource.getrusage(resource.RUSAGE_SELF)
             started = time.perf_counter()
             fetched = prefetch(fresh, tier, turn, "")
             fetch_s = time.perf_counter() - started
+            after = resource.getrusage(resource.RUSAGE_SELF)
             out_ttft = _ttft(fresh, turn)
             loaded_s = fetch_s + out_ttft
             # end to end, Redis -> pool tensor: the prefetch (MGETs, checksums, decode, into the
@@ -136,6 +139,10 @@ def bench_resume(
                     "fetch_s": fetch_s,
                     "pool_write_s": writes[0],
                     "fetch_mb_s": fetch_mb_s,
+                    # first touches of the memory the packs are received into: on a VM each can
+                    # cost several µs of kernel time, the fetch's slow mode (README)
+                    "fetch_page_faults": after.ru_minflt - before.ru_minflt,
+                    "fetch_kernel_s": after.ru_stime - before.ru_stime,
                     "prefill_after_fetch_s": out_ttft,
                     "resume_from_redis_s": loaded_s,
                     "recompute_s": recompute_s,
@@ -144,7 +151,8 @@ def bench_resume(
             )
             print(
                 f"  resume {length:>5} tokens: redis {loaded_s * 1000:7.1f} ms (fetch {fetch_s * 1000:6.1f}, "
-                f"{fetch_mb_s:5.0f} MB/s) "
+                f"{fetch_mb_s:5.0f} MB/s, {after.ru_minflt - before.ru_minflt} page faults, "
+                f"{(after.ru_stime - before.ru_stime) * 1000:.0f} ms in the kernel) "
                 f"vs recompute {recompute_s * 1000:7.1f} ms -> {loaded_s / recompute_s:.2f}",
                 flush=True,
             )
