@@ -3,6 +3,7 @@ against recomputing them, at several history lengths (part of `kvferry bench tie
 
 from __future__ import annotations
 
+import gc
 import resource
 import time
 from collections.abc import Callable
@@ -107,6 +108,7 @@ def bench_resume(
             writer.flush(120)
             writer.stop()
             del writer_engine
+            gc.collect()  # a worker has one engine: the bench's retired ones must not hold memory
 
             fresh = _engine(config, loaded)  # another worker: nothing of this session local
             _ttft(fresh, [7, 8, 9])  # first-forward warm-up, outside the timing
@@ -126,11 +128,13 @@ def bench_resume(
                 hashes = hash_blocks(turn[: fetched * bs], bs, (), parent=root_hash((loaded.fingerprint, "")))
                 stages = _stages(tier, hashes, KVCache(fresh.layout, max(1, fetched), "cpu"))
             del fresh
+            gc.collect()
 
             cold = _engine(config, loaded)
             _ttft(cold, [7, 8, 9])
             recompute_s = _ttft(cold, turn)
             del cold
+            gc.collect()
             tier.clear()
             rows.append(
                 {

@@ -19,6 +19,7 @@ from ops.bench_multiturn import workload
 from ops.bench_resume import bench_resume
 from ops.settings import Settings
 from workers.engine.model_loader import load_model
+from workers.host_heap import keep_freed_memory
 
 
 def run_tier_bench(settings: Settings, quick: bool, skip: set[str]) -> dict[str, Any]:
@@ -26,6 +27,9 @@ def run_tier_bench(settings: Settings, quick: bool, skip: set[str]) -> dict[str,
     with tempfile.TemporaryDirectory(prefix="kvferry-tiers-") as tmp:
         run_dir = Path(tmp)
         if "resume" not in skip:
+            # this process plays the worker that resumes: its host heap set up as a worker's is,
+            # before the model load (workers/worker_main.py)
+            keep_freed_memory(settings.tier_config().host_heap_reserve_bytes)
             loaded = load_model(settings.model, settings.dtype, settings.device, settings.cache_dir)
             lengths = [64, 256, 1024] if quick else [16, 32, 64, 128, 256, 512, 1024, 2048]
             results["resume"] = bench_resume(settings, loaded, lengths, run_dir / "resume")

@@ -46,6 +46,10 @@ def engine_options(fn: Callable[..., Any]) -> Callable[..., Any]:
             "--kv-write-queue-size", help="KV bytes waiting for Redis, e.g. 256M; full: oldest dropped"
         ),
         click.option(
+            "--host-heap-reserve",
+            help="host memory a worker faults in at start and keeps for Redis reads, e.g. 256M; 0 = none",
+        ),
+        click.option(
             "--kv-write-defer",
             "kv_write_defer_s",
             type=float,

@@ -111,6 +111,7 @@ class Settings(SettingsFields, BaseSettings):
             redis_capacity_bytes=int(self.redis_cache_size),
             tenant_kv_quota_bytes=int(self.tenant_kv_quota or 0),
             kv_write_queue_bytes=int(self.kv_write_queue_size),
+            host_heap_reserve_bytes=int(self.host_heap_reserve),
             tier_dtype=self.kv_tier_dtype,
         )
 

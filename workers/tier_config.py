@@ -15,6 +15,7 @@ class TierConfig:
     prefix_digests_kept: int = 50_000  # per worker, for routing
     kv_write_queue_bytes: int = int(DEFAULTS.kv_write_queue_size)  # the KV writer's bound (kv_writer.py)
     kv_write_defer_s: float = DEFAULTS.kv_write_defer_s  # how long the writer may yield to the engine
+    host_heap_reserve_bytes: int = int(DEFAULTS.host_heap_reserve)  # workers/host_heap.py; 0 = none
     tier_dtype: str = (
         DEFAULTS.kv_tier_dtype
     )  # how blocks are stored in Redis: exact | int8 | fp16 | bf16 (kvstore/kv_quant.py)

@@ -12,6 +12,7 @@ from workers.control import register_control
 from workers.engine.config import EngineConfig
 from workers.engine_service import EngineService, TierConfig, WorkerIdentity
 from workers.heartbeat import Heartbeat
+from workers.host_heap import keep_freed_memory
 from workers.job_runner import JobRunner
 from workers.lease_keeper import LeaseKeeper
 from workers.maintenance import Maintenance
@@ -38,6 +39,8 @@ def run_worker(
 ) -> None:
     """Blocks until the worker shuts down. Concurrency = how many jobs share the engine's batch."""
     identity = WorkerIdentity(node_name(name))
+    # before the model load: the packs a Redis read receives land in faulted-in memory
+    keep_freed_memory((tiers or TierConfig()).host_heap_reserve_bytes)
     app = make_celery(broker)
     app.conf.task_queues = [queue(keys.SHARED_QUEUE), queue(identity.queue)]
     service = EngineService(engine, cache_dir, broker.redis_url, identity, tiers, kv_redis_url)
