@@ -28,7 +28,7 @@ from broker.codec import decode_event, encode_job
 from broker.job_events import EVENT_FIELD
 from broker.job_lease import owner_worker
 from broker.messages import GenerateJob, StreamEvent
-from broker.task_message import task_message
+from broker.task_message import check_supported, task_message
 
 T = TypeVar("T")
 SYNC_TIMEOUT_S = 10.0  # the longest a request waits for a blocking Celery call
@@ -46,6 +46,7 @@ class JobClient:
             broker.redis_url, socket_connect_timeout=5, socket_timeout=block_ms / 1000 + 10
         )
         self.celery = make_celery(broker, name="kvferry-api", send_only=True)  # it follows streams
+        check_supported(self.celery)  # its messages are pushed in our own transaction
         self._pool = ThreadPoolExecutor(8, thread_name_prefix="kvferry-api-celery")
 
     async def _sync(self, fn: Callable[..., T], *args: Any) -> T:

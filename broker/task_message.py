@@ -33,8 +33,24 @@ class QueuedMessage:
     payload: str
 
 
+def check_supported(app: Celery) -> None:
+    """The envelope below is the anonymous exchange's at priority 0, under the bare queue name:
+    a configuration that would route, prioritise or prefix otherwise is refused, not mis-sent."""
+    conf = app.conf
+    options = conf.broker_transport_options or {}
+    unsupported = {
+        "task_default_priority": conf.task_default_priority,
+        "task_routes": conf.task_routes,
+        "global_keyprefix": options.get("global_keyprefix"),
+    }
+    configured = {k: v for k, v in unsupported.items() if v}
+    if configured:
+        raise ValueError(f"broker/task_message.py does not build messages for {configured}: use send_task")
+
+
 def task_message(app: Celery, name: str, task_id: str, args: list[Any], queue: str) -> QueuedMessage:
-    """The message `app.send_task(name, args=args, task_id=task_id, queue=queue)` would push."""
+    """The message `app.send_task(name, args=args, task_id=task_id, queue=queue)` would push
+    (for an app check_supported accepts)."""
     message = app.amqp.create_task_message(
         task_id,
         name,

@@ -9,11 +9,11 @@ mode, 250–340 ms (190–280 ms of it in the kernel). With the heap kept and re
 52–80 ms (`kvferry bench tiers`: each resume row prints its faults and kernel time).
 
 The settings (mallopt): one arena, so every thread (the job threads that fetch, the fetch helper,
-the writer) allocates from the heap the reserve faulted in; a fixed mmap threshold of 64 MiB, so
+the writer) allocates from the heap the reserve faulted in; a fixed mmap threshold of 32 MiB, so
 packs and activations come from that heap (the pool and the weights, larger, are still mapped);
 and a top pad of the reserve, so a trim of the heap always leaves that much mapped. The cost is
 the reserve's resident memory, held whether used or not, and a heap that shrinks back only to it.
-Not glibc (musl, macOS): nothing is changed."""
+Not glibc (musl, macOS) or a preloaded allocator (jemalloc, tcmalloc): nothing is changed."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ M_TRIM_THRESHOLD = -1
 M_TOP_PAD = -2
 M_MMAP_THRESHOLD = -3
 M_ARENA_MAX = -8
-MMAP_THRESHOLD = 64 * 1024**2
+MMAP_THRESHOLD = 32 * 1024**2  # the largest every 64-bit glibc accepts (HEAP_MAX_SIZE / 2)
 _CHUNK = 4 * 1024**2
 _INT_MAX = 2**31 - 1
 
@@ -40,7 +40,11 @@ def keep_freed_memory(reserve_bytes: int) -> bool:
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
         mallopt, malloc, free = libc.mallopt, libc.malloc, libc.free
+        in_use = ctypes.CDLL(None).malloc  # jemalloc or tcmalloc, when one is preloaded
     except (OSError, AttributeError):
+        return False
+    if ctypes.cast(in_use, ctypes.c_void_p).value != ctypes.cast(malloc, ctypes.c_void_p).value:
+        log.info("malloc is not libc's (a preloaded allocator): the host heap is left to it")
         return False
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
     malloc.restype = ctypes.c_void_p
@@ -48,15 +52,19 @@ def keep_freed_memory(reserve_bytes: int) -> bool:
     free.argtypes = [ctypes.c_void_p]
     pad = min(reserve_bytes, _INT_MAX)
     trim = min(2 * pad + MMAP_THRESHOLD, _INT_MAX)
-    settings = (
-        (M_ARENA_MAX, 1),
+    # the arena last: a refusal before it leaves the process as it was (glibc only refuses bad values)
+    wanted = (
         (M_MMAP_THRESHOLD, MMAP_THRESHOLD),
         (M_TOP_PAD, pad),
         (M_TRIM_THRESHOLD, trim),
+        (M_ARENA_MAX, 1),
     )
-    if not all(mallopt(param, value) for param, value in settings):
-        log.warning("mallopt refused the host heap settings; glibc's defaults stay")
-        return False
+    for param, value in wanted:
+        if not mallopt(param, value):
+            log.warning(
+                "mallopt refused %d=%d: the host heap is only partly set up, no reserve", param, value
+            )
+            return False
     chunks = [malloc(_CHUNK) for _ in range(max(1, reserve_bytes // _CHUNK))]
     for chunk in chunks:
         if chunk:

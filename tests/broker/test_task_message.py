@@ -14,7 +14,7 @@ from celery.contrib.testing.worker import start_worker
 
 from broker import keys
 from broker.celery_app import BrokerConfig, make_celery
-from broker.task_message import task_message
+from broker.task_message import check_supported, task_message
 from ops.redis_server import RedisServer
 
 JOB = {"prompt": "héllo wörld " * 200, "max_tokens": 8, "seed": 2**63 - 1, "stop": ["\n"]}
@@ -59,3 +59,19 @@ def test_a_celery_worker_runs_and_acks_it(redis_server: RedisServer, rds: redis.
     assert rds.llen(queue) == 0
     assert rds.hlen("unacked") == 0  # acked, not waiting for redelivery
     app.close()
+
+
+@pytest.mark.parametrize(
+    "conf",
+    [
+        {"task_default_priority": 5},
+        {"task_routes": {"kvferry.*": {"queue": "elsewhere"}}},
+        {"broker_transport_options": {"global_keyprefix": "tenant1:"}},
+    ],
+)
+def test_a_config_it_would_mis_send_for_is_refused(conf: dict[str, Any]) -> None:
+    app = make_celery(BrokerConfig(), send_only=True)
+    check_supported(app)  # the project's own configuration
+    app.conf.update(conf)
+    with pytest.raises(ValueError, match="use send_task"):
+        check_supported(app)
