@@ -39,9 +39,17 @@ _ACQUIRE = _TAKE_LEASE + "return {1, ARGV[1], epoch, tonumber(ARGV[2])}"
 # reaper hands it back if the worker dies), the lease is taken and, once it is ours, the queued
 # message's copy and its pending entry go (no copy is needed once a worker started it:
 # workers/lost_jobs.py) and the stream and the cancel flag are read: after the epoch was raised,
-# so no older epoch can append to what was read.
+# so no older epoch can append to what was read. A lease this very owner holds is its own take
+# whose reply was lost (a connection dropped, the client retried): taken, at the same epoch.
+# Only one call per job and owner may be in flight for that to hold (LeaseKeeper.try_take).
 _START = (
-    "redis.call('SADD', KEYS[3], ARGV[4])\n"
+    """redis.call('SADD', KEYS[3], ARGV[4])
+if redis.call('HGET', KEYS[1], 'owner') == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return {1, ARGV[1], tonumber(redis.call('HGET', KEYS[1], 'epoch')), tonumber(ARGV[2]),
+          redis.call('XRANGE', KEYS[6], '-', '+'), redis.call('EXISTS', KEYS[7])}
+end
+"""
     + _TAKE_LEASE
     + """redis.call('DEL', KEYS[4])
 redis.call('ZREM', KEYS[5], ARGV[4])

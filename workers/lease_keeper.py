@@ -35,6 +35,7 @@ class LeaseKeeper:
         self.owner = make_owner(worker_name, uuid.uuid4().hex[:12])  # this process, this life
         self.renew_s = renew_s
         self._held: dict[str, HeldLease] = {}
+        self._starting: set[str] = set()  # jobs a start() is in flight for (one at a time)
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="kvferry-leases", daemon=True)
@@ -43,16 +44,24 @@ class LeaseKeeper:
     def try_take(self, job_id: str) -> tuple[HeldLease, Started] | LeaseHolder:
         """The job's lease and what its stream held (JobLeases.start), or who holds the lease."""
         with self._lock:
-            if job_id in self._held:  # a second copy in this very process: never run it twice
-                held = self._held[job_id]
-                return LeaseHolder(self.owner, held.epoch, int(self.leases.ttl_ms))
-        got = self.leases.start(job_id, self.owner, keys.worker_jobs(self.worker_name))
-        if isinstance(got, LeaseHolder):
-            return got
-        held = HeldLease(got.lease)
-        with self._lock:
-            self._held[job_id] = held
-        return held, got
+            # a second copy in this very process: never run it twice (nor take it meanwhile: the
+            # start script takes this owner's lease as its own)
+            if job_id in self._held:
+                return LeaseHolder(self.owner, self._held[job_id].epoch, int(self.leases.ttl_ms))
+            if job_id in self._starting:
+                return LeaseHolder(self.owner, 0, int(self.leases.ttl_ms))
+            self._starting.add(job_id)
+        try:
+            got = self.leases.start(job_id, self.owner, keys.worker_jobs(self.worker_name))
+            if isinstance(got, LeaseHolder):
+                return got
+            held = HeldLease(got.lease)
+            with self._lock:
+                self._held[job_id] = held
+            return held, got
+        finally:
+            with self._lock:
+                self._starting.discard(job_id)
 
     def release(self, held: HeldLease) -> None:
         with self._lock:

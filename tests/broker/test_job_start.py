@@ -53,3 +53,18 @@ def test_a_held_lease_is_not_taken_and_nothing_is_dropped_but_the_copy(rds: redi
     assert rds.get(keys.job_epoch("j3")) == b"1"  # no epoch raised: nobody fenced
     assert rds.sismember(WORKER_JOBS, "j3")  # listed: the reaper hands it back if w1 dies waiting
     assert rds.exists(keys.job_message("j3"))  # the copy stays while the job runs elsewhere
+
+
+def test_its_own_lease_is_taken_again_at_the_same_epoch(rds: redis.Redis) -> None:
+    """A start whose reply was lost (the client retries): the retry finds this owner's lease and
+    takes it as its own, without raising the epoch or waiting out its own lease."""
+    leases = JobLeases(rds, ttl_s=30)
+    owner = make_owner("w1@h", "p")
+    first = leases.start("j4", owner, WORKER_JOBS)
+    job_events.publish(rds, "j4", TokenDelta("Hi", (5,), start=0, epoch=1))
+    again = leases.start("j4", owner, WORKER_JOBS)
+    assert isinstance(first, Started) and isinstance(again, Started)
+    assert again.lease == first.lease and rds.get(keys.job_epoch("j4")) == b"1"
+    assert job_events.progress_of(again.entries).token_ids == (5,)
+    other = leases.start("j4", make_owner("w1@h", "a later life"), WORKER_JOBS)
+    assert isinstance(other, LeaseHolder) and other.owner == owner
