@@ -23,17 +23,23 @@ from broker.errors import KvferryError
 
 EPOCH_TTL_S = DEFAULTS.job_ttl_s  # as long as the job's stream lives
 
-_TAKE_LEASE = """
-local owner = redis.call('HGET', KEYS[1], 'owner')
-if owner then
-  return {0, owner, tonumber(redis.call('HGET', KEYS[1], 'epoch') or '0'), redis.call('PTTL', KEYS[1])}
-end
-local epoch = redis.call('INCR', KEYS[2])
+# Lua pieces of the two take scripts. A held lease answers {0, owner, epoch, pttl}; a new epoch
+# is raised and the lease given to ARGV[1] for ARGV[2] ms (the epoch key lives ARGV[3] s).
+_HELD = (
+    "return {0, owner, tonumber(redis.call('HGET', KEYS[1], 'epoch') or '0'), redis.call('PTTL', KEYS[1])}"
+)
+_NEW_EPOCH = """epoch = redis.call('INCR', KEYS[2])
 redis.call('EXPIRE', KEYS[2], ARGV[3])
 redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'epoch', epoch)
-redis.call('PEXPIRE', KEYS[1], ARGV[2])
+redis.call('PEXPIRE', KEYS[1], ARGV[2])"""
+
+_ACQUIRE = f"""
+local owner = redis.call('HGET', KEYS[1], 'owner')
+if owner then {_HELD} end
+local epoch
+{_NEW_EPOCH}
+return {{1, ARGV[1], epoch, tonumber(ARGV[2])}}
 """
-_ACQUIRE = _TAKE_LEASE + "return {1, ARGV[1], epoch, tonumber(ARGV[2])}"
 
 # A worker starting a job, in one round trip: the job is listed as the worker's (KEYS[3]: the
 # reaper hands it back if the worker dies), the lease is taken and, once it is ours, the queued
@@ -42,21 +48,23 @@ _ACQUIRE = _TAKE_LEASE + "return {1, ARGV[1], epoch, tonumber(ARGV[2])}"
 # so no older epoch can append to what was read. A lease this very owner holds is its own take
 # whose reply was lost (a connection dropped, the client retried): taken, at the same epoch.
 # Only one call per job and owner may be in flight for that to hold (LeaseKeeper.try_take).
-_START = (
-    """redis.call('SADD', KEYS[3], ARGV[4])
-if redis.call('HGET', KEYS[1], 'owner') == ARGV[1] then
+_START = f"""
+redis.call('SADD', KEYS[3], ARGV[4])
+local owner = redis.call('HGET', KEYS[1], 'owner')
+local epoch
+if owner == ARGV[1] then
+  epoch = tonumber(redis.call('HGET', KEYS[1], 'epoch'))
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return {1, ARGV[1], tonumber(redis.call('HGET', KEYS[1], 'epoch')), tonumber(ARGV[2]),
-          redis.call('XRANGE', KEYS[6], '-', '+'), redis.call('EXISTS', KEYS[7])}
+elseif owner then
+  {_HELD}
+else
+  {_NEW_EPOCH}
 end
-"""
-    + _TAKE_LEASE
-    + """redis.call('DEL', KEYS[4])
+redis.call('DEL', KEYS[4])
 redis.call('ZREM', KEYS[5], ARGV[4])
-return {1, ARGV[1], epoch, tonumber(ARGV[2]), redis.call('XRANGE', KEYS[6], '-', '+'),
-        redis.call('EXISTS', KEYS[7])}
+return {{1, ARGV[1], epoch, tonumber(ARGV[2]), redis.call('XRANGE', KEYS[6], '-', '+'),
+        redis.call('EXISTS', KEYS[7])}}
 """
-)
 
 # Renew ours; re-take it if it lapsed while nobody else took it (the epoch is still ours), so a
 # Redis hiccup longer than the TTL costs nothing. Anything else: the lease is lost.
