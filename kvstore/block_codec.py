@@ -90,7 +90,7 @@ def encode_pack(fmt: KVFormat, blocks: Sequence[StoredBlock], tier_dtype: TierDt
     return b"".join([_PREFIX.pack(PACK_MAGIC, len(header)), header, *stored])  # type: ignore[list-item]
 
 
-def decode_pack(fmt: KVFormat, data: bytes, tier_dtype: TierDtype = "exact") -> DecodedPack:
+def decode_pack(fmt: KVFormat, data: bytes | memoryview, tier_dtype: TierDtype = "exact") -> DecodedPack:
     view = memoryview(data).cast("B")
     if len(view) < _PREFIX.size or bytes(view[:4]) != PACK_MAGIC:
         return DecodedPack([], 1, "foreign pack: not a layout 2 pack (magic)")

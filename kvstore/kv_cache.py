@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -9,6 +12,11 @@ import torch
 
 from kvstore.kv_quant import bytes_view
 from kvstore.stored_block import KVBytes
+
+# A load of this many bytes or more is copied by two threads on a CPU pool: numpy's copies release
+# the GIL, and one thread's strided copy leaves the memory bandwidth half used (measured on 2 cores:
+# 128 blocks of SmolLM2, 94 MB, 16 ms on one thread, 8-9 ms on two).
+_SPLIT_BYTES = 8 * 1024**2
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +60,8 @@ class KVCache:
         self.num_blocks = num_blocks
         self.num_slots = num_blocks * layout.block_size
         self._pinned: torch.Tensor | None = None  # write_block's staging buffer, GPU pools only
+        self._helper: ThreadPoolExecutor | None = None  # write_blocks' second copier, CPU pools only
+        self._helper_lock = threading.Lock()
         self.tensor = torch.zeros(
             layout.num_layers,
             2,
@@ -117,6 +127,31 @@ class KVCache:
         staged = self._staging(expected).copy_(bytes_view(data))
         target.copy_(staged.view(self.layout.dtype).view(target.shape), non_blocking=True)
         torch.cuda.current_stream(target.device).synchronize()  # the staging buffer is reused next
+
+    def write_blocks(self, loads: Sequence[tuple[int, KVBytes]]) -> None:
+        """write_block for each (block id, bytes); a large load on a CPU pool is split between this
+        thread and a helper (every copy is done when this returns, or its error raised here)."""
+        total = sum(len(data) for _, data in loads)
+        if self.tensor.device.type != "cpu" or total < _SPLIT_BYTES:
+            for block_id, data in loads:
+                self.write_block(block_id, data)
+            return
+        helper = self._start_helper()
+        theirs = helper.submit(self._write_each, loads[1::2])
+        try:
+            self._write_each(loads[0::2])
+        finally:
+            theirs.result()
+
+    def _write_each(self, loads: Sequence[tuple[int, KVBytes]]) -> None:
+        for block_id, data in loads:
+            self.write_block(block_id, data)
+
+    def _start_helper(self) -> ThreadPoolExecutor:
+        with self._helper_lock:
+            if self._helper is None:
+                self._helper = ThreadPoolExecutor(1, thread_name_prefix="kv-pool-copy")
+            return self._helper
 
     def _staging(self, nbytes: int) -> torch.Tensor:
         if self._pinned is None or self._pinned.numel() != nbytes:

@@ -6,9 +6,11 @@ from __future__ import annotations
 import threading
 from collections.abc import Generator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import TypeVar, cast
+from typing import TypeVar
 
 import redis
+
+from kvstore.bulk_mget import bulk_mget
 
 T = TypeVar("T")
 # Per MGET: one huge reply would hold Redis (and the job queue) longer, and the read path decodes
@@ -29,7 +31,7 @@ class PackFetcher:
         """Whether a read has needed several MGETs (so the helper thread has started)."""
         return self._executor is not None
 
-    def stream(self, pack_keys: list[bytes]) -> Generator[tuple[bytes, bytes | None]]:
+    def stream(self, pack_keys: list[bytes]) -> Generator[tuple[bytes, memoryview | None]]:
         """(key, value or None) of every pack, in order: MGETs of a few MB, the next one fetched
         on a helper thread while the caller decodes this one's packs (hiredis parses a reply, and
         socket reads, checksums and copies release the GIL, so the two overlap on two cores)."""
@@ -49,9 +51,9 @@ class PackFetcher:
                 ahead = self._executor.submit(self.mget, chunks[i + 1])
             yield from zip(chunk, values, strict=True)
 
-    def mget(self, keys: Sequence[bytes]) -> list[bytes | None]:
-        """One MGET, on the calling thread."""
-        return cast("list[bytes | None]", self.client.mget(keys))
+    def mget(self, keys: Sequence[bytes]) -> list[memoryview | None]:
+        """One MGET, on the calling thread: each value received into a buffer of its own."""
+        return bulk_mget(self.client, keys)
 
 
 def batched(items: Sequence[T], n: int) -> list[Sequence[T]]:

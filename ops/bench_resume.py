@@ -42,14 +42,14 @@ def _ttft(engine: LLMEngine, prompt: list[int]) -> float:
 def _timed_writes(engine: LLMEngine) -> list[float]:
     """Seconds the engine spends copying loaded blocks into its pool (Redis -> pool's last stage)."""
     spent = [0.0]
-    inner: Callable[[int, Any], None] = engine.kv_cache.write_block
+    inner: Callable[[Any], None] = engine.kv_cache.write_blocks
 
-    def write_block(block_id: int, data: Any) -> None:
+    def write_blocks(loads: Any) -> None:
         started = time.perf_counter()
-        inner(block_id, data)
+        inner(loads)
         spent[0] += time.perf_counter() - started
 
-    engine.kv_cache.write_block = write_block  # type: ignore[method-assign]
+    engine.kv_cache.write_blocks = write_blocks  # type: ignore[method-assign]
     return spent
 
 
@@ -58,7 +58,7 @@ def _stages(tier: RedisTier, hashes: list[bytes], pool: KVCache) -> dict[str, fl
     (header, views, checksums, dequantising), the copy into the pool; and get_run as it overlaps them."""
     keys = list(dict.fromkeys(cast("list[bytes]", tier.client.hmget(tier.keys.index, hashes))))
     started = time.perf_counter()
-    values = [cast("bytes", v) for i in range(0, len(keys), 2) for v in tier.fetcher.mget(keys[i : i + 2])]
+    values = [v for i in range(0, len(keys), 2) for v in tier.fetcher.mget(keys[i : i + 2]) if v is not None]
     net_s = time.perf_counter() - started
     size = sum(len(v) for v in values)
     started = time.perf_counter()
@@ -70,8 +70,7 @@ def _stages(tier: RedisTier, hashes: list[bytes], pool: KVCache) -> dict[str, fl
     checksum_s = time.perf_counter() - started
     blocks = [b for d in decoded for b in d.blocks]
     started = time.perf_counter()
-    for i, block in enumerate(blocks[: pool.num_blocks]):
-        pool.write_block(i, block.kv)
+    pool.write_blocks([(i, block.kv) for i, block in enumerate(blocks[: pool.num_blocks])])
     copy_s = time.perf_counter() - started
     started = time.perf_counter()
     tier.get_run(hashes)

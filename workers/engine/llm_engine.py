@@ -154,8 +154,8 @@ class LLMEngine:
 
     def _run(self, step: SchedulerOutput) -> list[int | Exception]:
         """Tier loads, the forward, sampling: one token (or its request's error) per sampling seq."""
-        for load in step.loads:
-            self.kv_cache.write_block(load.block_id, load.stored.kv)
+        if step.loads:
+            self.kv_cache.write_blocks([(load.block_id, load.stored.kv) for load in step.loads])
         logits = self.runner.run(list(step.scheduled))
         requests = [(s.seq.request_id, s.seq.params) for s in step.scheduled if s.samples]
         return self.sampler.sample_isolated(logits, requests) if requests else []

@@ -102,9 +102,13 @@ void chunk_attention(float* out, const float* q, int64_t m, int64_t hq, int64_t 
   const auto f32 = at::TensorOptions().dtype(at::kFloat);
   const int64_t nb = (len - 1) / block_size + 1, start = len - m;
   at::Tensor blocks = at::from_blob(const_cast<int64_t*>(table), {nb}, at::TensorOptions().dtype(at::kLong));
+  // A context in consecutive pool blocks (a sequence loaded or computed into a fresh run of the
+  // free queue, the usual case) is read in place; any other is gathered into a copy first.
+  bool consecutive = true;
+  for (int64_t i = 1; i < nb && consecutive; ++i) consecutive = table[i] == table[0] + i;
   auto gather = [&](const float* half) {  // [1, Hkv, len, D]
     at::Tensor by_block = at::from_blob(const_cast<float*>(half), {num_blocks, block_size * hkv * d}, f32);
-    return by_block.index_select(0, blocks)
+    return (consecutive ? by_block.narrow(0, table[0], nb) : by_block.index_select(0, blocks))
         .view({nb * block_size, hkv, d})
         .narrow(0, 0, len)
         .permute({1, 0, 2})

@@ -1,0 +1,110 @@
+"""bulk_mget: an MGET whose values are received straight into buffers of their own.
+
+redis-py (with hiredis) copies a reply three times: socket -> its read buffer -> hiredis's buffer
+-> a bytes object, the last two with the GIL held. The tier's packs are megabytes each, so here the
+reply's bulk strings go from the socket into one numpy buffer per value (``recv_into``, the GIL
+released), and the values are memoryviews of those buffers: one copy, no allocation that is zeroed
+first. Only this one reply shape is read by hand (an array of bulk strings and nulls, RESP2 or
+RESP3); everything else
+(connecting, sending, the connection pool, retries, errors) stays redis-py's. A connection that
+fails mid-reply is disconnected (never reused half-read), and the MGET is retried once through
+redis-py, with its own retry policy.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Sequence
+from typing import cast
+
+import numpy as np
+import redis
+
+# Per recv: a socket receive buffer this large lets one call take a whole pack's worth of what the
+# kernel holds (fewer syscalls); the kernel may grant less, which only costs calls.
+_RCVBUF = 4 * 1024**2
+_LINE_READ = 256  # a reply's header lines are short; reading more is harmless (the rest is payload)
+
+
+class ProtocolError(redis.ConnectionError):
+    """The reply was not an array of bulk strings of the expected length."""
+
+
+def bulk_mget(client: redis.Redis, keys: Sequence[bytes]) -> list[memoryview | None]:
+    """MGET keys; each value a read-only memoryview of a buffer of its own, None where missing."""
+    pool = client.connection_pool
+    if client.connection is not None:
+        return _plain(client, keys)  # a single-connection client: its one connection is redis-py's
+    conn = pool.get_connection()
+    try:
+        conn.send_command("MGET", *keys)
+        sock = conn._sock  # redis-py keeps the socket here; send_command connected it
+        if sock is None:
+            raise redis.ConnectionError("the connection closed while sending MGET")
+        return _Reply(sock).values(len(keys))
+    except redis.ResponseError:
+        raise  # one error line, read whole: the connection is still in step
+    except (OSError, redis.ConnectionError) as exc:
+        conn.disconnect()  # half-read: never back in the pool in this state
+        if isinstance(exc, ProtocolError):
+            raise
+        return _plain(client, keys)  # a dropped connection: redis-py's retry policy decides
+    except BaseException:
+        conn.disconnect()
+        raise
+    finally:
+        pool.release(conn)
+
+
+def _plain(client: redis.Redis, keys: Sequence[bytes]) -> list[memoryview | None]:
+    values = cast("list[bytes | None]", client.mget(keys))
+    return [None if v is None else memoryview(v) for v in values]
+
+
+class _Reply:
+    """One reply read from ``sock``: header lines through a small buffer, values straight in."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.pending = bytearray()  # received, not consumed: the rest of a header read
+        if sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) < _RCVBUF:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, _RCVBUF)
+
+    def values(self, count: int) -> list[memoryview | None]:
+        head = self._line()
+        if head[:1] in (b"-", b"!"):  # an error line (a RESP3 blob error is not expected here)
+            raise redis.ResponseError(head[1:].decode(errors="replace"))
+        if head != b"*%d" % count:
+            raise ProtocolError(f"MGET of {count} keys: reply header {head[:40]!r}")
+        return [self._bulk() for _ in range(count)]
+
+    def _bulk(self) -> memoryview | None:
+        line = self._line()
+        if line in (b"$-1", b"_"):  # a missing key: RESP2's null bulk string, RESP3's null
+            return None
+        if line[:1] != b"$" or not line[1:].isdigit():
+            raise ProtocolError(f"MGET value header {line[:40]!r}")
+        size = int(line[1:])
+        buf = np.empty(size + 2, dtype=np.uint8)  # the value and its CRLF
+        view = buf.data  # a memoryview of the array
+        have = min(len(self.pending), len(view))
+        view[:have] = self.pending[:have]
+        del self.pending[:have]
+        while have < len(view):
+            got = self.sock.recv_into(view[have:])
+            if got == 0:
+                raise redis.ConnectionError("Redis closed the connection mid-reply")
+            have += got
+        if bytes(view[size:]) != b"\r\n":
+            raise ProtocolError("MGET value not followed by CRLF")
+        return view[:size].toreadonly()
+
+    def _line(self) -> bytes:
+        while (end := self.pending.find(b"\r\n")) < 0:
+            chunk = self.sock.recv(_LINE_READ)
+            if not chunk:
+                raise redis.ConnectionError("Redis closed the connection mid-reply")
+            self.pending += chunk
+        line = bytes(self.pending[:end])
+        del self.pending[: end + 2]
+        return line
