@@ -18,7 +18,8 @@ from tests.kvstore.conftest import MakeBlocks, make_blocks, redis_client, redis_
 from tests.workers._helpers import NO_EOS, TinyModel, assert_tokens, make_engine, random_prompt, run_checked
 from tests.workers.test_kv_writer import BLOCK, FMT
 from workers.engine.engine_loop import EngineLoop
-from workers.engine_yield import EngineYield
+from workers.engine.idle_event import IdleEvent
+from workers.engine_yield import SETTLE_S, EngineYield
 from workers.kv_writer import KVWriter
 from workers.prefetch import prefetch
 
@@ -26,7 +27,7 @@ from workers.prefetch import prefetch
 def _busy_writer(client: redis.Redis, defer_s: float, queue_blocks: int = 64) -> tuple[KVWriter, RedisTier]:
     tier = RedisTier(client, FMT, 10**9)
     writer = KVWriter(tier, max_queued_bytes=queue_blocks * BLOCK, defer_s=defer_s)
-    writer.yielding.idle = threading.Event()  # clear: the engine is stepping
+    writer.yielding.idle = IdleEvent()  # clear: the engine is stepping
     return writer, tier
 
 
@@ -44,7 +45,7 @@ def _wait_written(tier: RedisTier, blocks: list, timeout_s: float) -> float:  # 
 
 
 def test_wait_returns_on_idle_deadline_or_hurry() -> None:
-    idle = threading.Event()
+    idle = IdleEvent()
     gate = EngineYield(defer_s=5.0, idle=idle)
     started = time.monotonic()
     gate.wait(time.monotonic() + 0.2, lambda: False)  # never idle: the deadline ends it
@@ -54,12 +55,36 @@ def test_wait_returns_on_idle_deadline_or_hurry() -> None:
     assert time.monotonic() - started < 0.1
     threading.Timer(0.1, idle.set).start()
     started = time.monotonic()
-    gate.wait(time.monotonic() + 5, lambda: False)  # the engine goes idle
-    assert 0.05 < time.monotonic() - started < 2
+    gate.wait(time.monotonic() + 5, lambda: False)  # the engine goes idle, and stays so SETTLE_S
+    assert 0.1 + SETTLE_S <= time.monotonic() - started < 2
     assert gate.yields == 2 and gate.yielded_s > 0.2
     assert EngineYield(1.0).deadline() > time.monotonic()  # no idle event: never waits
     with pytest.raises(ValueError, match="defer_s"):
         EngineYield(-1)
+
+
+def test_a_transaction_waits_until_the_engine_has_settled() -> None:
+    idle = IdleEvent()
+    gate = EngineYield(defer_s=5.0, idle=idle)
+    idle.set_long_ago()  # idle for long: no wait
+    started = time.monotonic()
+    gate.wait(gate.deadline(), lambda: False)
+    assert time.monotonic() - started < SETTLE_S / 2 and gate.yields == 0
+    idle.clear()
+    idle.set()  # a turn just ended: wait out the settling time
+    started = time.monotonic()
+    gate.wait(gate.deadline(), lambda: False)
+    assert SETTLE_S <= time.monotonic() - started < SETTLE_S + 1
+    idle.clear()
+    idle.set()
+    threading.Timer(SETTLE_S / 2, idle.clear).start()  # the next request arrives while settling
+    threading.Timer(0.3, idle.set).start()  # and is done at 0.3 s
+    started = time.monotonic()
+    gate.wait(gate.deadline(), lambda: False)
+    assert 0.3 + SETTLE_S <= time.monotonic() - started < 2
+    assert gate.yields == 2
+    idle.clear()
+    assert idle.idle_for() == 0.0
 
 
 def test_writes_wait_for_an_idle_engine(redis_client: redis.Redis, make_blocks: MakeBlocks) -> None:

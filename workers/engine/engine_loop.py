@@ -15,6 +15,7 @@ from typing import TypeVar
 from broker.sampling import SamplingParams
 from workers.engine.engine_stats import EngineStats
 from workers.engine.errors import EngineFailedError, RequestFailedError
+from workers.engine.idle_event import IdleEvent
 from workers.engine.llm_engine import LLMEngine
 from workers.engine.loop_messages import Abort, Call, LoopMessage, Submit
 from workers.engine.request_handle import RequestHandle
@@ -55,8 +56,8 @@ class EngineLoop:
         self._failed_in_row = 0
         self.failure: BaseException | None = None  # what killed the loop thread, if anything did
         # Set while the loop waits with nothing to run, cleared by a submit and while stepping: the
-        # KV writer writes through while it is set (it yields the cores to the engine otherwise).
-        self.idle = threading.Event()
+        # KV writer writes through once it has been set a while (it yields the cores otherwise).
+        self.idle = IdleEvent()
 
     @property
     def healthy(self) -> bool:
@@ -154,7 +155,7 @@ class EngineLoop:
             self.failure = exc
             log.exception("the engine loop thread died; failing every request")
         finally:
-            self.idle.set()  # nothing runs here any more: the KV writer must not wait for it
+            self.idle.set_long_ago()  # nothing runs here any more: the KV writer must not wait for it
             with self._gate:
                 self._stopped.set()
             err = self._stopped_error()
