@@ -19,6 +19,7 @@ from typing import cast
 
 import numpy as np
 import redis
+from redis._parsers import BaseParser
 
 # Per recv: a socket receive buffer this large lets one call take a whole pack's worth of what the
 # kernel holds (fewer syscalls); the kernel may grant less, which only costs calls.
@@ -28,6 +29,15 @@ _LINE_READ = 256  # a reply's header lines are short; reading more is harmless (
 
 class ProtocolError(redis.ConnectionError):
     """The reply was not an array of bulk strings of the expected length."""
+
+
+class _ErrorReply(Exception):
+    """An error line, read whole (the connection is still in step): ``error`` is redis-py's own
+    exception for it (LOADING -> BusyLoadingError, NOPERM -> NoPermissionError, ...)."""
+
+    def __init__(self, error: redis.RedisError) -> None:
+        super().__init__(str(error))
+        self.error = error
 
 
 def bulk_mget(client: redis.Redis, keys: Sequence[bytes]) -> list[memoryview | None]:
@@ -42,8 +52,8 @@ def bulk_mget(client: redis.Redis, keys: Sequence[bytes]) -> list[memoryview | N
         if sock is None:
             raise redis.ConnectionError("the connection closed while sending MGET")
         return _Reply(sock).values(len(keys))
-    except redis.ResponseError:
-        raise  # one error line, read whole: the connection is still in step
+    except _ErrorReply as reply:
+        raise reply.error from None
     except (OSError, redis.ConnectionError) as exc:
         conn.disconnect()  # half-read: never back in the pool in this state
         if isinstance(exc, ProtocolError):
@@ -72,8 +82,8 @@ class _Reply:
 
     def values(self, count: int) -> list[memoryview | None]:
         head = self._line()
-        if head[:1] in (b"-", b"!"):  # an error line (a RESP3 blob error is not expected here)
-            raise redis.ResponseError(head[1:].decode(errors="replace"))
+        if head[:1] == b"-":
+            raise _ErrorReply(BaseParser.parse_error(head[1:].decode(errors="replace")))
         if head != b"*%d" % count:
             raise ProtocolError(f"MGET of {count} keys: reply header {head[:40]!r}")
         return [self._bulk() for _ in range(count)]
