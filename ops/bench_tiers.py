@@ -32,7 +32,9 @@ def run_tier_bench(settings: Settings, quick: bool, skip: set[str]) -> dict[str,
             keep_freed_memory(settings.tier_config().host_heap_reserve_bytes)
             loaded = load_model(settings.model, settings.dtype, settings.device, settings.cache_dir)
             lengths = [64, 256, 1024] if quick else [16, 32, 64, 128, 256, 512, 1024, 2048]
-            results["resume"] = bench_resume(settings, loaded, lengths, run_dir / "resume")
+            results["resume"] = bench_resume(
+                settings, loaded, lengths, run_dir / "resume", reps=1 if quick else 3
+            )
             results["resume_ratio_2048"] = results["resume"]["resume_ratio_2048"]
             results["fetch_mb_s"] = results["resume"]["fetch_mb_s"]
             results["fetch_vs_raw_mget"] = results["resume"]["fetch_vs_raw_mget"]
