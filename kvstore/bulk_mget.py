@@ -8,7 +8,8 @@ first. Only this one reply shape is read by hand (an array of bulk strings and n
 RESP3); everything else
 (connecting, sending, the connection pool, retries, errors) stays redis-py's. A connection that
 fails mid-reply is disconnected (never reused half-read), and the MGET is retried once through
-redis-py, with its own retry policy.
+redis-py, with its own retry policy; so is one that Redis answers with an error redis-py retries
+(LOADING, while it replays its file after a restart).
 """
 
 from __future__ import annotations
@@ -20,10 +21,8 @@ from typing import cast
 import numpy as np
 import redis
 from redis._parsers import BaseParser
+from redis.connection import AbstractConnection
 
-# Per recv: a socket receive buffer this large lets one call take a whole pack's worth of what the
-# kernel holds (fewer syscalls); the kernel may grant less, which only costs calls.
-_RCVBUF = 4 * 1024**2
 _LINE_READ = 256  # a reply's header lines are short; reading more is harmless (the rest is payload)
 
 
@@ -43,27 +42,40 @@ class _ErrorReply(Exception):
 def bulk_mget(client: redis.Redis, keys: Sequence[bytes]) -> list[memoryview | None]:
     """MGET keys; each value a read-only memoryview of a buffer of its own, None where missing."""
     pool = client.connection_pool
-    if client.connection is not None:
-        return _plain(client, keys)  # a single-connection client: its one connection is redis-py's
+    if client.connection is not None or getattr(pool, "cache", None) is not None:
+        return _plain(client, keys)  # one shared connection, or client-side caching: redis-py's own
     conn = pool.get_connection()
     try:
-        conn.send_command("MGET", *keys)
-        sock = conn._sock  # redis-py keeps the socket here; send_command connected it
-        if sock is None:
-            raise redis.ConnectionError("the connection closed while sending MGET")
-        return _Reply(sock).values(len(keys))
-    except _ErrorReply as reply:
+        values = _read(conn, keys)
+    except _ErrorReply as reply:  # read whole: the connection is in step and goes back as it is
+        pool.release(conn)
+        if isinstance(reply.error, redis.ConnectionError):  # e.g. LOADING: redis-py retries those
+            return _plain(client, keys)
         raise reply.error from None
-    except (OSError, redis.ConnectionError) as exc:
+    except (OSError, redis.ConnectionError, redis.TimeoutError) as exc:
         conn.disconnect()  # half-read: never back in the pool in this state
+        pool.release(conn)
         if isinstance(exc, ProtocolError):
             raise
         return _plain(client, keys)  # a dropped connection: redis-py's retry policy decides
     except BaseException:
         conn.disconnect()
-        raise
-    finally:
         pool.release(conn)
+        raise
+    pool.release(conn)
+    return values
+
+
+def _read(conn: AbstractConnection, keys: Sequence[bytes]) -> list[memoryview | None]:
+    conn.send_command("MGET", *keys)
+    sock = conn._sock  # redis-py keeps the socket here; send_command connected it
+    if sock is None:
+        raise redis.ConnectionError("the connection closed while sending MGET")
+    reply = _Reply(sock)
+    values = reply.values(len(keys))
+    if reply.pending:  # bytes past the reply (a push message?): not ours to drop, nor to keep
+        conn.disconnect()
+    return values
 
 
 def _plain(client: redis.Redis, keys: Sequence[bytes]) -> list[memoryview | None]:
@@ -77,8 +89,6 @@ class _Reply:
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
         self.pending = bytearray()  # received, not consumed: the rest of a header read
-        if sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) < _RCVBUF:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, _RCVBUF)
 
     def values(self, count: int) -> list[memoryview | None]:
         head = self._line()

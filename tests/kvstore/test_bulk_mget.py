@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import socket
 import threading
-from collections.abc import Iterator
 
 import pytest
 import redis
@@ -50,43 +49,51 @@ def test_an_error_reply_raises_and_the_connection_stays_usable(
         redis_client.acl_deluser("reader")
 
 
-def test_a_killed_connection_is_dropped_and_the_read_retried(redis_client: redis.Redis) -> None:
-    redis_client.set(b"k", b"v" * 1000)
-    assert bulk_mget(redis_client, [b"k"])[0] == b"v" * 1000
-    redis_client.client_kill_filter(_type="normal", skipme=True)  # every other connection: the pool's
-    redis_client.connection_pool.disconnect(inuse_connections=False)
-    got = bulk_mget(redis_client, [b"k"])
-    assert got[0] == b"v" * 1000
+CUT = object()  # in a script: close the connection there
 
 
 class _Scripted:
-    """A one-connection server: +OK to the client's CLIENT SETINFO, ``reply`` to the next command
-    (the MGET: the client speaks RESP2, so it sends no HELLO first), then it closes and listens no
-    more, so a retry finds no server."""
+    """A server that answers each command (but the client's CLIENT SETINFO, answered +OK) with the
+    next reply of its script, over as many connections as the client opens; a reply followed by
+    CUT is sent and its connection closed. Script done: it stops listening, so a retry finds no
+    server. Its clients speak RESP2, so they send no HELLO first."""
 
-    def __init__(self, reply: bytes) -> None:
+    def __init__(self, *script: bytes | object) -> None:
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port = self.listener.getsockname()[1]
-        self.reply = reply
+        self.script = list(script)
         self.thread = threading.Thread(target=self._serve, daemon=True)
         self.thread.start()
 
     def _serve(self) -> None:
-        conn, _ = self.listener.accept()
-        self.listener.close()
-        with conn:
-            while b"SETINFO" in conn.recv(65536):
+        with self.listener:
+            while self.script:
+                conn, _ = self.listener.accept()
+                with conn:
+                    self._answer(conn)
+
+    def _answer(self, conn: socket.socket) -> None:
+        while self.script:
+            command = conn.recv(65536)
+            if not command:
+                return
+            if b"SETINFO" in command:
                 conn.sendall(b"+OK\r\n")
-            conn.sendall(self.reply)
+                continue
+            reply = self.script.pop(0)
+            assert isinstance(reply, bytes)
+            conn.sendall(reply)
+            if self.script and self.script[0] is CUT:
+                self.script.pop(0)
+                return
 
 
 def _client(port: int) -> redis.Redis:
     return redis.Redis(port=port, protocol=2, socket_timeout=5, retry=Retry(NoBackoff(), 1))
 
 
-@pytest.fixture
-def scripted() -> Iterator[type[_Scripted]]:
-    yield _Scripted
+def _pooled_socks(client: redis.Redis) -> list[object]:
+    return [c._sock for c in client.connection_pool._available_connections]
 
 
 @pytest.mark.parametrize(
@@ -94,19 +101,36 @@ def scripted() -> Iterator[type[_Scripted]]:
     [b"*3\r\n$1\r\na\r\n$1\r\nb\r\n$1\r\nc\r\n", b"*2\r\n:1\r\n:2\r\n", b"*2\r\n$1\r\nab\r\n$1\r\nc\r\n"],
     ids=["wrong-count", "not-bulk", "no-crlf"],
 )
-def test_a_reply_of_another_shape_raises_and_drops_the_connection(
-    scripted: type[_Scripted], reply: bytes
-) -> None:
-    server = scripted(reply)
-    client = _client(server.port)
+def test_a_reply_of_another_shape_raises_and_drops_the_connection(reply: bytes) -> None:
+    client = _client(_Scripted(reply).port)
     with pytest.raises(ProtocolError):
         bulk_mget(client, [b"a", b"b"])
-    assert all(c._sock is None for c in client.connection_pool._available_connections)
+    assert _pooled_socks(client) == [None]
 
 
-def test_a_reply_cut_mid_value_falls_back_and_raises_a_connection_error(scripted: type[_Scripted]) -> None:
-    server = scripted(b"*1\r\n$100\r\n" + b"x" * 40)  # then the server closes
-    client = _client(server.port)
+def test_a_reply_cut_mid_value_is_read_again_on_a_new_connection() -> None:
+    whole = b"*1\r\n$100\r\n" + b"x" * 100 + b"\r\n"
+    client = _client(_Scripted(whole[:60], CUT, whole).port)
+    assert bulk_mget(client, [b"a"]) == [b"x" * 100]
+    socks = _pooled_socks(client)  # the cut connection was dropped, then the retry connected it anew
+    assert len(socks) == 1 and socks[0] is not None
+
+
+def test_a_reply_cut_with_no_server_left_raises_a_connection_error() -> None:
+    client = _client(_Scripted(b"*1\r\n$100\r\n" + b"x" * 40, CUT).port)
     with pytest.raises(redis.ConnectionError):  # the retry through redis-py finds no server
         bulk_mget(client, [b"a"])
-    assert all(c._sock is None for c in client.connection_pool._available_connections)
+    assert _pooled_socks(client) == [None]
+
+
+def test_loading_is_retried_through_redis_py_on_the_same_connection() -> None:
+    server = _Scripted(b"-LOADING Redis is loading the dataset in memory\r\n", b"*1\r\n$1\r\nv\r\n")
+    client = _client(server.port)
+    assert bulk_mget(client, [b"k"]) == [b"v"]
+    assert len(client.connection_pool._available_connections) == 1  # in step: kept and reused
+
+
+def test_bytes_past_the_reply_drop_the_connection_but_not_the_values() -> None:
+    client = _client(_Scripted(b"*1\r\n$1\r\nv\r\n>2\r\n$7\r\nmessage\r\n").port)
+    assert bulk_mget(client, [b"k"]) == [b"v"]
+    assert _pooled_socks(client) == [None]

@@ -18,6 +18,7 @@ from tests.kvstore.conftest import MakeBlocks, make_blocks, redis_client, redis_
 from tests.workers._helpers import NO_EOS, TinyModel, assert_tokens, make_engine, random_prompt, run_checked
 from tests.workers.test_kv_writer import BLOCK, FMT
 from workers.engine.engine_loop import EngineLoop
+from workers.engine.errors import EngineFailedError
 from workers.engine.idle_event import IdleEvent
 from workers.engine_yield import SETTLE_S, EngineYield
 from workers.kv_writer import KVWriter
@@ -53,10 +54,10 @@ def test_wait_returns_on_idle_deadline_or_hurry() -> None:
     started = time.monotonic()
     gate.wait(time.monotonic() + 5, lambda: True)  # hurried: no wait at all
     assert time.monotonic() - started < 0.1
-    threading.Timer(0.1, idle.set).start()
     started = time.monotonic()
+    threading.Timer(0.1, idle.set).start()
     gate.wait(time.monotonic() + 5, lambda: False)  # the engine goes idle, and stays so SETTLE_S
-    assert 0.1 + SETTLE_S <= time.monotonic() - started < 2
+    assert 0.1 + SETTLE_S <= time.monotonic() - started < 2 and idle.idle_for() >= SETTLE_S
     assert gate.yields == 2 and gate.yielded_s > 0.2
     assert EngineYield(1.0).deadline() > time.monotonic()  # no idle event: never waits
     with pytest.raises(ValueError, match="defer_s"):
@@ -71,17 +72,24 @@ def test_a_transaction_waits_until_the_engine_has_settled() -> None:
     gate.wait(gate.deadline(), lambda: False)
     assert time.monotonic() - started < SETTLE_S / 2 and gate.yields == 0
     idle.clear()
-    idle.set()  # a turn just ended: wait out the settling time
     started = time.monotonic()
+    idle.set()  # a turn just ended: wait out the settling time
     gate.wait(gate.deadline(), lambda: False)
-    assert SETTLE_S <= time.monotonic() - started < SETTLE_S + 1
+    assert SETTLE_S <= time.monotonic() - started < SETTLE_S + 1 and idle.idle_for() >= SETTLE_S
     idle.clear()
     idle.set()
-    threading.Timer(SETTLE_S / 2, idle.clear).start()  # the next request arrives while settling
-    threading.Timer(0.3, idle.set).start()  # and is done at 0.3 s
+    asked = []
+
+    def next_request_while_settling() -> bool:  # hurry() is asked first on entry, then each round
+        asked.append(1)
+        if len(asked) == 2:
+            idle.clear()  # a submit while the writer waits out the settling time
+            threading.Timer(0.3, idle.set).start()  # that request is done 0.3 s later
+        return False
+
     started = time.monotonic()
-    gate.wait(gate.deadline(), lambda: False)
-    assert 0.3 + SETTLE_S <= time.monotonic() - started < 2
+    gate.wait(gate.deadline(), next_request_while_settling)
+    assert 0.3 + SETTLE_S <= time.monotonic() - started < 2 and idle.idle_for() >= SETTLE_S
     assert gate.yields == 2
     idle.clear()
     assert idle.idle_for() == 0.0
@@ -144,6 +152,11 @@ def test_the_loop_is_idle_only_with_nothing_to_run(tiny: TinyModel) -> None:
         handle.result(60)
         assert loop.idle.wait(5)
     assert loop.idle.is_set()  # a stopped loop never holds the writer back
+    assert loop.idle.idle_for() >= SETTLE_S  # as if idle for ever: no settling time either
+    late = loop.submit([1, 2, 3], SamplingParams(max_tokens=1))  # refused: the loop has stopped
+    with pytest.raises(EngineFailedError):
+        late.result(5)
+    assert loop.idle.idle_for() >= SETTLE_S  # the refused submit did not clear it for good
 
 
 def test_a_turn_written_while_the_engine_is_busy_resumes_exactly(

@@ -114,6 +114,7 @@ class EngineLoop:
         )
         self.idle.clear()
         if not self._put(msg):
+            self.idle.set_long_ago()  # a stopped loop never holds the KV writer back
             handle._fail(self._stopped_error())
         return handle
 

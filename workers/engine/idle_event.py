@@ -16,18 +16,27 @@ class IdleEvent(threading.Event):
     def __init__(self) -> None:
         super().__init__()
         self.since = 0.0  # time.monotonic() when it was last set from clear; 0: long ago
+        self._flip = threading.Lock()  # set/clear and ``since`` change together
 
     def set(self) -> None:
-        if not self.is_set():
-            self.since = time.monotonic()  # before set(): whoever sees it set sees this time
-        super().set()
+        with self._flip:
+            if not self.is_set():
+                self.since = time.monotonic()  # before set(): whoever sees it set sees this time
+            super().set()
+
+    def clear(self) -> None:
+        with self._flip:
+            super().clear()
 
     def set_long_ago(self) -> None:
         """Set, as if idle for ever (a stopped loop: nothing will run, nobody should wait)."""
-        self.since = 0.0
-        super().set()
+        with self._flip:
+            self.since = 0.0
+            super().set()
 
     def idle_for(self) -> float:
-        """Seconds the engine has been idle; 0.0 while it is not."""
-        since = self.since
-        return time.monotonic() - since if self.is_set() else 0.0
+        """Seconds the engine has been idle; 0.0 while it is not. Checked before ``since`` is read:
+        a set in between gives a fresher ``since``, so never too long an answer."""
+        if not self.is_set():
+            return 0.0
+        return time.monotonic() - self.since

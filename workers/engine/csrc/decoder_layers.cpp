@@ -104,7 +104,7 @@ void chunk_attention(float* out, const float* q, int64_t m, int64_t hq, int64_t 
   at::Tensor blocks = at::from_blob(const_cast<int64_t*>(table), {nb}, at::TensorOptions().dtype(at::kLong));
   // A context in consecutive pool blocks (a sequence loaded or computed into a fresh run of the
   // free queue, the usual case) is read in place; any other is gathered into a copy first.
-  bool consecutive = true;
+  bool consecutive = table[0] >= 0;  // narrow would wrap a negative start; index_select refuses it
   for (int64_t i = 1; i < nb && consecutive; ++i) consecutive = table[i] == table[0] + i;
   auto gather = [&](const float* half) {  // [1, Hkv, len, D]
     at::Tensor by_block = at::from_blob(const_cast<float*>(half), {num_blocks, block_size * hkv * d}, f32);
