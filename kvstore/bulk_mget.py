@@ -5,11 +5,10 @@ redis-py (with hiredis) copies a reply three times: socket -> its read buffer ->
 reply's bulk strings go from the socket into one numpy buffer per value (``recv_into``, the GIL
 released), and the values are memoryviews of those buffers: one copy, no allocation that is zeroed
 first. Only this one reply shape is read by hand (an array of bulk strings and nulls, RESP2 or
-RESP3); everything else
-(connecting, sending, the connection pool, retries, errors) stays redis-py's. A connection that
-fails mid-reply is disconnected (never reused half-read), and the MGET is retried once through
-redis-py, with its own retry policy; so is one that Redis answers with an error redis-py retries
-(LOADING, while it replays its file after a restart).
+RESP3); everything else (connecting, sending, the connection pool, retries, errors) stays
+redis-py's. A connection that fails mid-reply is disconnected (never reused half-read), and the
+MGET is retried once through redis-py, with its own retry policy; so is one that Redis answers
+with an error redis-py retries (LOADING, while it replays its file after a restart).
 """
 
 from __future__ import annotations
