@@ -154,7 +154,9 @@ class JobLeases:
         self._drop_previous = client.register_script(_DROP_PREVIOUS)
 
     def acquire(self, job_id: str, owner: str) -> Lease | LeaseHolder:
-        """A new lease (and epoch) if nobody holds one, else who does."""
+        """A new lease (and epoch) if nobody holds one, else who does. The bare take: a worker
+        starts a job with start() (one round trip with its bookkeeping); this one serves the lease
+        tests and the api tests' fake worker."""
         got, who, epoch, ttl = self._acquire(
             keys=[keys.job_lease(job_id), keys.job_epoch(job_id)], args=[owner, self.ttl_ms, EPOCH_TTL_S]
         )
