@@ -38,6 +38,7 @@ def run_tier_bench(settings: Settings, quick: bool, skip: set[str]) -> dict[str,
             results["resume_ratio_2048"] = results["resume"]["resume_ratio_2048"]
             results["fetch_mb_s"] = results["resume"]["fetch_mb_s"]
             results["fetch_vs_raw_mget"] = results["resume"]["fetch_vs_raw_mget"]
+            results["loading_pays_from_tokens"] = results["resume"]["loading_pays_from_tokens"]
             del loaded
         if "workload" not in skip:
             sessions, turns = (16, 4) if quick else (64, 6)
