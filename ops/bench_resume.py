@@ -132,7 +132,9 @@ def _resume_once(
     if stages:
         bs = fresh.pool.block_size
         hashes = hash_blocks(turn[: fetched * bs], bs, (), parent=root_hash((loaded.fingerprint, "")))
-        measured = _stages(tier, hashes, KVCache(fresh.layout, max(1, fetched), "cpu"))
+        pool = KVCache(fresh.layout, max(1, fetched), "cpu")
+        pool.block_writer = fresh.kv_cache.block_writer  # the engine's own copier
+        measured = _stages(tier, hashes, pool)
     del fresh
     gc.collect()
 

@@ -8,6 +8,7 @@ import random
 from broker.sampling import SamplingParams
 from kvstore.block_hash import hash_blocks
 from tests.workers._helpers import NO_EOS, TinyModel, assert_tokens, make_engine, random_prompt, run_checked
+from workers.engine import block_writer
 
 
 def test_evicted_blocks_come_back_from_the_warm_tier_exactly(tiny: TinyModel) -> None:
@@ -19,6 +20,8 @@ def test_evicted_blocks_come_back_from_the_warm_tier_exactly(tiny: TinyModel) ->
     params = SamplingParams(max_tokens=6, **NO_EOS)
     engine = make_engine(tiny.loaded, num_blocks=8, warm_cache_size_bytes=1 << 20)
     assert engine.tiers is not None
+    # where the CPU kernels build, the reload below goes through the streaming loader
+    assert (engine.kv_cache.block_writer is not None) == block_writer.available()
 
     out = run_checked(engine, {"first": (first, params)})["first"]
     assert_tokens(out.token_ids, tiny.expected(first, 6), "first")

@@ -1,12 +1,12 @@
 """kvferry's CPU kernels (csrc/*.cpp: paged decode attention, the decode-step GEMM, the decoder stack
-of a decode-only step in one call), built once per machine on first use.
+of a decode-only step in one call, the streaming block loader), built once per machine on first use.
 
 They are built with torch's own extension builder (`torch.utils.cpp_extension.load`, g++ and
 ninja) into one library in torch's extension cache (~/.cache/torch_extensions, or
 $TORCH_EXTENSIONS_DIR), named by a hash of the sources, the flags, torch's version and this CPU's
 instruction set; the first build takes ~20 s, later processes load the built library. Where it
 cannot be built (no compiler), each user keeps its torch path: decode_kernel.py's callers gather +
-SDPA, packed_linear.py packs for oneDNN.
+SDPA, packed_linear.py packs for oneDNN, KVCache.write_blocks copies with numpy.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ SOURCES = tuple(sorted((Path(__file__).with_name("csrc")).glob("*.cpp")))
 HEADERS = tuple(sorted((Path(__file__).with_name("csrc")).glob("*.h")))  # in the build key, not compiled
 _CFLAGS = ["-O3", "-march=native", "-fopenmp"]
 _BUILD_LOCK_TIMEOUT_S = 600  # a hung compiler ends in the torch paths, not in a worker that never starts
-_OPS = ("paged_decode", "skinny_linear", "decoder_layers")
+_OPS = ("paged_decode", "skinny_linear", "decoder_layers", "write_blocks")
 _lock = threading.Lock()
 _built: bool | None = None
 

@@ -14,7 +14,7 @@ from kvstore.block_pool import BlockPool
 from kvstore.kv_cache import KVCache
 from kvstore.stored_block import KVFormat
 from kvstore.warm_tier import WarmTier
-from workers.engine import engine_report
+from workers.engine import block_writer, engine_report
 from workers.engine.block_manager import BlockManager
 from workers.engine.config import EngineConfig
 from workers.engine.detokenizer import Detokenizer
@@ -54,6 +54,8 @@ class LLMEngine:
         device = next(self.loaded.model.parameters()).device
         self.layout = kv_layout(self.loaded, config.block_size)
         self.kv_cache = KVCache.from_budget(self.layout, config.cache_size_bytes, device)
+        if device.type == "cpu" and block_writer.available():  # loads streamed into the pool
+            self.kv_cache.block_writer = block_writer.write_blocks
         self.pool = BlockPool(self.kv_cache.num_blocks, config.block_size, config.enable_prefix_caching)
         self.block_manager = BlockManager(self.pool, self.loaded.fingerprint)
         self.kv_format = KVFormat.from_layout(self.layout, self.loaded.fingerprint)
