@@ -4,8 +4,8 @@ Content-addressed: a block is found by its hash, written once and never overwrit
 in packs (block_codec) of ``blocks_per_pack``, since values of a few MB move fastest. Every key is in
 kvstore/tier_keys.py; every change to the index, LRU, byte counter and pins is a Lua script
 (kvstore/lua, loaded by tier_scripts); the read path is kvstore/tier_reader.py (packs fetched
-ahead by tier_fetch); pins by owner are kvstore/tier_pins.py; the consistency check is
-kvstore/tier_integrity.py.
+ahead by tier_fetch); a write's transactions are kvstore/tier_write.py; pins by owner are
+kvstore/tier_pins.py; the consistency check is kvstore/tier_integrity.py.
 
 Bounded memory: the tier keeps its own LRU byte cap (``capacity_bytes``), and pinned packs count
 against it (pinned bytes are bounded per tenant by ``tenant_quota_bytes``; when pinned packs alone
@@ -20,24 +20,27 @@ reads as empty.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
 
 import redis
 
-from kvstore import tier_pins, tier_scripts
+from kvstore import tier_pins
 from kvstore.block_codec import encode_pack
 from kvstore.block_hash import BlockHash
 from kvstore.kv_quant import TierDtype, check_tier_dtype, encoded_nbytes
 from kvstore.stored_block import KVFormat, StoredBlock
 from kvstore.tier_fetch import PackFetcher, batched
 from kvstore.tier_integrity import TierIntegrityError, check_integrity
-from kvstore.tier_keys import HASH_LEN, PACK_TTL_S, TIER_REGISTRY, PinOwner, TierKeys
+from kvstore.tier_keys import HASH_LEN, PACK_TTL_S, PinOwner, TierKeys
 from kvstore.tier_pins import PinChange
 from kvstore.tier_reader import TierReader, leading
 from kvstore.tier_stats import RedisTierStats
+from kvstore.tier_write import OOM_RETRY_S, PackTransaction
 
+log = logging.getLogger(__name__)
 __all__ = ["HASH_LEN", "PACK_TTL_S", "PinChange", "RedisTier", "TierIntegrityError", "TierKeys"]
 
 # Packs per MULTI/EXEC, in bytes: Redis runs a transaction whole, so a turn's write-through
@@ -54,6 +57,7 @@ _LOCAL_COUNTERS = (
     "read_misses",
     "packs_dropped",
     "packs_evicted",
+    "write_oom_retries",
 )
 
 
@@ -90,6 +94,7 @@ class RedisTier:
         self._reader = TierReader(client, self.keys, fmt, self.tier_dtype, self.fetcher)
         self._lock = threading.Lock()  # guards the counters: writer and task threads share a tier
         self._counts = dict.fromkeys(_LOCAL_COUNTERS, 0)
+        self.oom_pause: Callable[[], None] = lambda: time.sleep(OOM_RETRY_S)  # tests drain Redis here
 
     def put(self, blocks: Sequence[StoredBlock], before_tx: Callable[[], None] | None = None) -> int:
         """Write the blocks not yet indexed, consecutive ones packed together; returns blocks written.
@@ -131,26 +136,15 @@ class RedisTier:
         """The packs and their index entries in one MULTI/EXEC; returns the blocks written."""
         if before_tx is not None:
             before_tx()
-        pipe = self.client.pipeline(transaction=True)
-        keys: list[str] = []
-        args: list[bytes | float] = []
-        for i, (group, pack) in enumerate(zip(groups, packs, strict=True)):
-            members = [b.block_hash for b in group]
-            keys.append(self.keys.pack(members))
-            pipe.set(keys[-1], pack, nx=True, ex=PACK_TTL_S)
-            # A sequence's later packs count as used earlier: its tail is evicted before its prefix.
-            args += [b"".join(members), now - (first + i) * 1e-6]
-        pipe.sadd(TIER_REGISTRY, self.keys.fingerprint)
-        namespace = [*self.keys.namespace(), *keys]
-        pipe.eval(
-            tier_scripts.script(tier_scripts.REGISTER),
-            len(namespace),
-            *namespace,
-            self.capacity_bytes,
-            self.tenant_quota_bytes,
-            *args,
-        )
-        written, written_bytes, evicted = (int(n) for n in pipe.execute()[-1])
+        tx = PackTransaction(self.client, self.keys, self.capacity_bytes, self.tenant_quota_bytes)
+        try:
+            replies = tx.send(groups, packs, now, first)
+        except redis.exceptions.OutOfMemoryError:  # refused whole (EXECABORT): nothing of it ran
+            log.info("the KV Redis is over maxmemory, nothing to evict: writing again in %g s", OOM_RETRY_S)
+            self._count(write_oom_retries=1)
+            self.oom_pause()
+            replies = tx.send(groups, packs, now, first)
+        written, written_bytes, evicted = (int(n) for n in replies[-1])
         self._count(blocks_written=written, bytes_written=written_bytes, packs_evicted=evicted)
         return written
 

@@ -34,6 +34,7 @@ class RedisTierStats:
     read_misses: int  # blocks asked of get_run and not returned
     packs_dropped: int  # corrupt or foreign packs found and deleted
     packs_evicted: int  # by this process's puts and unpins, to keep under the capacity
+    write_oom_retries: int  # transactions Redis refused over its maxmemory, sent again (redis_tier.py)
 
     def to_dict(self) -> dict[str, int]:
         return asdict(self)
