@@ -38,7 +38,7 @@ from kvstore.tier_keys import HASH_LEN, PACK_TTL_S, PinOwner, TierKeys
 from kvstore.tier_pins import PinChange
 from kvstore.tier_reader import TierReader, leading
 from kvstore.tier_stats import RedisTierStats
-from kvstore.tier_write import OOM_RETRY_S, PackTransaction
+from kvstore.tier_write import OOM_RETRY_S, PackTransaction, refused_over_maxmemory
 
 log = logging.getLogger(__name__)
 __all__ = ["HASH_LEN", "PACK_TTL_S", "PinChange", "RedisTier", "TierIntegrityError", "TierKeys"]
@@ -94,6 +94,7 @@ class RedisTier:
         self._reader = TierReader(client, self.keys, fmt, self.tier_dtype, self.fetcher)
         self._lock = threading.Lock()  # guards the counters: writer and task threads share a tier
         self._counts = dict.fromkeys(_LOCAL_COUNTERS, 0)
+        self._tx = PackTransaction(client, self.keys, capacity_bytes, tenant_quota_bytes)
         self.oom_pause: Callable[[], None] = lambda: time.sleep(OOM_RETRY_S)  # tests drain Redis here
 
     def put(self, blocks: Sequence[StoredBlock], before_tx: Callable[[], None] | None = None) -> int:
@@ -136,14 +137,17 @@ class RedisTier:
         """The packs and their index entries in one MULTI/EXEC; returns the blocks written."""
         if before_tx is not None:
             before_tx()
-        tx = PackTransaction(self.client, self.keys, self.capacity_bytes, self.tenant_quota_bytes)
         try:
-            replies = tx.send(groups, packs, now, first)
-        except redis.exceptions.OutOfMemoryError:  # refused whole (EXECABORT): nothing of it ran
+            replies = self._tx.send(groups, packs, now, first)
+        except redis.exceptions.ResponseError as exc:
+            if not refused_over_maxmemory(exc):
+                raise
             log.info("the KV Redis is over maxmemory, nothing to evict: writing again in %g s", OOM_RETRY_S)
             self._count(write_oom_retries=1)
             self.oom_pause()
-            replies = tx.send(groups, packs, now, first)
+            if before_tx is not None:
+                before_tx()
+            replies = self._tx.send(groups, packs, now, first)
         written, written_bytes, evicted = (int(n) for n in replies[-1])
         self._count(blocks_written=written, bytes_written=written_bytes, packs_evicted=evicted)
         return written

@@ -3,9 +3,11 @@ MULTI/EXEC (kvstore/redis_tier.py sends a put as several, each self-contained).
 
 Redis refuses a write it cannot make room for (OOM, the whole transaction discarded) when what
 fills its memory is no evictable key: large replies in flight count against maxmemory too (two
-MGETs of a few MB beside a write fill an 8 MB Redis). Those buffers drain in milliseconds, so the
-tier sends a refused transaction once more after OOM_RETRY_S; refused again, the write fails and
-the KV writer drops it, counted.
+MGETs of a few MB beside a write fill an 8 MB Redis). It refuses either a queued command (redis-py
+raises OutOfMemoryError) or, when memory went over between queueing and EXEC, the EXEC itself
+(ExecAbortError "... because of: OOM ..."). Nothing of a refused transaction ran and the buffers
+drain in milliseconds, so the tier sends it once more after OOM_RETRY_S; refused again, the write
+fails and the KV writer drops it, counted.
 """
 
 from __future__ import annotations
@@ -20,6 +22,13 @@ from kvstore.stored_block import StoredBlock
 from kvstore.tier_keys import PACK_TTL_S, TIER_REGISTRY, TierKeys
 
 OOM_RETRY_S = 0.05
+
+
+def refused_over_maxmemory(exc: redis.exceptions.ResponseError) -> bool:
+    """Whether Redis discarded a transaction for want of memory (see above)."""
+    if isinstance(exc, redis.exceptions.OutOfMemoryError):
+        return True
+    return isinstance(exc, redis.exceptions.ExecAbortError) and "OOM" in str(exc)
 
 
 class PackTransaction:

@@ -8,6 +8,7 @@ import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -94,3 +95,44 @@ def test_a_write_refused_twice_raises_and_stores_nothing(
     assert not _over_maxmemory(client)
     assert tier.get_run([b.block_hash for b in blocks]) == []
     assert tier.stats().bytes_stored == 0
+
+
+EXEC_REFUSED = "Transaction discarded because of: OOM command not allowed when used memory > 'maxmemory'."
+
+
+@pytest.mark.parametrize(
+    ("error", "retried"),
+    [
+        (redis.exceptions.ExecAbortError(EXEC_REFUSED), True),
+        (redis.exceptions.ExecAbortError("WRONGTYPE"), False),
+    ],
+    ids=["exec-refused-over-maxmemory", "other-abort"],
+)
+def test_an_exec_refused_over_maxmemory_is_sent_again_and_no_other_abort_is(
+    redis_client: redis.Redis,
+    tiny_fmt: KVFormat,
+    make_blocks: MakeBlocks,
+    error: redis.exceptions.ExecAbortError,
+    retried: bool,
+) -> None:
+    """When memory goes over between queueing and EXEC, Redis refuses the EXEC itself (redis-py:
+    ExecAbortError naming OOM); the transaction is then stood in for by one that raises that once."""
+    tier = RedisTier(redis_client, tiny_fmt, 64 * 1024**2)
+    send, calls = tier._tx.send, []
+
+    def refused_once(*args: Any) -> list[Any]:
+        calls.append(args)
+        if len(calls) == 1:
+            raise error
+        return send(*args)
+
+    tier._tx.send = refused_once  # type: ignore[method-assign]
+    tier.oom_pause = lambda: None
+    blocks = make_blocks(3)
+    if retried:
+        assert tier.put(blocks) == 3
+        assert tier.get_run([b.block_hash for b in blocks]) != []
+    else:
+        with pytest.raises(redis.exceptions.ExecAbortError):
+            tier.put(blocks)
+    assert (len(calls), tier.stats().write_oom_retries) == ((2, 1) if retried else (1, 0))
