@@ -129,3 +129,24 @@ def test_a_confined_thread_runs_torch_on_itself_alone() -> None:
     thread.join(30)
     assert seen == [1]
     assert torch.get_num_threads() == mine
+
+
+def test_stats_after_a_job_do_not_walk_the_model(tiny: TinyModel, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The loop refreshes its stats snapshot on its own thread right after a job's last step, while
+    the job's task thread waits for the GIL to publish the result: the weights' size is counted once,
+    when the engine is built, not by walking every parameter again each time."""
+    engine = make_engine(tiny.loaded, num_blocks=32)
+    weights = tiny.loaded.weights_bytes
+
+    def walked(_: object) -> int:
+        raise AssertionError("stats() walked the model's parameters")
+
+    monkeypatch.setattr(type(tiny.loaded), "weights_bytes", property(walked))
+    with EngineLoop(engine) as loop:
+        prompt = [5, 6, 7, 8]
+        final = loop.submit(prompt, SamplingParams(max_tokens=3, **NO_EOS)).result(timeout=60)
+        stats = loop.call(lambda e: e.stats())
+    assert_tokens(final.token_ids, tiny.expected(prompt, 3), "the job")
+    assert stats.num_steps > 0 and stats.memory.weights_bytes == weights
+    latest = loop.latest_stats  # the snapshot the loop took itself (a failed refresh leaves an old one)
+    assert latest is not None and latest.num_steps == stats.num_steps

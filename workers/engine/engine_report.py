@@ -15,7 +15,7 @@ def memory_breakdown(engine: LLMEngine) -> MemoryBreakdown:
     stats = engine.pool.stats()
     per = engine.layout.bytes_per_block
     return MemoryBreakdown(
-        weights_bytes=engine.loaded.weights_bytes,
+        weights_bytes=engine.weights_bytes,
         pool_bytes=engine.kv_cache.nbytes,
         used_bytes=stats.blocks_used * per,
         cached_bytes=stats.blocks_cached * per,

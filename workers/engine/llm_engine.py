@@ -72,6 +72,10 @@ class LLMEngine:
             decode_kernel=config.decode_kernel,
             fused_decode=config.fused_decode,
         )
+        # Once, after the runner packed the linears: walking every parameter took ~0.7 ms of the
+        # engine thread's GIL, and stats() ran right after a job's last step, while its task thread
+        # waited for the GIL to publish the result.
+        self.weights_bytes = self.loaded.weights_bytes
         self.sampler = Sampler(device)
         self.detokenizer = Detokenizer(self.tokenizer)
         self.max_model_len = min(config.max_model_len or self.loaded.max_model_len, self.loaded.max_model_len)
