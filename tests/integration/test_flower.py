@@ -1,28 +1,32 @@
 """Flower, as `kvferry serve` runs it (basic auth, its API too), lists the workers with their KV
-figures."""
+figures; workers send task events only while a monitor such as Flower asks for them."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 
 import httpx
 import pytest
+import redis
 
 from ops.redis_server import RedisServer, free_port
+from tests.integration import jobs
 from tests.integration.conftest import ROOT, WorkerProcess, wait_for
 
 AUTH = ("kvferry", "flower-test-password")
 
 
-@pytest.fixture
-def flower_url(redis_server: RedisServer, tmp_path: object) -> Iterator[str]:
+@contextlib.contextmanager
+def running_flower(broker_url: str) -> Iterator[str]:
     port = free_port()
     env = {k: v for k, v in os.environ.items() if k != "FLOWER_UNAUTHENTICATED_API"}
     # As ops/stack.py starts it: broker and credentials through the environment, not argv.
-    env |= {"BROKER_URL": redis_server.url, "FLOWER_BASIC_AUTH": ":".join(AUTH)}
+    env |= {"BROKER_URL": broker_url, "FLOWER_BASIC_AUTH": ":".join(AUTH)}
     process = subprocess.Popen(
         [sys.executable, "-m", "celery", "flower", f"--port={port}", "--address=127.0.0.1"],
         cwd=ROOT,
@@ -46,6 +50,12 @@ def flower_url(redis_server: RedisServer, tmp_path: object) -> Iterator[str]:
         process.wait(10)
 
 
+@pytest.fixture
+def flower_url(redis_server: RedisServer) -> Iterator[str]:
+    with running_flower(redis_server.url) as url:
+        yield url
+
+
 def test_flower_api_lists_workers_with_kv_figures(
     two_workers: tuple[WorkerProcess, WorkerProcess], flower_url: str
 ) -> None:
@@ -62,3 +72,36 @@ def test_flower_api_lists_workers_with_kv_figures(
         assert figures["engine"]["pool_blocks_total"] > 0
         assert 0.0 <= figures["kv_usage"] <= 1.0 and "prefix_hit_rate" in figures
         assert figures["queue"] == worker.queue
+
+
+def test_task_events_only_while_a_monitor_asks(
+    worker_factory: Callable[..., WorkerProcess], celery_app: object, redis_server: RedisServer
+) -> None:
+    """Celery's default: no task events (three Redis publishes a job, ~2 ms of a 1-token job's p50 on
+    2 cores) until a monitor enables them; Flower does, every few seconds, and then lists the jobs.
+    A worker of its own: Flower leaves events on in the workers it has seen."""
+    worker = worker_factory("events")  # stopped after this test: it would serve the shared queue
+    client = redis.Redis.from_url(redis_server.url)
+    events = client.pubsub(ignore_subscribe_messages=True)
+    events.psubscribe("*celeryev*")  # kombu's fanout exchange for Celery events, on Redis
+    jobs.send(celery_app, jobs.token_job([5, 6, 7], 2), queue=worker.queue).get(timeout=60)
+    channels: list[bytes] = []
+    until = time.monotonic() + 2.5  # a worker heartbeat (an event of its own) every 2 s
+    while (
+        message := events.get_message(timeout=max(0.0, until - time.monotonic()))
+    ) or time.monotonic() < until:
+        if message:
+            channels.append(message["channel"])  # e.g. b"/0.celeryev/task.multi": routing key last
+    assert channels, "no Celery event at all: the subscription sees nothing (heartbeats are events too)"
+    assert not [c for c in channels if b"celeryev/task." in c], f"task events, no monitor asking: {channels}"
+
+    with running_flower(redis_server.url) as url:
+
+        def listed() -> bool:
+            job = jobs.send(celery_app, jobs.token_job([5, 6, 8], 2), queue=worker.queue)
+            job.get(timeout=60)
+            tasks = httpx.get(f"{url}/api/tasks", auth=AUTH, timeout=10).json()
+            return job.id in tasks
+
+        wait_for(listed, 60, "a job in Flower's task list")
+    events.close()
