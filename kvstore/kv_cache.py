@@ -34,7 +34,7 @@ class KVLayout:
     @property
     def bytes_per_token(self) -> int:
         # K and V, every layer: 2 x layers x kv heads x head dim x element size
-        elem = torch.empty((), dtype=self.dtype).element_size()
+        elem = self.dtype.itemsize  # no tensor made for it: engine stats read it after steps
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * elem
 
     @property
