@@ -97,6 +97,7 @@ class JobAttempt:
             cache_salt=job.kv_salt,
             output_token_ids=before.token_ids,
             streamed_chars=before.text_chars,
+            reports_first_out=True,  # _stream publishes the first token before the next step runs
         )
         self.stages["submitted"] = time.time()
 
@@ -118,6 +119,7 @@ class JobAttempt:
             handle.cancel()
             raise
         finally:
+            handle.first_out()  # never left waiting for (it is a no-op once the token is out)
             timer.cancel()
         now = time.time()
         self.stages["finished"] = now
@@ -204,6 +206,7 @@ class JobAttempt:
                 except StaleLeaseError:
                     handle.cancel()  # a zombie: stop the request, write nothing more
                     raise
+                handle.first_out()  # the engine may step on (it waits for the first one only)
                 if cancelled and not out.finished:
                     handle.cancel()
             final = out

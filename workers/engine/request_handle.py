@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import queue
+import threading
 from collections.abc import Iterator
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
@@ -18,17 +19,34 @@ _STREAM_END = object()
 class RequestHandle:
     """A submitted request: iterate it for deltas as they are made, or wait for the final output."""
 
-    def __init__(self, request_id: str, loop: EngineLoop) -> None:
+    def __init__(self, request_id: str, loop: EngineLoop, reports_first_out: bool = False) -> None:
         self.request_id = request_id
         self._loop = loop
         self._deltas: queue.Queue[Any] = queue.Queue()
         self._future: Future[RequestOutput] = Future()
+        # A consumer that calls first_out() once it has passed the first token on: the loop then
+        # holds its next step for it, a few ms at most (EngineLoop.FIRST_OUT_WAIT_S).
+        self.reports_first_out = reports_first_out
+        self._first_out = threading.Event()
+        self._gave_tokens = False
 
-    def _publish(self, out: RequestOutput) -> None:
+    def _publish(self, out: RequestOutput) -> bool:
+        """Hand ``out`` to the consumer; True if the loop should wait for first_out() now (the
+        request's first tokens, more to come, and a consumer that reports)."""
+        first = bool(out.delta_token_ids) and not self._gave_tokens
+        self._gave_tokens = self._gave_tokens or first
         self._deltas.put(out)
         if out.finished:
             self._deltas.put(_STREAM_END)
             self._future.set_result(out)
+        return first and not out.finished and self.reports_first_out
+
+    def first_out(self) -> None:
+        """Called by the consumer once the first token has left (published): the loop steps on."""
+        self._first_out.set()
+
+    def _wait_first_out(self, timeout: float) -> bool:
+        return self._first_out.wait(timeout)
 
     def _fail(self, exc: BaseException) -> None:
         if not self._future.done():
