@@ -74,6 +74,7 @@ class SettingsFields(BaseModel):
     packed_linear: bool = True  # CPU fp32: linears on kvferry's decode-step GEMM (else oneDNN-packed)
     decode_kernel: bool = True  # CPU fp32: decodes attend over the KV pool in place (a C++ kernel)
     fused_decode: bool = True  # CPU fp32: a decode-only step's decoder stack in one C++ call
+    first_token_hold_s: float = 0.005  # the next step waits for a job's first token to go out; 0 = never
     default_max_tokens: int = 1024  # max_tokens of a request that names none (capped by the context)
     debug_slow_step_s: float = 0.0  # test hook: prefill steps sleep this much longer
     debug_crash_step: int = 0  # test hook: the N-th engine step raises once; 0 = never

@@ -56,6 +56,13 @@ def engine_options(fn: Callable[..., Any]) -> Callable[..., Any]:
             help=f"how long the KV writer may wait for an idle engine ({DEFAULTS.kv_write_defer_s} s)",
         ),
         click.option(
+            "--first-token-hold",
+            "first_token_hold_s",
+            type=float,
+            help="how long the engine's next step may wait for a job's first token to be published "
+            f"({DEFAULTS.first_token_hold_s} s; 0 = never)",
+        ),
+        click.option(
             "--max-prefill-tokens-with-decodes",
             type=int,
             help="prompt tokens per step while sequences decode (default: only the step budget)",

@@ -12,7 +12,7 @@ import torch
 from broker.errors import InvalidRequestError
 from broker.sampling import SamplingParams
 from tests.workers._helpers import NO_EOS, TinyModel, assert_tokens, make_engine, random_prompt
-from workers.engine import engine_loop, omp_team
+from workers.engine import omp_team
 from workers.engine.engine_loop import EngineLoop
 from workers.engine.llm_engine import LLMEngine
 from workers.engine.request_output import RequestOutput
@@ -153,13 +153,10 @@ def test_stats_after_a_job_do_not_walk_the_model(tiny: TinyModel, monkeypatch: p
     assert latest is not None and latest.num_steps == stats.num_steps
 
 
-def test_the_next_step_waits_until_the_first_token_is_out(
-    tiny: TinyModel, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_the_next_step_waits_until_the_first_token_is_out(tiny: TinyModel) -> None:
     """A consumer that reports first_out() gets its first token out before the loop fills the cores
     with the next step; tokens stay exact."""
-    monkeypatch.setattr(engine_loop, "FIRST_OUT_WAIT_S", 60.0)  # only first_out() lets it go on
-    engine = make_engine(tiny.loaded, num_blocks=32)
+    engine = make_engine(tiny.loaded, num_blocks=32, first_token_hold_s=60.0)  # only first_out() ends it
     prompt = [11, 12, 13, 14, 15]
     with EngineLoop(engine) as loop:
         handle = loop.submit(prompt, SamplingParams(max_tokens=5, **NO_EOS), reports_first_out=True)
@@ -169,18 +166,30 @@ def test_the_next_step_waits_until_the_first_token_is_out(
         time.sleep(0.3)  # a tiny model's steps take ms: without the wait, the request would be done
         assert engine.counters.num_steps == steps and not handle.done(), "stepped before first_out()"
         handle.first_out()
+        handle.result(timeout=10)  # first_out() let it go on (the hold is 60 s)
         rest = list(deltas)
     tokens = [t for d in [first, *rest] for t in d.delta_token_ids]
     assert_tokens(tokens, tiny.expected(prompt, 5), "the request")
 
 
-def test_a_consumer_that_never_reports_only_costs_the_cap(tiny: TinyModel) -> None:
-    engine = make_engine(tiny.loaded, num_blocks=32)
+def test_a_consumer_that_never_reports_costs_the_hold_once(tiny: TinyModel) -> None:
+    """A reporting consumer that never calls first_out() holds the loop first_token_hold_s once,
+    then the loop steps on for it and its batch-mate; consumers that do not report are never held."""
+    hold = 0.3
+    engine = make_engine(tiny.loaded, num_blocks=32, first_token_hold_s=hold)
     prompts = {"silent": [21, 22, 23], "mate": [31, 32, 33, 34]}
     with EngineLoop(engine) as loop:
+        mate = loop.submit(prompts["mate"], SamplingParams(max_tokens=40, **NO_EOS))
+        next(iter(mate))  # decoding: the silent one's first token comes in a step the mate shares
+        started = time.monotonic()
         silent = loop.submit(
             prompts["silent"], SamplingParams(max_tokens=6, **NO_EOS), reports_first_out=True
         )
-        mate = loop.submit(prompts["mate"], SamplingParams(max_tokens=6, **NO_EOS))
-        for name, handle in (("silent", silent), ("mate", mate)):
-            assert_tokens(handle.result(timeout=30).token_ids, tiny.expected(prompts[name], 6), name)
+        assert_tokens(silent.result(timeout=30).token_ids, tiny.expected(prompts["silent"], 6), "silent")
+        held = time.monotonic() - started
+        assert_tokens(mate.result(timeout=30).token_ids, tiny.expected(prompts["mate"], 40), "mate")
+    assert hold <= held < 20 * hold, held
+    quiet = make_engine(tiny.loaded, num_blocks=32, first_token_hold_s=60.0)
+    with EngineLoop(quiet) as loop:  # no consumer reports: the 60 s hold never applies
+        handle = loop.submit(prompts["mate"], SamplingParams(max_tokens=6, **NO_EOS))
+        assert_tokens(handle.result(timeout=10).token_ids, tiny.expected(prompts["mate"], 6), "unheld")

@@ -35,6 +35,10 @@ class EngineConfig:
     # CPU fp32, with both above: a decode-only step's decoder stack in one C++ call
     # (workers/engine/fused_decoder); off: transformers' modules around the same kernels.
     fused_decode: bool = DEFAULTS.fused_decode
+    # After a step that gave a request its first token, the loop (EngineLoop) waits up to this long
+    # for the consumers that report it (RequestHandle.first_out) to have published it: the next
+    # step would fill the cores meanwhile. 0: never waits.
+    first_token_hold_s: float = DEFAULTS.first_token_hold_s
     default_max_tokens: int | None = None  # a request naming no max_tokens; None: the room left
     # Fault hooks for tests: a step that computes prompt tokens sleeps this much longer, and the
     # N-th step (1-based) raises RuntimeError once. 0 disables each.
@@ -57,6 +61,8 @@ class EngineConfig:
             raise ValueError(f"max_prefill_tokens_with_decodes must be None or >= 1, got {cap}")
         if self.dtype not in ("float32", "float16", "bfloat16"):
             raise ValueError(f"dtype must be float32, float16 or bfloat16, got {self.dtype}")
+        if not 0.0 <= self.first_token_hold_s <= 60.0:
+            raise ValueError(f"first_token_hold_s must be in [0, 60], got {self.first_token_hold_s}")
         if not 0.0 <= self.debug_slow_step_s < 3600.0:
             raise ValueError(f"debug_slow_step_s must be in [0, 3600), got {self.debug_slow_step_s}")
         if self.debug_crash_step < 0:

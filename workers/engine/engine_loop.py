@@ -27,12 +27,6 @@ STATS_MIN_GAP_S = 0.05  # while busy, at most this often (pool.stats() walks eve
 # Failed steps in a row, with no good step between, after which the loop gives up and dies (a
 # broken device fails every step): the worker then reports unhealthy instead of churning jobs.
 MAX_FAILED_STEPS_IN_ROW = 3
-# After a step that gave a request its first token, the loop waits up to this long for consumers
-# that report it (RequestHandle.first_out) to have published it: the next step would fill both
-# cores meanwhile. Measured on 2 cores, streamed cached requests through the api: first token to
-# the client 5.2 -> 3.4-4.2 ms (mean, A/B). A publish takes ~0.5 ms on free cores; the cap bounds
-# what a slow consumer costs its batch-mates, once per request.
-FIRST_OUT_WAIT_S = 0.005
 
 
 class EngineLoop:
@@ -116,7 +110,10 @@ class EngineLoop:
     ) -> RequestHandle:
         """Queue a request (see LLMEngine.add_request); errors arrive through the handle.
         ``reports_first_out``: the caller calls handle.first_out() once it has passed the first
-        token on, and the loop holds its next step for that (FIRST_OUT_WAIT_S at most)."""
+        token on, and the loop holds its next step for that (EngineConfig.first_token_hold_s at
+        most: the next step would fill the cores while the token crosses the task thread, Redis and
+        the api; measured on 2 cores, streamed cached requests: first token to the client 5.2 ->
+        3.4-4.2 ms, mean, A/B)."""
         rid = request_id or f"req-{uuid.uuid4().hex[:12]}-{next(self._ids)}"
         handle = RequestHandle(rid, self, reports_first_out)
         msg = Submit(
@@ -257,8 +254,9 @@ class EngineLoop:
                 target._fail(errors.get(out.request_id) or RequestFailedError(out.error or "failed", None))
             elif target._publish(out):
                 first_out.append(target)
-        if first_out and self._inbox.empty():  # a new arrival is not kept waiting for it
-            deadline = time.monotonic() + FIRST_OUT_WAIT_S
+        hold = self.engine.config.first_token_hold_s
+        if first_out and hold > 0 and self._inbox.empty():  # no message waits for it (a submit, abort, call)
+            deadline = time.monotonic() + hold
             for handle in first_out:
                 handle._wait_first_out(max(0.0, deadline - time.monotonic()))
         self._refresh_stats(force=not self.engine.has_unfinished())

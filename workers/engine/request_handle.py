@@ -25,7 +25,7 @@ class RequestHandle:
         self._deltas: queue.Queue[Any] = queue.Queue()
         self._future: Future[RequestOutput] = Future()
         # A consumer that calls first_out() once it has passed the first token on: the loop then
-        # holds its next step for it, a few ms at most (EngineLoop.FIRST_OUT_WAIT_S).
+        # holds its next step for it, a few ms at most (EngineConfig.first_token_hold_s).
         self.reports_first_out = reports_first_out
         self._first_out = threading.Event()
         self._gave_tokens = False
