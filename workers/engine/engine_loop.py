@@ -18,7 +18,7 @@ from workers.engine.errors import EngineFailedError, RequestFailedError
 from workers.engine.idle_event import IdleEvent
 from workers.engine.llm_engine import LLMEngine
 from workers.engine.loop_messages import Abort, Call, LoopMessage, Submit
-from workers.engine.request_handle import RequestHandle
+from workers.engine.request_handle import RequestHandle, hold_for_first_out
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -109,11 +109,8 @@ class EngineLoop:
         reports_first_out: bool = False,
     ) -> RequestHandle:
         """Queue a request (see LLMEngine.add_request); errors arrive through the handle.
-        ``reports_first_out``: the caller calls handle.first_out() once it has passed the first
-        token on, and the loop holds its next step for that (EngineConfig.first_token_hold_s at
-        most: the next step would fill the cores while the token crosses the task thread, Redis and
-        the api; measured on 2 cores, streamed cached requests: first token to the client 5.2 ->
-        3.4-4.2 ms, mean, A/B)."""
+        ``reports_first_out``: the caller calls handle.first_out() once its first token is out
+        (RequestHandle: the loop holds its next step for that)."""
         rid = request_id or f"req-{uuid.uuid4().hex[:12]}-{next(self._ids)}"
         handle = RequestHandle(rid, self, reports_first_out)
         msg = Submit(
@@ -254,11 +251,8 @@ class EngineLoop:
                 target._fail(errors.get(out.request_id) or RequestFailedError(out.error or "failed", None))
             elif target._publish(out):
                 first_out.append(target)
-        hold = self.engine.config.first_token_hold_s
-        if first_out and hold > 0 and self._inbox.empty():  # no message waits for it (a submit, abort, call)
-            deadline = time.monotonic() + hold
-            for handle in first_out:
-                handle._wait_first_out(max(0.0, deadline - time.monotonic()))
+        if first_out and self._inbox.empty():  # no message waits for it (a submit, abort, call)
+            hold_for_first_out(first_out, self.engine.config.first_token_hold_s)
         self._refresh_stats(force=not self.engine.has_unfinished())
 
     def _restart(self, exc: Exception) -> None:
