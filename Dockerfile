@@ -10,7 +10,7 @@ ENV PYTHONUNBUFFERED=1 \
     KVFERRY_CACHE_DIR=/var/cache/kvferry \
     TORCH_EXTENSIONS_DIR=/var/cache/kvferry/torch_extensions
 
-# g++ builds the CPU kernels on first use (workers/engine/cpu_kernels.py).
+# g++ builds the CPU kernels on first use (workers/engine/kernels/build.py).
 RUN apt-get update && apt-get install -y --no-install-recommends g++ && rm -rf /var/lib/apt/lists/*
 
 WORKDIR /app

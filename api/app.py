@@ -8,12 +8,13 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from api import openapi_doc, routes_jobs, routes_openai, routes_ops, routes_sessions
 from api.config import ApiConfig
 from api.context import ApiContext
 from api.errors import install_error_handlers
-from api.job_client import JobClient
+from api.jobs.client import JobClient
 from api.metrics import ApiMetrics, RequestCounter
+from api.routes import jobs, openai, ops, sessions
+from api.schema import openapi_doc
 from api.tenants import KeyRing
 from api.tier_metrics import TierReader
 
@@ -38,10 +39,10 @@ def create_app(config: ApiConfig) -> FastAPI:
     app.state.ctx = ctx
     install_error_handlers(app)
     app.add_middleware(RequestCounter, metrics=ctx.metrics)
-    app.include_router(routes_openai.router)
-    app.include_router(routes_jobs.router)
-    app.include_router(routes_ops.router)
-    app.include_router(routes_sessions.router)
+    app.include_router(openai.router)
+    app.include_router(jobs.router)
+    app.include_router(ops.router)
+    app.include_router(sessions.router)
     openapi_doc.install(app)
     return app
 

@@ -13,14 +13,15 @@ import anyio
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from redis import RedisError
 
-from api import sse, tenant_jobs
 from api.context import ApiContext
 from api.errors import error_response, failed_response
-from api.job_errors import ClientGoneError, JobTimeoutError
-from api.job_meta import JobMeta
-from api.job_outcome import is_final
-from api.job_view import failed_body
-from api.openai_schema import CompletionRequest, error_body, response_body
+from api.jobs import tenant_jobs
+from api.jobs.errors import ClientGoneError, JobTimeoutError
+from api.jobs.meta import JobMeta
+from api.jobs.outcome import is_final
+from api.jobs.view import failed_body
+from api.schema import sse
+from api.schema.openai import CompletionRequest, error_body, response_body
 from api.stage_clock import StageClock
 from broker.errors import CodecError
 from broker.messages import JobDone, JobFailed, StreamEvent, TokenDelta, Usage

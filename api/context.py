@@ -8,7 +8,7 @@ from typing import Annotated
 from fastapi import Depends, Request
 
 from api.config import ApiConfig
-from api.job_client import JobClient
+from api.jobs.client import JobClient
 from api.metrics import ApiMetrics
 from api.tenants import KeyRing
 from api.tier_metrics import TierReader

@@ -11,9 +11,9 @@ from fastapi.responses import JSONResponse
 from kombu.exceptions import OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from api.job_errors import BrokerUnavailableError
-from api.job_view import failed_body
-from api.openai_schema import error_body
+from api.jobs.errors import BrokerUnavailableError
+from api.jobs.view import failed_body
+from api.schema.openai import error_body
 from broker.errors import CodecError, InvalidRequestError, UnknownModelError
 from broker.messages import JobFailed
 

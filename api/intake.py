@@ -12,13 +12,14 @@ from typing import Any
 
 from fastapi import Request
 
-from api import json_guard, tenant_jobs
 from api.context import ApiContext
 from api.errors import ApiError
-from api.job_meta import JobMeta
-from api.openai_schema import CompletionRequest, parse_request
-from api.request_models import ID_PATTERN
+from api.jobs import tenant_jobs
+from api.jobs.meta import JobMeta
 from api.router import choose_queue
+from api.schema import json_guard
+from api.schema.openai import CompletionRequest, parse_request
+from api.schema.requests import ID_PATTERN
 from api.stage_clock import StageClock
 from broker.errors import InvalidRequestError, UnknownModelError
 

@@ -19,8 +19,9 @@ from prometheus_client.registry import Collector
 from starlette.routing import BaseRoute
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from api import fleet, tenant_jobs
+from api import fleet
 from api.fleet import WorkerView
+from api.jobs import tenant_jobs
 from broker.messages import EngineFigures, Usage
 
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320, 640)
@@ -58,7 +59,7 @@ class Snapshot:
     views: list[WorkerView] = field(default_factory=list)
     depths: dict[str, int] = field(default_factory=dict)
     tenant_jobs: dict[str, int] = field(default_factory=dict)
-    tier: dict[str, Any] | None = None  # kvstore.tier_report.read_report's, when readable
+    tier: dict[str, Any] | None = None  # kvstore.redis.report.read_report's, when readable
 
 
 class _FromRedis(Collector):

@@ -8,7 +8,7 @@
 
 When a session's turn goes to a worker other than its last one (which is gone or busy), that
 worker gets a prefetch hint first: it loads the session's blocks from the Redis tier into its
-warm tier while the job waits in its queue (workers/prefetch.py).
+warm tier while the job waits in its queue (workers/tiers/prefetch.py).
 """
 
 from __future__ import annotations
@@ -23,9 +23,10 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from api import fleet
-from broker import keys, prefetch_hint, session_store
+from broker import keys, prefetch_hint
 from broker.messages import GenerateJob, SessionRecord, WorkerStatus
 from broker.prefix_digest import chat_digests, text_digests
+from broker.sessions import store as session_store
 
 
 @dataclass(frozen=True, slots=True)

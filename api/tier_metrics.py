@@ -1,4 +1,4 @@
-"""The Redis KV tier's report (kvstore/tier_report.py) for /metrics: its counters, what it stores
+"""The Redis KV tier's report (kvstore/redis/report.py) for /metrics: its counters, what it stores
 and its pins per tenant. The report is read with blocking clients, on a worker thread."""
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ class TierReader:
         self._cached: tuple[float, dict[str, Any]] | None = None
 
     def _read(self) -> dict[str, Any]:
-        from kvstore.tier_report import read_report  # torch-free, but only needed at scrape time
+        from kvstore.redis.report import read_report  # torch-free, but only needed at scrape time
 
         if self._clients is None:
             queue = redis.Redis.from_url(self.config.redis_url, socket_timeout=5)

@@ -29,7 +29,7 @@ class BrokerConfig:
     heartbeat_interval_s: float = heartbeat_interval_for(DEFAULTS.heartbeat_ttl_s)
     heartbeat_ttl_s: int = DEFAULTS.heartbeat_ttl_s
     restore_interval_s: int = 1
-    # A running job's lease (broker/job_lease.py) lapses this long after its worker stopped
+    # A running job's lease (broker/jobs/lease.py) lapses this long after its worker stopped
     # renewing it (every heartbeat interval, from a thread of its own); None: heartbeat_ttl_s.
     # Shorter is faster redelivery after a death; longer tolerates longer stalls of a live worker
     # (a stall past it costs a duplicate attempt, never a duplicate token: writes are fenced).
@@ -66,7 +66,7 @@ def make_celery(config: BrokerConfig, name: str = "kvferry", send_only: bool = F
         task_acks_on_failure_or_timeout=True,
         worker_prefetch_multiplier=1,
         # No STARTED state in the result backend: its write cost every job ~0.8 ms between pickup
-        # and start (bench queue). Who runs a job is its lease's owner (api/job_view.py); Flower,
+        # and start (bench queue). Who runs a job is its lease's owner (api/jobs/view.py); Flower,
         # once it has enabled task events, shows task-started from the worker's events.
         task_track_started=False,
         task_time_limit=config.job_time_limit_s,

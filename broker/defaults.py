@@ -86,7 +86,7 @@ class SettingsFields(BaseModel):
     kv_write_queue_size: Size = ByteSize(256 * MiB)  # KV writes waiting for Redis; full: oldest dropped
     kv_write_defer_s: float = 1.0  # the KV writer waits for an idle engine at most this long; 0 = never
     tenant_kv_quota: Size | None = None  # session-pinned bytes per tenant in the Redis tier; None: no quota
-    # host memory a worker faults in at start and malloc keeps (workers/host_heap.py); 0 = glibc's way
+    # host memory a worker faults in at start and malloc keeps (workers/process/host_heap.py); 0 = glibc's way
     host_heap_reserve: Size = ByteSize(256 * MiB)
     # the queue service
     redis_url: str = "redis://127.0.0.1:6379/0"

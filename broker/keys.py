@@ -83,7 +83,7 @@ def session_deleted(tenant: str, session_id: str) -> str:
 
 def session_tokens(tenant: str, session_id: str) -> str:
     """The exact token ids of the session's last turn and a digest of its conversation (binary,
-    broker/session_tokens.py): the next turn reuses them instead of re-tokenising the history.
+    broker/sessions/tokens.py): the next turn reuses them instead of re-tokenising the history.
     A prefix of its own: under `session:`, the id "x:tokens" would name session x's tokens."""
     return f"{PREFIX}:session-tokens:{session_member(tenant, session_id)}"
 
@@ -119,7 +119,7 @@ PENDING_JOBS = f"{PREFIX}:jobs:pending"  # ZSET job id -> when sent: queued, not
 def job_message(job_id: str) -> str:
     """A queued job's message (JSON: the encoded job and its queue) until a worker starts it: kombu's
     Redis transport pops a message before it records it as unacked, so a worker killed in between
-    loses it; from this copy it is sent again (workers/lost_jobs.py)."""
+    loses it; from this copy it is sent again (workers/jobs/lost_messages.py)."""
     return f"{PREFIX}:job:{job_id}:message"
 
 

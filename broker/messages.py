@@ -91,7 +91,7 @@ class TokenDelta(StreamEventBase, frozen=True, tag="delta"):
 
     start and text_start index its first token and character in the whole output (-1: right
     after the previous delta), so a reader shows each once across redeliveries; epoch is the
-    lease epoch that wrote it (broker/job_lease.py)."""
+    lease epoch that wrote it (broker/jobs/lease.py)."""
 
     text: str
     token_ids: tuple[int, ...]

@@ -1,5 +1,5 @@
 """Celery's Redis result backends for a process that sends jobs and never waits on Celery's
-results: the api follows each job's own event stream (broker/job_events.py) instead.
+results: the api follows each job's own event stream (broker/jobs/events.py) instead.
 
 Celery's Redis backend subscribes to a task's result channel as the task is sent (so that
 AsyncResult.get() could wake on it) and unsubscribes when the AsyncResult is collected: two

@@ -1,7 +1,7 @@
 """A Celery task message exactly as kombu's Redis transport queues it, built without a broker
 connection: (list key, payload) for an LPUSH the caller sends in a transaction of its own.
 
-The api records a job and queues it in one Redis transaction (api/job_client.py): the metadata
+The api records a job and queues it in one Redis transaction (api/jobs/client.py): the metadata
 and the message appear together or not at all, in one round trip, from the event loop. Celery's
 own send_task is synchronous (a thread hop each way) and takes a round trip of its own.
 

@@ -69,7 +69,7 @@ def bench() -> None:
 @engine_options
 def bench_engine_cmd(json_path: Path | None, quick: bool, skip: tuple[str, ...], **opts: Any) -> None:
     """TTFT cached vs cold, decode throughput vs HF generate, pool bytes shared vs unshared."""
-    from ops.bench_engine import run_engine_bench
+    from ops.bench.engine import run_engine_bench
 
     results = run_engine_bench(settings_from(opts), quick=quick, skip=set(skip))
     _write_json(results, json_path)
@@ -86,7 +86,7 @@ def bench_engine_cmd(json_path: Path | None, quick: bool, skip: tuple[str, ...],
 @engine_options
 def bench_queue_cmd(json_path: Path | None, quick: bool, skip: tuple[str, ...], **opts: Any) -> None:
     """Queue overhead of a 1-token job vs a direct engine call; 2 workers vs 1."""
-    from ops.bench_queue import run_queue_bench
+    from ops.bench.queue import run_queue_bench
 
     results = run_queue_bench(settings_from(opts), quick=quick, skip=set(skip))
     _write_json(results, json_path)
@@ -123,7 +123,7 @@ def bench_serve_cmd(
     """Closed-loop load against a running API: throughput, p50/p99 TTFT, hit rate."""
     import asyncio
 
-    from ops.bench_serve import plot, run_load, summarize, write_csv
+    from ops.bench.serve import plot, run_load, summarize, write_csv
 
     started = time.perf_counter()
     records = asyncio.run(run_load(url, model, concurrency, duration, max_tokens, api_key))
@@ -147,7 +147,7 @@ def bench_serve_cmd(
 @engine_options
 def bench_tiers_cmd(json_path: Path | None, quick: bool, skip: tuple[str, ...], **opts: Any) -> None:
     """Resume from Redis vs recompute; multi-turn hit rate and TTFT by routing policy."""
-    from ops.bench_tiers import run_tier_bench
+    from ops.bench.tiers import run_tier_bench
 
     results = run_tier_bench(settings_from(opts), quick=quick, skip=set(skip))
     _write_json(results, json_path)
@@ -161,7 +161,7 @@ def bench_tiers_cmd(json_path: Path | None, quick: bool, skip: tuple[str, ...], 
 @engine_options
 def bench_tier_dtype_cmd(json_path: Path | None, quick: bool, **opts: Any) -> None:
     """Compressed Redis tier (int8/fp16/bf16) vs exact: bytes, fetch rate, greedy-output quality."""
-    from ops.bench_tier_dtype import run_tier_dtype_bench
+    from ops.bench.tier_dtype import run_tier_dtype_bench
 
     results = run_tier_dtype_bench(settings_from(opts), quick=quick)
     _write_json(results, json_path)
@@ -175,7 +175,7 @@ def bench_tier_dtype_cmd(json_path: Path | None, quick: bool, **opts: Any) -> No
 @engine_options
 def bench_gemm_cmd(json_path: Path | None, quick: bool, **opts: Any) -> None:
     """The model's linear shapes on kvferry's GEMM vs oneDNN-packed vs F.linear (CPU fp32)."""
-    from ops.bench_gemm import report, run_gemm_bench
+    from ops.bench.gemm import report, run_gemm_bench
 
     results = run_gemm_bench(settings_from(opts), quick=quick)
     click.echo(report(results))

@@ -32,7 +32,7 @@ from ops.settings import Settings
 @engine_options
 def worker_cmd(preload: bool, loglevel: str, **opts: Any) -> None:
     """A Celery worker (threads pool) feeding one engine: consumes the shared queue and its own."""
-    from workers.worker_main import run_worker
+    from workers.process.main import run_worker
 
     settings = settings_from(opts)
     run_worker(

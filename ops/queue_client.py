@@ -11,10 +11,11 @@ from typing import Any, TextIO
 
 import redis
 
-from broker import job_events, keys
+from broker import keys
 from broker.celery_app import make_celery
 from broker.codec import encode_job
 from broker.errors import KvferryError
+from broker.jobs import events as job_events
 from broker.messages import (
     ChatMessage,
     GenerateJob,
@@ -141,9 +142,9 @@ def worker_stats(settings: Settings) -> list[dict[str, Any]]:
 
 
 def redis_tier_report(settings: Settings) -> dict[str, Any]:
-    """The KV tier as every worker left it (kvstore/tier_report.py): counters, pins per tenant,
+    """The KV tier as every worker left it (kvstore/redis/report.py): counters, pins per tenant,
     orphan pins (must be 0)."""
-    from kvstore.tier_report import read_report
+    from kvstore.redis.report import read_report
 
     queue_client = redis.Redis.from_url(settings.redis_url)
     kv_client = redis.Redis.from_url(settings.kv_redis_url) if settings.kv_redis_url else queue_client

@@ -8,13 +8,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from api import json_guard
-from api.openai_schema import CompletionRequest, parse_request, response_body
+from api.schema import json_guard
+from api.schema.openai import CompletionRequest, parse_request, response_body
 from broker.errors import InvalidRequestError, PromptTooLongError, UnknownModelError
 from broker.messages import Usage
 from workers.engine.llm_engine import LLMEngine
-from workers.engine.request_output import RequestOutput
-from workers.prompt import prompt_token_ids
+from workers.engine.requests.output import RequestOutput
+from workers.jobs.prompt import prompt_token_ids
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from api.config import ApiConfig
     from broker.celery_app import BrokerConfig
     from workers.engine.config import EngineConfig
-    from workers.tier_config import TierConfig
+    from workers.tiers.config import TierConfig
 
 __all__ = ["DEFAULTS", "DEFAULT_REDIS_URL", "ENV_PREFIX", "Settings", "SettingsError", "parse_size"]
 
@@ -104,7 +104,7 @@ class Settings(SettingsFields, BaseSettings):
         )
 
     def tier_config(self) -> TierConfig:
-        from workers.tier_config import TierConfig
+        from workers.tiers.config import TierConfig
 
         return self._project(
             TierConfig,

@@ -9,8 +9,8 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from workers.engine import decode_kernel
-from workers.engine.model_loader import LoadedModel, load_model
+from workers.engine.kernels import paged_decode
+from workers.engine.model.loader import LoadedModel, load_model
 
 
 @pytest.fixture(scope="session")
@@ -23,7 +23,7 @@ def kvferry_cache_dir() -> Path:
 def cpu_kernels_built() -> bool:
     """The CPU kernels, built once here before any worker process starts (~20 s on a fresh
     machine; each worker then loads the built library)."""
-    return decode_kernel.available()
+    return paged_decode.available()
 
 
 @pytest.fixture(scope="session")

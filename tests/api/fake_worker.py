@@ -13,9 +13,10 @@ from dataclasses import dataclass
 import redis
 from celery import Celery
 
-from broker import job_events, keys
+from broker import keys
 from broker.codec import decode_job, encode_result
-from broker.job_lease import JobLeases, make_owner
+from broker.jobs import events as job_events
+from broker.jobs.lease import JobLeases, make_owner
 from broker.messages import GenerateJob, GenerateResult, JobDone, JobFailed, TokenDelta, Usage
 
 WORKER = "fake@test"

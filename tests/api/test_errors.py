@@ -15,11 +15,12 @@ from fastapi.testclient import TestClient
 from kombu.exceptions import OperationalError
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from api import job_client
 from api.app import create_app
 from api.config import ApiConfig
-from broker import job_events, keys
+from api.jobs import client as job_client
+from broker import keys
 from broker.errors import CodecError
+from broker.jobs import events as job_events
 from tests.api.conftest import MODEL, Served
 
 CHAT = "/v1/chat/completions"
@@ -198,12 +199,12 @@ def test_a_result_that_does_not_decode_is_500_and_logged(
     job_id = _queued_job_id(rds)
     # a worker of another version: a SUCCESS whose result is not a GenerateResult
     celery_client.backend.store_result(job_id, {"job_id": job_id, "tokens": "many"}, "SUCCESS")
-    with caplog.at_level(logging.ERROR, logger="api.job_outcome"):
+    with caplog.at_level(logging.ERROR, logger="api.jobs.outcome"):
         thread.join(15)
     assert replies, "no answer"
     error = assert_error(replies[0], 500)
     assert error["type"] == "server_error" and "unreadable job result" in error["message"]
-    logged = [r for r in caplog.records if r.name == "api.job_outcome" and job_id in r.getMessage()]
+    logged = [r for r in caplog.records if r.name == "api.jobs.outcome" and job_id in r.getMessage()]
     assert logged and isinstance(logged[0].exc_info[1], CodecError)  # type: ignore[index]
 
 

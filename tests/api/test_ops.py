@@ -116,7 +116,7 @@ def test_metrics_forget_vanished_workers(api: Served, rds: redis.Redis) -> None:
 
 
 def test_metrics_show_the_redis_tier(fresh_api: Served, rds: redis.Redis) -> None:
-    from kvstore.tier_keys import TIER_REGISTRY, TierKeys
+    from kvstore.redis.keys import TIER_REGISTRY, TierKeys
 
     rds.sadd(TIER_REGISTRY, "fp1")
     rds.hset(

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 
-from api.job_meta import JobMeta
-from api.openai_schema import parse_request
-from api.sse import DONE, ChunkWriter
+from api.jobs.meta import JobMeta
+from api.schema.openai import parse_request
+from api.schema.sse import DONE, ChunkWriter
 from broker import keys
 from broker.messages import Usage
 from broker.sampling import SamplingParams

@@ -9,9 +9,10 @@ import redis
 import redis.asyncio as aioredis
 
 from api.router import Route, choose_queue
-from broker import keys, session_store
+from broker import keys
 from broker.messages import ChatMessage, EngineFigures, GenerateJob, SessionRecord, WorkerStatus
 from broker.prefix_digest import chat_digests
+from broker.sessions import store as session_store
 from broker.worker_registry import HEARTBEAT_FIELD, encode_status
 
 SYSTEM = ChatMessage("system", "be brief")

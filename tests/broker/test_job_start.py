@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import redis
 
-from broker import job_events, keys
-from broker.job_lease import JobLeases, LeaseHolder, Started, make_owner
+from broker import keys
+from broker.jobs import events as job_events
+from broker.jobs.lease import JobLeases, LeaseHolder, Started, make_owner
 from broker.messages import TokenDelta
 
 WORKER_JOBS = keys.worker_jobs("w1@h")

@@ -9,9 +9,9 @@ from typing import Any
 
 import redis
 
-from broker.job_lease import LeaseHolder
+from broker.jobs.lease import LeaseHolder
 from ops.redis_server import RedisServer
-from workers.lease_keeper import LeaseKeeper
+from workers.jobs.lease_keeper import LeaseKeeper
 
 
 def test_concurrent_copies_in_one_process_take_the_job_once(

@@ -8,8 +8,9 @@ import json
 import msgspec
 import redis
 
-from broker import codec, keys, session_store
+from broker import codec, keys
 from broker.messages import SessionRecord
+from broker.sessions import store as session_store
 
 TTL_S = 600
 

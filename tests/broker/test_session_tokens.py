@@ -3,9 +3,9 @@ the checkpoints before it, and the encoding."""
 
 from __future__ import annotations
 
-from broker import session_tokens
 from broker.messages import ChatMessage
-from broker.session_tokens import SessionTokens, after_turn
+from broker.sessions import tokens as session_tokens
+from broker.sessions.tokens import SessionTokens, after_turn
 
 M = "m"
 

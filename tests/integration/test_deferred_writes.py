@@ -1,4 +1,4 @@
-"""A worker SIGKILLed while its KV writer waits for an idle engine (workers/engine_yield.py): the
+"""A worker SIGKILLed while its KV writer waits for an idle engine (workers/tiers/writer_yield.py): the
 writes it deferred are lost as cache only. No job is lost or run wrong, a session's turn is in Redis
 before its record says so (its flush overrides the deferral), and no pin is left behind."""
 
@@ -10,10 +10,11 @@ from typing import Any
 
 import redis
 
-from broker import job_events, keys
+from broker import keys
 from broker.codec import decode_result
+from broker.jobs import events as job_events
 from broker.messages import TokenDelta
-from kvstore.tier_report import read_report
+from kvstore.redis.report import read_report
 from tests.integration.conftest import WorkerProcess
 from tests.integration.jobs import chat, random_prompt, send, token_job
 from tests.integration.test_sessions import _continued

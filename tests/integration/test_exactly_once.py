@@ -12,10 +12,11 @@ from typing import Any
 import pytest
 import redis
 
-from broker import job_events, keys
+from broker import keys
 from broker.codec import decode_event, decode_result
-from broker.job_events import FencedStream, TokenCursor
-from broker.job_lease import JobLeases, Lease, StaleLeaseError
+from broker.jobs import events as job_events
+from broker.jobs.events import FencedStream, TokenCursor
+from broker.jobs.lease import JobLeases, Lease, StaleLeaseError
 from broker.messages import JobDone, StreamEvent, TokenDelta
 from tests.integration.conftest import WorkerProcess, wait_for
 from tests.integration.jobs import followed_tokens

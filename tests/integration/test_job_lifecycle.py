@@ -13,15 +13,16 @@ from typing import Any
 import pytest
 import redis
 
-from broker import job_events, keys
+from broker import keys
 from broker.codec import encode_job
-from broker.job_lease import JobLeases, Lease, make_owner
+from broker.jobs import events as job_events
+from broker.jobs.lease import JobLeases, Lease, make_owner
 from broker.messages import GenerateJob, JobFailed
 from broker.sampling import SamplingParams
 from broker.worker_registry import live_workers
 from tests.integration.conftest import MODEL, WorkerProcess, wait_for
-from workers import reaper
-from workers.supervisor import EXIT_CODE, Supervisor
+from workers.jobs import reaper
+from workers.process.supervisor import EXIT_CODE, Supervisor
 
 VOID = "kvferry.test.void"  # a queue no worker consumes: these fake messages have no body
 
@@ -171,7 +172,7 @@ def test_a_message_lost_between_pop_and_unacked_is_sent_again(
     """kombu pops a message before it records it as unacked: a worker killed in between loses it.
     The api's copy (keys.job_message) sends it again once past the grace, under the same id;
     never while it waits on a queue, and not once a worker started it."""
-    from workers import lost_jobs
+    from workers.jobs import lost_messages
 
     lost, waiting, started = (f"job-{uuid.uuid4().hex[:8]}" for _ in range(3))
     job = encode_job(GenerateJob(MODEL, prompt_token_ids=(1, 2, 3)))
@@ -182,7 +183,7 @@ def test_a_message_lost_between_pop_and_unacked_is_sent_again(
     redis_client.set(keys.job_epoch(started), 1)
     tag = _fake_unacked(redis_client, waiting, VOID)  # delivered to a live worker: present
     try:
-        lost_jobs.resend_lost(redis_client, celery_app, grace_s=30)  # live workers' passes may race it
+        lost_messages.resend_lost(redis_client, celery_app, grace_s=30)  # live workers' passes may race it
         assert set(_queued_ids(redis_client, VOID)) == {lost}  # same id: the lease lets one copy run
         assert not redis_client.exists(keys.job_message(started))
         assert redis_client.zscore(keys.PENDING_JOBS, started) is None
@@ -191,4 +192,4 @@ def test_a_message_lost_between_pop_and_unacked_is_sent_again(
         redis_client.zrem(keys.KOMBU_UNACKED_INDEX, tag)
         redis_client.delete(VOID, keys.job_epoch(started))
         for job_id in (lost, waiting, started):
-            lost_jobs.forget_message(redis_client, job_id)
+            lost_messages.forget_message(redis_client, job_id)

@@ -21,7 +21,7 @@ from broker import keys
 from broker.codec import decode_result, encode_job
 from broker.messages import GenerateJob
 from broker.sampling import SamplingParams
-from kvstore.tier_report import read_report
+from kvstore.redis.report import read_report
 from ops.redis_server import RedisServer
 from ops.stack import KV_EVICTION_POLICY
 from tests.integration.conftest import MODEL, WorkerProcess

@@ -12,8 +12,9 @@ from typing import Any
 
 import redis
 
-from broker import job_events, keys
+from broker import keys
 from broker.codec import decode_result, encode_job
+from broker.jobs import events as job_events
 from broker.messages import GenerateJob, JobDone, JobFailed, TokenDelta
 from broker.sampling import SamplingParams
 from tests.integration.conftest import MODEL, WorkerProcess

@@ -11,9 +11,10 @@ from typing import Any
 
 import redis
 
-from broker import keys, prefetch_hint, session_store
+from broker import keys, prefetch_hint
 from broker.messages import ChatMessage, GenerateJob, SessionRecord
 from broker.prefix_digest import chat_digests
+from broker.sessions import store as session_store
 from tests.api.test_router import _beat, _route
 from tests.integration.conftest import WorkerProcess, wait_for
 from tests.integration.test_session_tokens import _chat, _used_prompt

@@ -10,8 +10,9 @@ from typing import Any
 
 import redis
 
-from broker import job_events, keys
+from broker import keys
 from broker.codec import decode_result
+from broker.jobs import events as job_events
 from broker.messages import JobDone, TokenDelta
 from ops.redis_server import RedisServer
 from tests.integration.conftest import WorkerProcess, wait_for

@@ -37,7 +37,7 @@ def _ask(
 
 def _continued(api_url: str, session: str, reply: dict[str, Any], reference: Reference) -> list[int]:
     """HF's answer on the prompt ids the worker used (GET /v1/sessions shows them, then the
-    output): a continued turn reuses the ids its last turn ended with (workers/prompt.py)."""
+    output): a continued turn reuses the ids its last turn ended with (workers/jobs/prompt.py)."""
     view = httpx.get(f"{api_url}/v1/sessions/{session}", timeout=10).json()
     prompt = view["token_ids"][: reply["usage"]["prompt_tokens"]]
     return reference(prompt, reply["usage"]["completion_tokens"])

@@ -12,9 +12,11 @@ from typing import Any
 
 import redis
 
-from broker import keys, session_store, session_tokens
+from broker import keys
 from broker.messages import GenerateResult, SessionRecord
-from broker.session_tokens import Checkpoint, SessionTokens
+from broker.sessions import store as session_store
+from broker.sessions import tokens as session_tokens
+from broker.sessions.tokens import Checkpoint, SessionTokens
 from tests.integration.conftest import MODEL, WorkerProcess
 from tests.integration.jobs import chat as _chat
 

@@ -9,8 +9,9 @@ from typing import Any
 
 import redis
 
-from broker import keys, session_store
+from broker import keys
 from broker.messages import GenerateResult
+from broker.sessions import store as session_store
 from ops.redis_server import RedisServer
 from tests.integration.conftest import MODEL, WorkerProcess, wait_for
 from tests.integration.jobs import chat as _chat
@@ -30,7 +31,7 @@ def _expected(tokenizer: Any, reference: Reference, messages: list[dict[str, str
 
 def _continued(client: redis.Redis, session: str, result: GenerateResult, reference: Reference) -> list[int]:
     """HF's answer on the prompt ids the worker used for a session's turn (the record holds them,
-    then the output): a continued turn reuses the ids its last turn ended with (workers/prompt.py),
+    then the output): a continued turn reuses the ids its last turn ended with (workers/jobs/prompt.py),
     which re-tokenising the history need not give."""
     raw: Any = client.get(keys.session("", session))
     assert raw is not None
@@ -199,8 +200,8 @@ def test_preload_pins_a_system_prompt_for_every_worker(
     out = io.StringIO()
     assert preload(Settings(redis_url=redis_server.url, served_model_name=MODEL), templates, out) == 1
     assert "pinned" in out.getvalue(), out.getvalue()
-    from kvstore import tier_pins
-    from kvstore.tier_keys import PinOwner, TierKeys
+    from kvstore.redis import pins as tier_pins
+    from kvstore.redis.keys import PinOwner, TierKeys
 
     owner = PinOwner.preload("")  # the templates' pins belong to their tenant, not to a session
     assert (

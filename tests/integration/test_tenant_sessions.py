@@ -19,10 +19,11 @@ import httpx
 import pytest
 import redis
 
-from broker import keys, session_store
-from kvstore import tier_pins
-from kvstore.tier_keys import PinOwner, TierKeys
-from kvstore.tier_report import read_report
+from broker import keys
+from broker.sessions import store as session_store
+from kvstore.redis import pins as tier_pins
+from kvstore.redis.keys import PinOwner, TierKeys
+from kvstore.redis.report import read_report
 from ops.redis_server import RedisServer, free_port
 from tests.integration.conftest import MODEL, ROOT, WorkerProcess, wait_for
 

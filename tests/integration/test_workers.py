@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 import redis
 
-from broker import job_events
 from broker.codec import decode_result
+from broker.jobs import events as job_events
 from broker.messages import GenerateJob, JobDone, JobFailed, TokenDelta
 from broker.worker_registry import live_workers
 from tests.integration.conftest import MODEL, WorkerProcess, wait_for

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from kvstore.block import Block
-from kvstore.block_hash import BlockHash, hash_blocks, root_hash
-from kvstore.block_pool import BlockPool
+from kvstore.chain import BlockHash, hash_blocks, root_hash
+from kvstore.pool.block import Block
+from kvstore.pool.block_pool import BlockPool
 
 EXTRA_KEYS = ("test-model", "tenant-a")
 

@@ -10,9 +10,9 @@ import pytest
 import redis
 import torch
 
-from kvstore.block_hash import hash_blocks, root_hash
-from kvstore.kv_cache import KVCache, KVLayout
-from kvstore.stored_block import KVFormat, StoredBlock
+from kvstore.chain import hash_blocks, root_hash
+from kvstore.pool.kv_cache import KVCache, KVLayout
+from kvstore.tiers.stored_block import KVFormat, StoredBlock
 from ops.redis_server import RedisServer
 
 TINY_LAYOUT = KVLayout(num_layers=2, num_kv_heads=2, head_dim=16, block_size=16, dtype=torch.float32)

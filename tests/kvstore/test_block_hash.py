@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from kvstore.block_hash import hash_block, hash_blocks, root_hash
+from kvstore.chain import hash_block, hash_blocks, root_hash
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -81,7 +81,7 @@ def test_bad_block_size_raises() -> None:
 @pytest.mark.parametrize("hash_seed", ["0", "12345"])
 def test_identical_in_a_fresh_process(hash_seed: str) -> None:
     code = (
-        "from kvstore.block_hash import hash_blocks\n"
+        "from kvstore.chain import hash_blocks\n"
         "print(','.join(h.hex() for h in hash_blocks(list(range(10)), 4, ['m', 7, b'\\x00'])))"
     )
     env = {**os.environ, "PYTHONHASHSEED": hash_seed}

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from kvstore.block_events import AllBlocksCleared, BlockEvent, BlockRemoved, BlockStored
-from kvstore.block_hash import hash_blocks, root_hash
-from kvstore.block_pool import BlockPool
+from kvstore.chain import hash_blocks, root_hash
+from kvstore.pool.block_pool import BlockPool
+from kvstore.pool.events import AllBlocksCleared, BlockEvent, BlockRemoved, BlockStored
 from tests.kvstore._helpers import EXTRA_KEYS, commit, ids
 
 BS = 4

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvstore.block_pool import BlockPool
+from kvstore.pool.block_pool import BlockPool
 from tests.kvstore._helpers import commit, ids
 
 BS = 4

@@ -12,7 +12,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from kvstore.bulk_mget import ProtocolError, bulk_mget
+from kvstore.redis.bulk_mget import ProtocolError, bulk_mget
 from ops.redis_server import RedisServer
 
 

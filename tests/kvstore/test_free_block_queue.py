@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from kvstore.block import Block
-from kvstore.free_block_queue import FreeBlockQueue
+from kvstore.pool.block import Block
+from kvstore.pool.free_queue import FreeBlockQueue
 
 
 def make(n: int) -> tuple[list[Block], FreeBlockQueue]:

@@ -9,12 +9,12 @@ import pytest
 import redis
 import torch
 
-from kvstore.block_codec import decode_pack, encode_pack
-from kvstore.kv_cache import KVCache
-from kvstore.kv_quant import TIER_DTYPES, TierDtype, encoded_nbytes
-from kvstore.redis_tier import RedisTier
-from kvstore.stored_block import KVFormat, StoredBlock
-from kvstore.warm_tier import WarmTier
+from kvstore.pool.kv_cache import KVCache
+from kvstore.redis.tier import RedisTier
+from kvstore.tiers.codec import decode_pack, encode_pack
+from kvstore.tiers.quant import TIER_DTYPES, TierDtype, encoded_nbytes
+from kvstore.tiers.stored_block import KVFormat, StoredBlock
+from kvstore.tiers.warm import WarmTier
 from tests.kvstore.conftest import TINY_LAYOUT, MakeBlocks
 
 

@@ -7,10 +7,10 @@ import threading
 
 import redis
 
-from kvstore.block_codec import encode_pack
-from kvstore.redis_tier import RedisTier
-from kvstore.stored_block import KVFormat, StoredBlock
-from kvstore.tier_keys import PinOwner
+from kvstore.redis.keys import PinOwner
+from kvstore.redis.tier import RedisTier
+from kvstore.tiers.codec import encode_pack
+from kvstore.tiers.stored_block import KVFormat, StoredBlock
 from tests.kvstore.conftest import MakeBlocks
 
 BIG = 10**9

@@ -6,9 +6,9 @@ from collections.abc import Callable
 
 import pytest
 
-from kvstore.block import Block
-from kvstore.block_pool import BlockPool
 from kvstore.errors import PoolIntegrityError
+from kvstore.pool.block import Block
+from kvstore.pool.block_pool import BlockPool
 from tests.kvstore._helpers import commit, ids
 
 

@@ -8,10 +8,10 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from kvstore.block import Block
-from kvstore.block_events import BlockEvent, BlockRemoved, BlockStored
-from kvstore.block_hash import BlockHash, hash_block, hash_blocks, root_hash
-from kvstore.block_pool import BlockPool
+from kvstore.chain import BlockHash, hash_block, hash_blocks, root_hash
+from kvstore.pool.block import Block
+from kvstore.pool.block_pool import BlockPool
+from kvstore.pool.events import BlockEvent, BlockRemoved, BlockStored
 from tests.kvstore._helpers import EXTRA_KEYS
 
 BS = 4

@@ -10,12 +10,12 @@ import pytest
 import redis
 import torch
 
-from kvstore import redis_tier
-from kvstore.block_codec import encode_pack
-from kvstore.kv_cache import KVCache
-from kvstore.redis_tier import RedisTier, TierKeys
-from kvstore.stored_block import KVFormat, StoredBlock
-from kvstore.tier_keys import TIER_REGISTRY
+from kvstore.pool.kv_cache import KVCache
+from kvstore.redis import tier as redis_tier
+from kvstore.redis.keys import TIER_REGISTRY
+from kvstore.redis.tier import RedisTier, TierKeys
+from kvstore.tiers.codec import encode_pack
+from kvstore.tiers.stored_block import KVFormat, StoredBlock
 from tests.kvstore.conftest import TINY_LAYOUT, MakeBlocks
 
 BIG = 10**9
@@ -433,7 +433,7 @@ def test_reads_in_several_mgets_fetch_ahead_and_stop_at_a_missing_pack(
     redis_client: redis.Redis, tiny_fmt: KVFormat, make_blocks: MakeBlocks, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """MGETs of one pack each: the next is fetched on the helper thread while this one decodes."""
-    monkeypatch.setattr("kvstore.tier_fetch._MAX_MGET_BYTES", 2 * tiny_fmt.nbytes)
+    monkeypatch.setattr("kvstore.redis.fetch._MAX_MGET_BYTES", 2 * tiny_fmt.nbytes)
     blocks = make_blocks(9)
     tier = RedisTier(redis_client, tiny_fmt, BIG, blocks_per_pack=2)
     assert tier.put(blocks) == 9

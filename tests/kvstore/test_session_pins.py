@@ -7,12 +7,13 @@ import time
 
 import redis
 
-from broker import keys, session_store
+from broker import keys
 from broker.messages import SessionRecord
-from kvstore import tier_pins
-from kvstore.redis_tier import RedisTier
-from kvstore.stored_block import KVFormat
-from kvstore.tier_report import read_report
+from broker.sessions import store as session_store
+from kvstore.redis import pins as tier_pins
+from kvstore.redis.report import read_report
+from kvstore.redis.tier import RedisTier
+from kvstore.tiers.stored_block import KVFormat
 from tests.kvstore.conftest import MakeBlocks
 
 BIG = 10**9

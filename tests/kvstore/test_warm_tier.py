@@ -7,9 +7,9 @@ import threading
 
 import pytest
 
-from kvstore.stored_block import StoredBlock
-from kvstore.tier_stats import WarmTierStats
-from kvstore.warm_tier import WarmTier
+from kvstore.tiers.stats import WarmTierStats
+from kvstore.tiers.stored_block import StoredBlock
+from kvstore.tiers.warm import WarmTier
 
 
 def blk(name: str, size: int = 10) -> StoredBlock:

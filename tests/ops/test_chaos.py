@@ -9,9 +9,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ops.chaos_check import check_job, recomputed_tokens, stream_diff
-from ops.chaos_clients import JobRecord, make_scripts
-from ops.chaos_faults import FaultInjector, node_of
+from ops.chaos.check import check_job, recomputed_tokens, stream_diff
+from ops.chaos.clients import JobRecord, make_scripts
+from ops.chaos.faults import FaultInjector, node_of
 
 ROOT = Path(__file__).resolve().parents[2]
 KEYS = (

@@ -12,7 +12,7 @@ from broker.celery_app import BrokerConfig
 from broker.defaults import GiB, MiB
 from ops.settings import Settings, SettingsError, parse_size
 from workers.engine.config import EngineConfig
-from workers.tier_config import TierConfig
+from workers.tiers.config import TierConfig
 
 
 def test_parse_size() -> None:

@@ -13,8 +13,8 @@ from transformers import PreTrainedModel
 from broker.sampling import SamplingParams
 from workers.engine.config import EngineConfig
 from workers.engine.llm_engine import LLMEngine
-from workers.engine.model_loader import LoadedModel
-from workers.engine.request_output import RequestOutput
+from workers.engine.model.loader import LoadedModel
+from workers.engine.requests.output import RequestOutput
 
 VOCAB = 49152  # SmolLM2's tokenizer; the tiny models use the same vocabulary
 # Random models have no meaningful EOS: the reference never stops early, so neither may the engine.

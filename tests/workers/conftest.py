@@ -23,7 +23,7 @@ from transformers import (
 )
 
 from tests.workers._helpers import VOCAB, Reference, TinyModel
-from workers.engine.model_loader import resolve_model_dir, wrap_model
+from workers.engine.model.loader import resolve_model_dir, wrap_model
 
 # 2 layers, 2 kv heads of 16 dims: 512 bytes per token in fp32, 8 KiB per 16-token block.
 _DIMS = {

@@ -1,4 +1,4 @@
-"""The pool's streaming block loader (workers/engine/block_writer.py, csrc/block_copy.cpp): every
+"""The pool's streaming block loader (workers/engine/kernels/block_writer.py, csrc/block_copy.cpp): every
 block lands where KVCache.write_block puts it, whatever the alignment of its source and of its
 runs in the pool; bad lengths, repeated blocks and block ids outside the pool raise before
 anything is written."""
@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from kvstore.kv_cache import KVCache, KVLayout
-from workers.engine import block_writer
+from kvstore.pool.kv_cache import KVCache, KVLayout
+from workers.engine.kernels import block_writer
 
 pytestmark = pytest.mark.skipif(not block_writer.available(), reason="the CPU kernels did not build here")
 

@@ -15,26 +15,26 @@ import torch
 import torch.nn.functional as F
 from torch.utils.cpp_extension import _get_build_directory
 
-from workers.engine import cpu_kernels
+from workers.engine.kernels import build
 
-needs_kernels = pytest.mark.skipif(not cpu_kernels.built(), reason="the CPU kernels did not build here")
+needs_kernels = pytest.mark.skipif(not build.built(), reason="the CPU kernels did not build here")
 
 
 def test_the_kernels_build_wherever_there_is_a_compiler() -> None:
     """The fallbacks are for machines without g++, not a place for a broken build to hide."""
     if shutil.which("c++") is None and shutil.which("g++") is None:
         pytest.skip("no C++ compiler on this machine")
-    assert cpu_kernels.built()
+    assert build.built()
 
 
 @needs_kernels
 def test_a_builder_killed_mid_build_leaves_no_lock_that_hangs_the_next_load(tmp_path: Path) -> None:
     """torch's build lock file outlives a process killed while building; the next worker must
     still load the kernels (here: the built library copied to a fresh root, beside a stale lock)."""
-    built = Path(_get_build_directory(cpu_kernels.library_name(), verbose=False))
+    built = Path(_get_build_directory(build.library_name(), verbose=False))
     shutil.copytree(built, tmp_path / built.name)
     (tmp_path / built.name / "lock").touch()  # what a SIGKILLed builder leaves behind
-    code = "from workers.engine import cpu_kernels; assert cpu_kernels.built()"
+    code = "from workers.engine.kernels import build; assert build.built()"
     env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(tmp_path)}
     subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=120)
     assert not (tmp_path / built.name / "lock").exists()
@@ -43,11 +43,11 @@ def test_a_builder_killed_mid_build_leaves_no_lock_that_hangs_the_next_load(tmp_
 def test_the_build_is_named_by_its_sources(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A source that differs (a rollback over a shared cache volume keeps older file times, which
     ninja alone would take as up to date) gets a library of its own name."""
-    key = cpu_kernels._build_key()
-    edited = tmp_path / cpu_kernels.SOURCES[-1].name
-    edited.write_bytes(cpu_kernels.SOURCES[-1].read_bytes() + b"\n// edited\n")
-    monkeypatch.setattr(cpu_kernels, "SOURCES", (*cpu_kernels.SOURCES[:-1], edited))
-    assert cpu_kernels._build_key() != key
+    key = build._build_key()
+    edited = tmp_path / build.SOURCES[-1].name
+    edited.write_bytes(build.SOURCES[-1].read_bytes() + b"\n// edited\n")
+    monkeypatch.setattr(build, "SOURCES", (*build.SOURCES[:-1], edited))
+    assert build._build_key() != key
 
 
 @needs_kernels

@@ -8,16 +8,16 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from workers.engine import decode_kernel
+from workers.engine.kernels import paged_decode
 
-needs_kernel = pytest.mark.skipif(not decode_kernel.available(), reason="the CPU kernel did not build here")
+needs_kernel = pytest.mark.skipif(not paged_decode.available(), reason="the CPU kernel did not build here")
 
 
 def test_the_kernel_builds_wherever_there_is_a_compiler() -> None:
     """The fallback is for machines without g++, not a place for a broken build to hide."""
     if shutil.which("c++") is None and shutil.which("g++") is None:
         pytest.skip("no C++ compiler on this machine")
-    assert decode_kernel.available()
+    assert paged_decode.available()
 
 
 def _pool(num_blocks: int, bs: int, hkv: int, d: int, seed: int) -> torch.Tensor:
@@ -51,7 +51,7 @@ def test_matches_sdpa_over_ragged_paged_contexts(hkv: int, groups: int, d: int) 
     query = torch.randn(len(lens), hkv * groups, d, generator=gen)
     out = torch.full_like(query, float("nan"))
 
-    decode_kernel.paged_decode(out, query, pool, blocks, lens, bs, d**-0.5)
+    paged_decode.paged_decode(out, query, pool, blocks, lens, bs, d**-0.5)
 
     torch.testing.assert_close(out, _reference(query, pool, blocks, lens, bs), rtol=1e-5, atol=1e-5)
 
@@ -72,7 +72,7 @@ def test_reads_only_each_rows_own_slots() -> None:
         poisoned[:, slots] = pool[:, slots]
     out = torch.empty_like(query)
 
-    decode_kernel.paged_decode(out, query, poisoned, blocks, lens, bs, d**-0.5)
+    paged_decode.paged_decode(out, query, poisoned, blocks, lens, bs, d**-0.5)
 
     torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
 
@@ -93,7 +93,7 @@ def test_refuses_tables_that_would_read_outside_the_pool(
     pool = _pool(16, 4, 2, 16, seed=2)
     query = torch.randn(1, 4, 16)
     with pytest.raises(RuntimeError, match=match):
-        decode_kernel.paged_decode(
+        paged_decode.paged_decode(
             torch.empty_like(query), query, pool, torch.tensor(blocks), torch.tensor(lens), 4, 0.25
         )
 
@@ -104,18 +104,18 @@ def test_refuses_other_dtypes_and_head_sizes() -> None:
     pool = _pool(4, 4, 1, 16, seed=3)
     query = torch.randn(1, 1, 16)
     with pytest.raises(RuntimeError, match="fp32"):
-        decode_kernel.paged_decode(
+        paged_decode.paged_decode(
             torch.empty_like(query).half(), query.half(), pool.half(), blocks, lens, 4, 0.25
         )
     odd_pool, odd_query = _pool(4, 4, 1, 24, seed=4), torch.randn(1, 1, 24)
     with pytest.raises(RuntimeError, match="head_dim 24 not built"):
-        decode_kernel.paged_decode(torch.empty_like(odd_query), odd_query, odd_pool, blocks, lens, 4, 0.25)
+        paged_decode.paged_decode(torch.empty_like(odd_query), odd_query, odd_pool, blocks, lens, 4, 0.25)
 
 
 def test_a_library_that_fails_its_probe_leaves_the_torch_path(monkeypatch: pytest.MonkeyPatch) -> None:
     def raising() -> bool:
         raise RuntimeError("kvferry::paged_decode() expected 7 arguments")
 
-    monkeypatch.setattr(decode_kernel, "_built", None)
-    monkeypatch.setattr(decode_kernel, "_agrees", raising)
-    assert decode_kernel.available() is False
+    monkeypatch.setattr(paged_decode, "_built", None)
+    monkeypatch.setattr(paged_decode, "_agrees", raising)
+    assert paged_decode.available() is False

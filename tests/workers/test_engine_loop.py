@@ -12,10 +12,10 @@ import torch
 from broker.errors import InvalidRequestError
 from broker.sampling import SamplingParams
 from tests.workers._helpers import NO_EOS, TinyModel, assert_tokens, make_engine, random_prompt
-from workers.engine import omp_team
-from workers.engine.engine_loop import EngineLoop
+from workers.engine.kernels import omp_team
 from workers.engine.llm_engine import LLMEngine
-from workers.engine.request_output import RequestOutput
+from workers.engine.requests.output import RequestOutput
+from workers.loop.engine_loop import EngineLoop
 
 
 def test_threads_are_batched_and_streams_add_up(tiny: TinyModel) -> None:
@@ -85,7 +85,7 @@ def test_stopped_loop_fails_new_submissions(tiny: TinyModel) -> None:
 
 def test_a_built_loop_makes_and_runs_its_engine_on_its_own_thread(tiny: TinyModel) -> None:
     """EngineLoop.build: the factory runs on the loop's thread, which then steps the engine (one
-    thread of the process runs torch's parallel regions: workers/engine/omp_team.py)."""
+    thread of the process runs torch's parallel regions: workers/engine/kernels/omp_team.py)."""
     ran_on: list[threading.Thread] = []
 
     def factory() -> LLMEngine:

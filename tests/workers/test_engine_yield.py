@@ -1,4 +1,4 @@
-"""The KV writer yields the cores to a busy engine (workers/engine_yield.py): writes wait while the
+"""The KV writer yields the cores to a busy engine (workers/tiers/writer_yield.py): writes wait while the
 engine steps, up to the deferral, and never while the queue fills, someone flushes, or it stops."""
 
 # ruff: noqa: F811
@@ -13,16 +13,16 @@ import pytest
 import redis
 
 from broker.sampling import SamplingParams
-from kvstore.redis_tier import RedisTier
+from kvstore.redis.tier import RedisTier
 from tests.kvstore.conftest import MakeBlocks, make_blocks, redis_client, redis_server  # noqa: F401
 from tests.workers._helpers import NO_EOS, TinyModel, assert_tokens, make_engine, random_prompt, run_checked
 from tests.workers.test_kv_writer import BLOCK, FMT
-from workers.engine.engine_loop import EngineLoop
 from workers.engine.errors import EngineFailedError
-from workers.engine.idle_event import IdleEvent
-from workers.engine_yield import SETTLE_S, EngineYield
-from workers.kv_writer import KVWriter
-from workers.prefetch import prefetch
+from workers.loop.engine_loop import EngineLoop
+from workers.loop.idle_event import IdleEvent
+from workers.tiers.prefetch import prefetch
+from workers.tiers.writer import KVWriter
+from workers.tiers.writer_yield import SETTLE_S, EngineYield
 
 
 def _busy_writer(client: redis.Redis, defer_s: float, queue_blocks: int = 64) -> tuple[KVWriter, RedisTier]:

@@ -10,7 +10,7 @@ import pytest
 
 from broker.sampling import SamplingParams
 from tests.workers._helpers import NO_EOS, TinyModel, assert_tokens, make_engine, random_prompt, run_checked
-from workers.engine import decode_kernel as kernel
+from workers.engine.kernels import paged_decode as kernel
 
 
 def test_32_concurrent_prompts_are_batched_and_exact(tiny: TinyModel) -> None:

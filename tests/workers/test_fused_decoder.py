@@ -14,13 +14,13 @@ import torch
 from broker.sampling import SamplingParams
 from tests.workers._helpers import NO_EOS, TinyModel, assert_tokens, make_engine, random_prompt, run_checked
 from tests.workers.conftest import _build_tiny
-from workers.engine import decode_kernel
-from workers.engine.fused_decoder import FusedDecoder
+from workers.engine.kernels import paged_decode
+from workers.engine.kernels.fused_decoder import FusedDecoder
+from workers.engine.kernels.packed_linear import SkinnyLinear
 from workers.engine.llm_engine import LLMEngine
-from workers.engine.packed_linear import SkinnyLinear
 
 pytestmark = pytest.mark.skipif(
-    not decode_kernel.available(), reason="kvferry's CPU kernels did not build here"
+    not paged_decode.available(), reason="kvferry's CPU kernels did not build here"
 )
 ARCHS = ["llama", "qwen2", "qwen3", "mistral"]  # biases (qwen2, qwen3), q/k norms (qwen3)
 

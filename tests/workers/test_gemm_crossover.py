@@ -1,4 +1,4 @@
-"""gemm_crossover.measure: the last row count at which kvferry's GEMM keeps up, stopping at the first
+"""crossover.measure: the last row count at which kvferry's GEMM keeps up, stopping at the first
 it loses; timed over stand-ins whose costs are known (a pure unit test of the search)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from workers.engine import gemm_crossover
+from workers.engine.kernels import crossover
 
 
 class _Timed:
@@ -29,14 +29,14 @@ class _Timed:
 
 def _measure(*linears: _Timed) -> int:
     found: Any = linears
-    return gemm_crossover.measure(found)
+    return crossover.measure(found)
 
 
 def test_the_crossover_is_the_last_row_count_where_kvferrys_gemm_keeps_up() -> None:
     # kvferry's cost grows with the rows, the other's is flat at what kvferry takes for 56
     assert _measure(_Timed(lambda r: 1e-4 * r, lambda r: 56e-4)) == 48
-    assert _measure(_Timed(lambda r: 1e-3, lambda r: 2e-3)) == gemm_crossover.ROWS[-1]  # always ahead
-    assert _measure(_Timed(lambda r: 2e-3, lambda r: 1e-3)) == gemm_crossover.ROWS[0]  # never ahead
+    assert _measure(_Timed(lambda r: 1e-3, lambda r: 2e-3)) == crossover.ROWS[-1]  # always ahead
+    assert _measure(_Timed(lambda r: 2e-3, lambda r: 1e-3)) == crossover.ROWS[0]  # never ahead
 
 
 def test_every_linear_counts_and_the_first_loss_ends_the_search() -> None:
@@ -44,11 +44,11 @@ def test_every_linear_counts_and_the_first_loss_ends_the_search() -> None:
     assert _measure(ahead, behind_at_64) == 48  # 64 rows: 6.4 + 1 ms against 5 + 2 ms
     # behind at 32, ahead again from 48 on: the search stops at 32
     wobbly = _Timed(lambda r: 3e-3 if r == 32 else 1e-3, lambda r: 2e-3)
-    assert _measure(wobbly) == gemm_crossover.ROWS[0]
+    assert _measure(wobbly) == crossover.ROWS[0]
 
 
 def test_a_gemm_that_cannot_run_leaves_the_decode_sized_batches_to_kvferry() -> None:
     def broken(rows: int) -> float:
         raise RuntimeError("no such op")
 
-    assert _measure(_Timed(broken, lambda r: 1e-3)) == gemm_crossover.ROWS[0]
+    assert _measure(_Timed(broken, lambda r: 1e-3)) == crossover.ROWS[0]

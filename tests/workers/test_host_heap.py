@@ -1,4 +1,4 @@
-"""workers/host_heap.py: with the host heap kept and reserved, receiving ~60 MB of 1.4 MB values
+"""workers/process/host_heap.py: with the host heap kept and reserved, receiving ~60 MB of 1.4 MB values
 (a Redis read's packs) touches no fresh page, from the first read on. Each case runs in a process
 of its own: mallopt changes the whole process."""
 
@@ -12,7 +12,7 @@ import pytest
 
 _READS = """
 import json, resource, sys
-from workers.host_heap import keep_freed_memory
+from workers.process.host_heap import keep_freed_memory
 applied = keep_freed_memory(int(sys.argv[1]))
 faults = []
 for _ in range(3):

@@ -9,7 +9,7 @@ import random
 from broker.sampling import SamplingParams
 from tests.workers._helpers import TinyModel, assert_tokens, make_engine, random_prompt
 from workers.engine.llm_engine import LLMEngine
-from workers.engine.request_output import RequestOutput
+from workers.engine.requests.output import RequestOutput
 
 PARAMS = SamplingParams(max_tokens=7, ignore_eos=True)
 

@@ -18,14 +18,14 @@ import redis
 import torch
 
 from broker.sampling import SamplingParams
-from kvstore.kv_cache import KVCache
-from kvstore.redis_tier import RedisTier
-from kvstore.stored_block import KVFormat, StoredBlock
+from kvstore.pool.kv_cache import KVCache
+from kvstore.redis.tier import RedisTier
+from kvstore.tiers.stored_block import KVFormat, StoredBlock
 from tests.kvstore.conftest import TINY_LAYOUT, MakeBlocks, make_blocks, redis_client, redis_server  # noqa: F401
 from tests.workers._helpers import NO_EOS, TinyModel, assert_tokens, make_engine, random_prompt, run_checked
 from workers.engine.pending_write import BlockMeta
-from workers.kv_writer import KVWriter
-from workers.prefetch import prefetch
+from workers.tiers.prefetch import prefetch
+from workers.tiers.writer import KVWriter
 
 FMT = KVFormat.from_layout(TINY_LAYOUT, "tiny-test")
 BLOCK = FMT.nbytes

@@ -14,8 +14,8 @@ from torch import nn
 from broker.sampling import SamplingParams
 from tests.workers._helpers import NO_EOS, TinyModel, assert_tokens, make_engine, random_prompt, run_checked
 from tests.workers.conftest import _build_tiny
-from workers.engine import cpu_kernels, packed_linear
-from workers.engine.packed_linear import (
+from workers.engine.kernels import build, packed_linear
+from workers.engine.kernels.packed_linear import (
     KVFERRY,
     ONEDNN,
     SKINNY_MAX_ROWS,
@@ -83,7 +83,7 @@ def test_packing_off_or_unsupported_leaves_the_model_alone(tokenizer: object) ->
 
 def test_the_kvferry_gemm_keeps_tied_weights_tied(tokenizer: object) -> None:
     """lm_head tied to the embeddings (SmolLM2) stays one tensor: no copy of the vocabulary."""
-    if not cpu_kernels.built():
+    if not build.built():
         pytest.skip("the CPU kernels did not build here")
     model = _build_tiny("llama", tokenizer, seed=9).loaded.model
     model.lm_head.weight = model.model.embed_tokens.weight
@@ -95,7 +95,7 @@ def test_the_kvferry_gemm_keeps_tied_weights_tied(tokenizer: object) -> None:
 def test_a_layer_the_kvferry_gemm_cannot_read_as_is_goes_to_onednn(tokenizer: object) -> None:
     """A strided weight (a view of a larger tensor) would need a copy, which would untie it: that
     layer alone runs oneDNN-packed, and the model still answers like F.linear."""
-    if not (cpu_kernels.built() and packed_linear._onednn_runs()):
+    if not (build.built() and packed_linear._onednn_runs()):
         pytest.skip("needs both GEMMs")
     tiny = _build_tiny("llama", tokenizer, seed=10)
     model = tiny.loaded.model

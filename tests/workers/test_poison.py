@@ -14,10 +14,10 @@ import torch
 from broker.errors import InvalidRequestError
 from broker.sampling import SEED_MAX, SamplingParams
 from tests.workers._helpers import TinyModel, assert_tokens, make_engine, random_prompt, run_checked
-from workers.engine.engine_loop import EngineLoop
 from workers.engine.errors import RequestFailedError
 from workers.engine.llm_engine import LLMEngine
-from workers.engine.request_handle import RequestHandle
+from workers.loop.engine_loop import EngineLoop
+from workers.loop.handle import RequestHandle
 
 MAX_TOKENS = 12
 SEEDED = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.8, seed=7, ignore_eos=True)

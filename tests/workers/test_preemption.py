@@ -7,7 +7,7 @@ import random
 import pytest
 
 from broker.sampling import SamplingParams
-from kvstore.block_events import BlockEvent, BlockRemoved
+from kvstore.pool.events import BlockEvent, BlockRemoved
 from tests.workers._helpers import NO_EOS, TinyModel, assert_tokens, make_engine, random_prompt, run_checked
 
 

@@ -20,7 +20,7 @@ from tests.workers._helpers import (
     run_checked,
 )
 from workers.engine.llm_engine import LLMEngine
-from workers.engine.model_loader import load_model, wrap_model
+from workers.engine.model.loader import load_model, wrap_model
 
 PARAMS = SamplingParams(max_tokens=8, **NO_EOS)
 

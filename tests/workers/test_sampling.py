@@ -17,7 +17,7 @@ from tests.workers._helpers import (
     random_prompt,
     run_checked,
 )
-from workers.engine.model_loader import LoadedModel
+from workers.engine.model.loader import LoadedModel
 
 
 def _prompts(seed: int) -> list[list[int]]:

@@ -6,7 +6,7 @@ import pytest
 
 from broker.sampling import SamplingParams
 from tests.workers._helpers import Reference, assert_tokens, chat_prompt, make_engine, run_checked
-from workers.engine.model_loader import LoadedModel
+from workers.engine.model.loader import LoadedModel
 
 pytestmark = pytest.mark.smollm2
 

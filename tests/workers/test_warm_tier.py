@@ -6,9 +6,9 @@ from __future__ import annotations
 import random
 
 from broker.sampling import SamplingParams
-from kvstore.block_hash import hash_blocks
+from kvstore.chain import hash_blocks
 from tests.workers._helpers import NO_EOS, TinyModel, assert_tokens, make_engine, random_prompt, run_checked
-from workers.engine import block_writer
+from workers.engine.kernels import block_writer
 
 
 def test_evicted_blocks_come_back_from_the_warm_tier_exactly(tiny: TinyModel) -> None:

@@ -11,8 +11,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from workers.engine.model_loader import load_model
-from workers.engine.weights_fingerprint import dir_fingerprint, file_fingerprint
+from workers.engine.model.fingerprint import dir_fingerprint, file_fingerprint
+from workers.engine.model.loader import load_model
 
 
 def _edited_copy(source: Path, target: Path) -> Path:
@@ -43,7 +43,7 @@ def test_fingerprint_is_stable_across_processes_and_cached(tiny_model_dir: Path,
     directory = shutil.copytree(tiny_model_dir, tmp_path / "model")
     here = dir_fingerprint(directory)
     code = (
-        "from pathlib import Path; from workers.engine.weights_fingerprint import dir_fingerprint; "
+        "from pathlib import Path; from workers.engine.model.fingerprint import dir_fingerprint; "
         f"print(dir_fingerprint(Path({str(directory)!r})))"
     )
     there = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -5,12 +5,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from kvstore.block import Block
-from kvstore.block_hash import BlockHash, hash_block, hash_blocks, root_hash
-from kvstore.block_pool import BlockPool
-from kvstore.stored_block import StoredBlock
-from workers.engine.engine_request import EngineRequest
+from kvstore.chain import BlockHash, hash_block, hash_blocks, root_hash
+from kvstore.pool.block import Block
+from kvstore.pool.block_pool import BlockPool
+from kvstore.tiers.stored_block import StoredBlock
 from workers.engine.kept_tails import KeptTails
+from workers.engine.request import EngineRequest
 
 
 def cdiv(a: int, b: int) -> int:

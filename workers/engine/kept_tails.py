@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from kvstore.block import Block
-from kvstore.block_hash import BlockHash
-from kvstore.block_pool import BlockPool
+from kvstore.chain import BlockHash
+from kvstore.pool.block import Block
+from kvstore.pool.block_pool import BlockPool
 
 MAX_WANTED = 4096
 

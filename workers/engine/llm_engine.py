@@ -10,28 +10,29 @@ import torch
 
 from broker.errors import InvalidRequestError
 from broker.sampling import SamplingParams
-from kvstore.block_pool import BlockPool
-from kvstore.kv_cache import KVCache
-from kvstore.stored_block import KVFormat
-from kvstore.warm_tier import WarmTier
-from workers.engine import block_writer, engine_report
+from kvstore.pool.block_pool import BlockPool
+from kvstore.pool.kv_cache import KVCache
+from kvstore.tiers.stored_block import KVFormat
+from kvstore.tiers.warm import WarmTier
+from workers.engine import report
 from workers.engine.block_manager import BlockManager
 from workers.engine.config import EngineConfig
-from workers.engine.detokenizer import Detokenizer
-from workers.engine.engine_request import EngineRequest, FinishReason, RequestStatus
-from workers.engine.engine_stats import EngineStats, MemoryBreakdown
 from workers.engine.errors import RequestFailedError
 from workers.engine.faults import StepFaults
-from workers.engine.kv_layout import kv_layout
-from workers.engine.kv_tiers import TierBridge
-from workers.engine.model_loader import LoadedModel, load_model
+from workers.engine.kernels import block_writer
+from workers.engine.model.kv_layout import kv_layout
+from workers.engine.model.loader import LoadedModel, load_model
 from workers.engine.model_runner import ModelRunner
 from workers.engine.postprocess import Postprocessor
-from workers.engine.request_checks import check_request
-from workers.engine.request_output import RequestOutput
+from workers.engine.request import EngineRequest, FinishReason, RequestStatus
+from workers.engine.requests.checks import check_request
+from workers.engine.requests.detokenizer import Detokenizer
+from workers.engine.requests.output import RequestOutput
 from workers.engine.sampler import Sampler
 from workers.engine.scheduler import Scheduler, SchedulerOutput
+from workers.engine.stats import EngineStats, MemoryBreakdown
 from workers.engine.step_counters import StepCounters
+from workers.engine.tier_bridge import TierBridge
 
 DEFAULT_CACHE_DIR = Path.home() / ".cache" / "kvferry"
 log = logging.getLogger(__name__)
@@ -254,11 +255,11 @@ class LLMEngine:
         return [done[rid] for rid in ids]
 
     def memory_breakdown(self) -> MemoryBreakdown:
-        return engine_report.memory_breakdown(self)
+        return report.memory_breakdown(self)
 
     def stats(self) -> EngineStats:
-        return engine_report.engine_stats(self)
+        return report.engine_stats(self)
 
     def check_integrity(self) -> None:
         """Pool invariants, plus: every running sequence's blocks are referenced and sized right."""
-        engine_report.check_integrity(self)
+        report.check_integrity(self)

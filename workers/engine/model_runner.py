@@ -5,12 +5,17 @@ from __future__ import annotations
 import torch
 from transformers import PreTrainedModel
 
-from kvstore.kv_cache import KVCache
-from workers.engine import decode_kernel as kernel
-from workers.engine import paged_attention
-from workers.engine.fused_decoder import FusedDecoder
-from workers.engine.packed_linear import pack_linears
-from workers.engine.paged_attention import AttentionMetadata, DecodeBucket, DecodeTable, PrefillSegment
+from kvstore.pool.kv_cache import KVCache
+from workers.engine.kernels import paged_attention
+from workers.engine.kernels import paged_decode as kernel
+from workers.engine.kernels.fused_decoder import FusedDecoder
+from workers.engine.kernels.packed_linear import pack_linears
+from workers.engine.kernels.paged_attention import (
+    AttentionMetadata,
+    DecodeBucket,
+    DecodeTable,
+    PrefillSegment,
+)
 from workers.engine.scheduler import ScheduledSeq
 
 # Above this many rows a step is its GEMMs (a 1,000-token prefill: 1.04x the modules' time, where

@@ -1,6 +1,6 @@
 """PendingWrite: blocks queued for the Redis tier, as the engine thread hands them over.
 
-Either a finished turn's blocks, copied into staging slots (workers/staging_arena.py) by one cheap
+Either a finished turn's blocks, copied into staging slots (workers/tiers/staging.py) by one cheap
 copy on the engine thread, or blocks whose bytes exist already (a spilled block, which the warm
 tier needed anyway). Packing, checksums and Redis I/O happen on the writer thread.
 """
@@ -11,8 +11,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from kvstore.block_hash import BlockHash
-from kvstore.stored_block import StoredBlock
+from kvstore.chain import BlockHash
+from kvstore.tiers.stored_block import StoredBlock
 
 
 @dataclass(frozen=True, slots=True)

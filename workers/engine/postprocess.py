@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 
-from workers.engine.detokenizer import Detokenizer
-from workers.engine.engine_request import EngineRequest, FinishReason
 from workers.engine.errors import RequestFailedError
-from workers.engine.request_output import RequestOutput
+from workers.engine.request import EngineRequest, FinishReason
+from workers.engine.requests.detokenizer import Detokenizer
+from workers.engine.requests.output import RequestOutput
 
 
 class Postprocessor:

@@ -5,12 +5,12 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from kvstore.block_hash import BlockHash
-from kvstore.stored_block import StoredBlock
+from kvstore.chain import BlockHash
+from kvstore.tiers.stored_block import StoredBlock
 from workers.engine.block_manager import BlockLoad, BlockManager
 from workers.engine.config import EngineConfig
-from workers.engine.engine_request import EngineRequest, RequestStatus
-from workers.engine.kv_tiers import TierBridge
+from workers.engine.request import EngineRequest, RequestStatus
+from workers.engine.tier_bridge import TierBridge
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,133 @@
+"""JobClient: the api's side of the broker. Sends jobs as Celery tasks, follows their event
+streams in Redis (api/wait.py), cancels them and reads their state. Celery's client is
+synchronous, so its calls (revoke, result state) run on a small thread pool of their own; Redis is
+read and written with redis.asyncio, jobs included (a job's Celery message is pushed in the
+transaction that records it)."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import time
+from collections.abc import AsyncGenerator, Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+import redis.asyncio as aioredis
+from celery import states
+
+from api.jobs import wait
+from api.jobs.errors import UNAVAILABLE, BrokerUnavailableError
+from api.jobs.meta import JobMeta
+from api.jobs.outcome import CeleryState
+from api.stage_clock import StageClock
+from broker import keys
+from broker.celery_app import BrokerConfig, make_celery
+from broker.codec import decode_event, encode_job
+from broker.jobs.events import EVENT_FIELD
+from broker.jobs.lease import owner_worker
+from broker.messages import GenerateJob, StreamEvent
+from broker.task_message import check_supported, task_message
+
+T = TypeVar("T")
+SYNC_TIMEOUT_S = 10.0  # the longest a request waits for a blocking Celery call
+
+
+class JobClient:
+    def __init__(
+        self, broker: BrokerConfig, job_ttl_s: int, block_ms: int = 1000, state_poll_s: float = 2.0
+    ) -> None:
+        self.job_ttl_s = job_ttl_s
+        self.block_ms = block_ms
+        self.state_poll_s = state_poll_s
+        # socket_timeout must outlast the longest XREAD BLOCK
+        self.redis = aioredis.Redis.from_url(
+            broker.redis_url, socket_connect_timeout=5, socket_timeout=block_ms / 1000 + 10
+        )
+        self.celery = make_celery(broker, name="kvferry-api", send_only=True)  # it follows streams
+        check_supported(self.celery)  # its messages are pushed in our own transaction
+        self._pool = ThreadPoolExecutor(8, thread_name_prefix="kvferry-api-celery")
+
+    async def _sync(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run a blocking Celery call on the pool; past SYNC_TIMEOUT_S the request stops waiting."""
+        call = asyncio.get_running_loop().run_in_executor(self._pool, functools.partial(fn, *args))
+        try:
+            return await asyncio.wait_for(call, SYNC_TIMEOUT_S)
+        except TimeoutError as exc:
+            raise BrokerUnavailableError(f"the broker did not answer within {SYNC_TIMEOUT_S:g}s") from exc
+
+    async def close(self) -> None:
+        await self.redis.aclose()
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        self.celery.close()
+
+    async def submit(self, meta: JobMeta, job: GenerateJob, clock: StageClock | None = None) -> None:
+        """Record the job's metadata and queue its Celery message, in one Redis transaction: both
+        land or neither does (broker/task_message.py)."""
+        key = keys.job_meta(meta.job_id)
+        fields: dict[Any, Any] = meta.to_hash()
+        encoded = encode_job(job)
+        message = json.dumps({"job": encoded, "queue": meta.queue})
+        try:
+            queued = task_message(self.celery, keys.GENERATE_TASK, meta.job_id, [encoded], meta.queue)
+            if clock is not None:
+                clock.mark("meta")
+            pipe = self.redis.pipeline(transaction=True)
+            pipe.hset(key, mapping=fields)
+            pipe.expire(key, self.job_ttl_s)
+            # until a worker starts it (then the worker deletes both): see workers/jobs/lost_messages.py
+            pipe.set(keys.job_message(meta.job_id), message, ex=self.job_ttl_s)
+            pipe.zadd(keys.PENDING_JOBS, {meta.job_id: time.time()})
+            pipe.lpush(queued.key, queued.payload)
+            await pipe.execute()
+        except Exception as exc:
+            if not isinstance(exc, UNAVAILABLE):
+                raise  # a bug of ours (a CodecError, say): a 500, never "unavailable"
+            raise BrokerUnavailableError(f"could not queue the job: {type(exc).__name__}: {exc}") from exc
+        if clock is not None:
+            clock.mark("published")
+
+    async def meta(self, job_id: str) -> JobMeta | None:
+        raw: Any = await self.redis.hgetall(keys.job_meta(job_id))
+        return JobMeta.from_hash(job_id, raw) if raw else None
+
+    async def cancel(self, job_id: str) -> None:
+        """Flag the job (a running worker stops at its next token) and revoke it (a worker that
+        has not started it yet drops it)."""
+        await self.redis.set(keys.job_cancel(job_id), b"1", ex=self.job_ttl_s)
+        await self.redis.delete(keys.job_message(job_id))  # never sent again (nor its prompt kept)
+        await self.redis.zrem(keys.PENDING_JOBS, job_id)
+        await self._sync(self.celery.control.revoke, job_id)
+
+    async def is_cancelled(self, job_id: str) -> bool:
+        return bool(await self.redis.exists(keys.job_cancel(job_id)))
+
+    async def celery_state(self, job_id: str) -> CeleryState:
+        meta = await self._sync(functools.partial(self.celery.backend.get_task_meta, cache=False), job_id)
+        return CeleryState(str(meta.get("status", states.PENDING)), meta.get("result"))
+
+    async def lease_worker(self, job_id: str) -> str | None:
+        """The worker that holds the job's lease (runs it) now, if any (broker/jobs/lease.py)."""
+        owner: Any = await self.redis.hget(keys.job_lease(job_id), "owner")
+        return owner_worker(owner.decode()) if owner else None
+
+    async def last_event(self, job_id: str) -> tuple[int, StreamEvent | None]:
+        """(events in the job's stream, the last of them)."""
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.xlen(keys.job_stream(job_id))
+        pipe.xrevrange(keys.job_stream(job_id), count=1)
+        count, last = await pipe.execute()
+        return int(count), decode_event(last[0][1][EVENT_FIELD]) if last else None
+
+    def follow(
+        self, job_id: str, timeout_s: float, alive: Callable[[], Awaitable[bool]] | None = None
+    ) -> AsyncGenerator[StreamEvent, None]:
+        """Every event of the job until its final one: api/wait.follow."""
+        return wait.follow(self, job_id, timeout_s, alive)
+
+    async def wait_final(
+        self, job_id: str, timeout_s: float, alive: Callable[[], Awaitable[bool]] | None = None
+    ) -> StreamEvent:
+        """The job's final event, without its tokens: api/wait.wait_final."""
+        return await wait.wait_final(self, job_id, timeout_s, alive)

@@ -1,0 +1,70 @@
+"""OpenAI streaming: chunk bodies for chat and text completions, framed as server-sent events."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from api.schema.openai import CompletionRequest, usage_body
+from broker.messages import Usage
+
+DONE = b"data: [DONE]\n\n"
+HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+def frame(doc: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(doc, separators=(",", ":")).encode() + b"\n\n"
+
+
+class ChunkWriter:
+    """Builds one response's chunks: the first chat chunk carries the role, the last one the
+    finish_reason; with include_usage every chunk has "usage": null and a final one the usage."""
+
+    def __init__(self, request: CompletionRequest, response_id: str, created: int) -> None:
+        self.request = request
+        self.response_id = response_id
+        self.created = created
+        self._role_sent = False
+
+    def _chunk(self, choices: list[dict[str, Any]]) -> dict[str, Any]:
+        chunk: dict[str, Any] = {
+            "id": self.response_id,
+            "object": "chat.completion.chunk" if self.request.is_chat else "text_completion",
+            "created": self.created,
+            "model": self.request.model,
+            "choices": choices,
+        }
+        if self.request.include_usage:
+            chunk["usage"] = None
+        return chunk
+
+    def text(self, text: str, finish_reason: str | None = None, worker: str | None = None) -> bytes:
+        """A text chunk; the last one (with finish_reason) also names the worker, as an extension
+        field `x_kvferry` that OpenAI clients ignore."""
+        if not self.request.is_chat:
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+            return frame(self._with_worker(self._chunk([choice]), worker))
+        delta: dict[str, Any] = {}
+        if not self._role_sent:
+            delta["role"] = "assistant"
+            self._role_sent = True
+        if text or finish_reason is None:
+            delta["content"] = text
+        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+        return frame(self._with_worker(self._chunk([choice]), worker))
+
+    @staticmethod
+    def _with_worker(chunk: dict[str, Any], worker: str | None) -> dict[str, Any]:
+        if worker is not None:
+            chunk["x_kvferry"] = {"worker": worker}
+        return chunk
+
+    def usage(self, usage: Usage) -> bytes:
+        chunk = self._chunk([])
+        chunk["usage"] = usage_body(usage)
+        return frame(chunk)
+
+
+def error_frame(body: dict[str, Any]) -> bytes:
+    """A failure after the stream began: OpenAI clients raise on a chunk with an "error" key."""
+    return frame(body)

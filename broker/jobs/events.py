@@ -1,0 +1,217 @@
+"""A job's event stream in Redis: the worker appends, readers (api, CLI, tests) follow it.
+
+A worker writes through FencedStream: one Lua script checks the writer's lease epoch is still the
+job's (broker/jobs/lease.py) before it appends, so a worker that lost its job cannot add a token.
+Readers pass every event through a TokenCursor, which shows each token index once, in order,
+however many times the job was redelivered."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+import redis
+
+from broker import keys
+from broker.codec import decode_event, encode_event
+from broker.defaults import DEFAULTS
+from broker.jobs.lease import StaleLeaseError
+from broker.messages import JobDone, JobFailed, StreamEvent, TokenDelta
+
+STREAM_TTL_S = DEFAULTS.job_ttl_s  # as long as results and job metadata live
+EVENT_FIELD = b"e"
+
+STAGES_TTL_S = 3600  # a job's stage times are read right after it ends (`bench queue`), or never
+NO_FENCE = "-"  # the epoch argument of producers without leases (test doubles, tools)
+
+# One round trip appends a run of events (the last token delta and the final event ride together).
+# KEYS: stream, epoch, cancel flag, the tenant's job set, end stream, stage-times hash.
+# ARGV: epoch (or NO_FENCE), stream TTL, job id, final ("1": the last event ends the job, which
+# also ends its place in the tenant's job limit), n, n encoded events, then stage name/time pairs
+# (final only; Redis' own clock adds "written"), stages TTL last.
+# Returns -1 when the epoch is not current (nothing written), else whether the job is cancelled.
+# The end stream keeps only the first final event, as every reader of the job's stream does.
+_FENCED_XADD = """
+if ARGV[1] ~= '-' and tonumber(redis.call('GET', KEYS[2]) or '0') ~= tonumber(ARGV[1]) then
+  return -1
+end
+local n = tonumber(ARGV[5])
+for i = 6, 5 + n do redis.call('XADD', KEYS[1], '*', 'e', ARGV[i]) end
+redis.call('EXPIRE', KEYS[1], ARGV[2])
+if ARGV[4] == '1' then
+  redis.call('ZREM', KEYS[4], ARGV[3])
+  if redis.call('EXISTS', KEYS[5]) == 0 then
+    redis.call('XADD', KEYS[5], '*', 'e', ARGV[5 + n])
+    redis.call('EXPIRE', KEYS[5], ARGV[2])
+  end
+  if #ARGV > 6 + n then
+    local t = redis.call('TIME')
+    local now = t[1] .. '.' .. string.format('%06d', tonumber(t[2]))
+    redis.call('HSET', KEYS[6], 'written', now, unpack(ARGV, 6 + n, #ARGV - 1))
+    redis.call('EXPIRE', KEYS[6], ARGV[#ARGV])
+  end
+end
+return redis.call('EXISTS', KEYS[3])
+"""
+
+
+def _script_keys(job_id: str, tenant: str) -> list[str]:
+    return [
+        keys.job_stream(job_id),
+        keys.job_epoch(job_id),
+        keys.job_cancel(job_id),
+        keys.tenant_jobs(tenant),
+        keys.job_end(job_id),
+        keys.job_stages(job_id),
+    ]
+
+
+def _script_args(
+    epoch: int | str, ttl_s: int, job_id: str, events: list[StreamEvent], stages: dict[str, float] | None
+) -> list[Any]:
+    final = is_final(events[-1])
+    args: list[Any] = [epoch, ttl_s, job_id, "1" if final else "0", len(events)]
+    args.extend(encode_event(e) for e in events)
+    if final and stages:
+        for name, at in stages.items():
+            args.extend((name, repr(at)))
+        args.append(STAGES_TTL_S)
+    return args
+
+
+def is_final(event: StreamEvent | None) -> bool:
+    return isinstance(event, (JobDone, JobFailed))
+
+
+@dataclass(frozen=True, slots=True)
+class StreamProgress:
+    """What a job's stream already holds: lets a redelivered job resume instead of restarting."""
+
+    token_ids: tuple[int, ...]
+    text_chars: int
+    done: JobDone | None
+    failed: JobFailed | None = None
+    epoch: int = 0  # of the last event
+
+    @property
+    def final(self) -> bool:
+        return self.done is not None or self.failed is not None
+
+
+class TokenCursor:
+    """Each token index (and text character) once, in order: a delta's part already shown is cut
+    off, a delta with nothing new is dropped. Deltas without an index follow the previous one."""
+
+    def __init__(self) -> None:
+        self.tokens = 0
+        self.chars = 0
+
+    def accept(self, event: StreamEvent) -> StreamEvent | None:
+        if not isinstance(event, TokenDelta):
+            return event
+        start = event.start if event.start >= 0 else self.tokens
+        text_start = event.text_start if event.text_start >= 0 else self.chars
+        ids = event.token_ids[max(0, self.tokens - start) :]
+        text = event.text[max(0, self.chars - text_start) :]
+        if not ids and not text:
+            return None
+        self.tokens = max(self.tokens, start + len(event.token_ids))
+        self.chars = max(self.chars, text_start + len(event.text))
+        return msgspec.structs.replace(
+            event, token_ids=ids, text=text, start=self.tokens - len(ids), text_start=self.chars - len(text)
+        )
+
+
+def publish(client: redis.Redis, job_id: str, event: StreamEvent, check_cancel: bool = False) -> bool:
+    """Append one event unfenced (producers without leases: test doubles, tools); returns whether
+    the job has been cancelled when check_cancel is set. Workers use FencedStream."""
+    script = client.register_script(_FENCED_XADD)
+    reply = script(
+        keys=_script_keys(job_id, ""), args=_script_args(NO_FENCE, STREAM_TTL_S, job_id, [event], None)
+    )
+    return bool(check_cancel and int(reply))
+
+
+class FencedStream:
+    """Epoch-checked appends to job streams (the script is registered once per client)."""
+
+    def __init__(self, client: redis.Redis, ttl_s: int = STREAM_TTL_S) -> None:
+        self._xadd = client.register_script(_FENCED_XADD)
+        self.ttl_s = ttl_s
+
+    def publish(self, job_id: str, tenant: str, event: StreamEvent) -> bool:
+        """Append `event` if its epoch is the job's current one, else raise StaleLeaseError. A
+        final event also takes the job off its tenant's job set. Returns whether it is cancelled."""
+        return self.publish_many(job_id, tenant, [event])
+
+    def publish_many(
+        self, job_id: str, tenant: str, events: list[StreamEvent], stages: dict[str, float] | None = None
+    ) -> bool:
+        """publish() for a run of events of one epoch, in one round trip; only the last may be
+        final. `stages` (with a final event): the attempt's stage times, kept in keys.job_stages."""
+        epoch = events[-1].epoch
+        assert all(e.epoch == epoch for e in events) and not any(is_final(e) for e in events[:-1])
+        reply = self._xadd(
+            keys=_script_keys(job_id, tenant), args=_script_args(epoch, self.ttl_s, job_id, events, stages)
+        )
+        if int(reply) < 0:
+            raise StaleLeaseError(f"job {job_id}: epoch {epoch} is no longer current; write refused")
+        return bool(int(reply))
+
+
+def ended(client: redis.Redis, job_id: str) -> bool:
+    """Whether the job's stream ends in its final event (JobDone or JobFailed)."""
+    last: Any = client.xrevrange(keys.job_stream(job_id), count=1)
+    return bool(last) and isinstance(decode_event(last[0][1][EVENT_FIELD]), (JobDone, JobFailed))
+
+
+def progress(client: redis.Redis, job_id: str) -> StreamProgress:
+    """The tokens the stream holds (each index once) and its final event, if any. A final event
+    is final: a redelivered copy of a job that ended returns (or raises) the same outcome."""
+    entries: Any = client.xrange(keys.job_stream(job_id))
+    return progress_of(entries)
+
+
+def progress_of(entries: Any) -> StreamProgress:
+    """progress() of a stream's entries, as XRANGE returned them (read in a caller's pipeline)."""
+    cursor = TokenCursor()
+    tokens: list[int] = []
+    done, failed, epoch = None, None, 0
+    for _, fields in entries:
+        event = cursor.accept(decode_event(fields[EVENT_FIELD]))
+        if event is None:
+            continue
+        epoch = event.epoch
+        if isinstance(event, TokenDelta):
+            tokens.extend(event.token_ids)
+        elif isinstance(event, JobDone):
+            done = done or event
+        elif failed is None and done is None:
+            failed = event
+    return StreamProgress(tuple(tokens), cursor.chars, done, failed, epoch)
+
+
+def follow(
+    client: redis.Redis, job_id: str, timeout_s: float = 600.0, block_ms: int = 1000
+) -> Iterator[StreamEvent]:
+    """Every event of the job from the start (each token once), blocking for new ones, until done
+    or failed."""
+    last = "0-0"
+    deadline = time.monotonic() + timeout_s
+    stream = keys.job_stream(job_id)
+    cursor = TokenCursor()
+    while time.monotonic() < deadline:
+        reply: Any = client.xread({stream: last}, block=block_ms, count=256)  # redis-py types are loose
+        for _, entries in reply or []:
+            for entry_id, fields in entries:
+                last = entry_id
+                event = cursor.accept(decode_event(fields[EVENT_FIELD]))
+                if event is None:
+                    continue
+                yield event
+                if isinstance(event, (JobDone, JobFailed)):
+                    return
+    raise TimeoutError(f"job {job_id} produced no final event within {timeout_s:.0f}s")

@@ -1,0 +1,129 @@
+"""The model's linear shapes on each CPU GEMM (`kvferry bench gemm`): kvferry's decode-step GEMM
+vs oneDNN over packed weights vs `F.linear`, at the row counts a step gives (a few decodes to a
+prefill chunk), each timed alternately in one run. GFLOPS, the weight read rate, and ratios to
+oneDNN (below 1: kvferry's GEMM is faster).
+
+As in a decode step, every weight comes from memory, not from cache: each shape is timed over
+enough distinct copies of its weight to pass the CPU's last-level cache (a step reads all of the
+model's weights once; SmolLM2-135M's are 540 MB)."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from ops.settings import Settings
+from workers.engine.kernels import build
+from workers.engine.model.loader import load_model
+
+ROWS = (1, 8, 16, 32, 128, 512)
+QUICK_ROWS = (1, 16, 128)
+_STREAM_BYTES = 256 << 20  # per shape: well past a server CPU's last-level cache
+
+
+def _shapes(config: Any) -> dict[str, tuple[int, int]]:
+    """[out, in] of each distinct linear of a Llama-family decoder layer, and lm_head."""
+    hidden = config.hidden_size
+    head_dim = getattr(config, "head_dim", None) or hidden // config.num_attention_heads
+    kv = config.num_key_value_heads * head_dim
+    return {
+        "q/o_proj": (config.num_attention_heads * head_dim, hidden),
+        "k/v_proj": (kv, hidden),
+        "gate/up_proj": (config.intermediate_size, hidden),
+        "down_proj": (hidden, config.intermediate_size),
+        "lm_head": (config.vocab_size, hidden),
+    }
+
+
+def _seconds(fn: Callable[[], object], budget_s: float) -> float:
+    """Median seconds of one call, over as many calls as fit in `budget_s` (at least 3)."""
+    fn()
+    times: list[float] = []
+    spent = 0.0
+    while len(times) < 3 or spent < budget_s:
+        started = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - started)
+        spent += times[-1]
+    return statistics.median(times)
+
+
+def _calls(
+    x: torch.Tensor, weights: list[torch.Tensor], packed: list[torch.Tensor], kvferry: bool
+) -> dict[str, Callable[[], object]]:
+    """One call: x times every copy of the weight, in turn."""
+
+    def onednn() -> None:
+        for p in packed:
+            torch.ops.mkldnn._linear_pointwise(x, p, None, "none", [], "")
+
+    def f_linear() -> None:
+        for w in weights:
+            F.linear(x, w)
+
+    def ours() -> None:
+        for w in weights:
+            torch.ops.kvferry.skinny_linear(x, w, None)
+
+    calls: dict[str, Callable[[], object]] = {"onednn": onednn, "f_linear": f_linear}
+    if kvferry:
+        calls["kvferry"] = ours
+    return calls
+
+
+def run_gemm_bench(settings: Settings, quick: bool = False) -> dict[str, Any]:
+    if settings.torch_threads:
+        torch.set_num_threads(settings.torch_threads)
+    config = load_model(settings.model, settings.dtype, "cpu", settings.cache_dir).model.config
+    have_kvferry = build.built()
+    gen = torch.Generator().manual_seed(0)
+    budget = 0.3 if quick else 1.0
+    table: dict[str, dict[str, dict[str, float]]] = {}
+    for name, (out_f, in_f) in _shapes(config).items():
+        copies = max(2, -(-_STREAM_BYTES // (out_f * in_f * 4)))
+        weights = [torch.randn(out_f, in_f, generator=gen) for _ in range(copies)]
+        packed = [torch.ops.mkldnn._reorder_linear_weight(w, None) for w in weights]
+        table[name] = {}
+        for rows in QUICK_ROWS if quick else ROWS:
+            calls = _calls(torch.randn(rows, in_f, generator=gen), weights, packed, have_kvferry)
+            with torch.inference_mode():
+                secs: dict[str, list[float]] = {impl: [] for impl in calls}
+                for _ in range(2):  # alternated: the machine's drift hits each alike
+                    for impl, fn in calls.items():
+                        secs[impl].append(_seconds(fn, budget))
+            flops = 2.0 * rows * out_f * in_f * copies
+            entry: dict[str, float] = {}
+            for impl, s in secs.items():
+                best = min(s)
+                entry[f"{impl}_gflops"] = flops / best / 1e9
+                entry[f"{impl}_weight_gb_s"] = out_f * in_f * 4 * copies / best / 1e9
+            if have_kvferry:
+                entry["kvferry_vs_onednn"] = min(secs["kvferry"]) / min(secs["onednn"])
+            table[name][str(rows)] = entry
+    out: dict[str, Any] = {"gemm": table, "threads": torch.get_num_threads()}
+    if have_kvferry:
+        ratios = [table[name]["16"]["kvferry_vs_onednn"] for name in table]
+        out["gemm_vs_onednn_16"] = statistics.geometric_mean(ratios)
+    return out
+
+
+def report(results: dict[str, Any]) -> str:
+    head = f"{'shape':14s} {'rows':>5s} {'kvferry':>9s} {'oneDNN':>9s} {'F.linear':>9s} {'ratio':>6s}"
+    lines = [f"{head}  (GFLOPS, weights from memory)"]
+    for name, by_rows in results["gemm"].items():
+        for rows, e in by_rows.items():
+            ours = f"{e['kvferry_gflops']:9.1f}" if "kvferry_gflops" in e else f"{'-':>9s}"
+            ratio = f"{e['kvferry_vs_onednn']:6.2f}" if "kvferry_vs_onednn" in e else f"{'-':>6s}"
+            lines.append(
+                f"{name:14s} {rows:>5s} {ours} {e['onednn_gflops']:9.1f} {e['f_linear_gflops']:9.1f} {ratio}"
+            )
+    if "gemm_vs_onednn_16" in results:
+        lines.append(
+            f"time at 16 rows, kvferry / oneDNN (geometric mean): {results['gemm_vs_onednn_16']:.2f}"
+        )
+    return "\n".join(lines)

@@ -1,0 +1,222 @@
+"""Resume: a session continued on an engine that never saw it, loading its blocks from Redis,
+against recomputing them, at several history lengths (part of `kvferry bench tiers`)."""
+
+from __future__ import annotations
+
+import gc
+import resource
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, cast
+
+import redis
+import torch
+
+from broker.sampling import SamplingParams
+from kvstore.chain import hash_blocks, root_hash
+from kvstore.pool.kv_cache import KVCache
+from kvstore.redis.tier import RedisTier
+from kvstore.tiers import codec
+from ops.redis_server import RedisServer
+from ops.settings import Settings
+from workers.engine.config import EngineConfig
+from workers.engine.llm_engine import LLMEngine
+from workers.engine.model.loader import LoadedModel
+from workers.tiers.prefetch import prefetch
+from workers.tiers.writer import KVWriter
+
+TAIL = 16  # new tokens of the resumed turn
+
+
+def _engine(config: EngineConfig, loaded: LoadedModel) -> LLMEngine:
+    return LLMEngine(config, loaded)
+
+
+def _ttft(engine: LLMEngine, prompt: list[int]) -> float:
+    started = time.perf_counter()
+    engine.generate([prompt], SamplingParams(max_tokens=1, ignore_eos=True))
+    return time.perf_counter() - started
+
+
+def _timed_writes(engine: LLMEngine) -> list[float]:
+    """Seconds the engine spends copying loaded blocks into its pool (Redis -> pool's last stage)."""
+    spent = [0.0]
+    inner: Callable[[Any], None] = engine.kv_cache.write_blocks
+
+    def write_blocks(loads: Any) -> None:
+        started = time.perf_counter()
+        inner(loads)
+        spent[0] += time.perf_counter() - started
+
+    engine.kv_cache.write_blocks = write_blocks  # type: ignore[method-assign]
+    return spent
+
+
+def _stages(tier: RedisTier, hashes: list[bytes], pool: KVCache) -> dict[str, float]:
+    """MB/s of each stage of the read path, apart: network + parse (plain redis-py MGETs, the
+    baseline), the same MGETs received straight into buffers (bulk_mget, what the tier uses),
+    checksums, decode (header, views, checksums, dequantising), the copy into the pool; and
+    get_run as it overlaps them."""
+    keys = list(dict.fromkeys(cast("list[bytes]", tier.client.hmget(tier.keys.index, hashes))))
+    pairs = [keys[i : i + 2] for i in range(0, len(keys), 2)]
+    started = time.perf_counter()
+    values = [cast("bytes", v) for pair in pairs for v in tier.client.mget(pair)]
+    net_s = time.perf_counter() - started
+    started = time.perf_counter()
+    direct = [v for pair in pairs for v in tier.fetcher.mget(pair)]
+    direct_s = time.perf_counter() - started
+    assert [bytes(v) if v is not None else None for v in direct] == values
+    size = sum(len(v) for v in values)
+    started = time.perf_counter()
+    decoded = [codec.decode_pack(tier.fmt, v, tier.tier_dtype) for v in values]
+    decode_s = time.perf_counter() - started
+    started = time.perf_counter()
+    for v in values:
+        codec.block_checksum(b"", b"", b"", v)
+    checksum_s = time.perf_counter() - started
+    blocks = [b for d in decoded for b in d.blocks]
+    started = time.perf_counter()
+    pool.write_blocks([(i, block.kv) for i, block in enumerate(blocks[: pool.num_blocks])])
+    copy_s = time.perf_counter() - started
+    started = time.perf_counter()
+    tier.get_run(hashes)
+    run_s = time.perf_counter() - started
+    pool_bytes = len(blocks[: pool.num_blocks]) * tier.fmt.nbytes
+    return {
+        "network_parse_mb_s": size / net_s / 1e6,
+        "network_direct_mb_s": size / direct_s / 1e6,
+        "checksum_mb_s": size / checksum_s / 1e6,
+        "decode_mb_s": size / decode_s / 1e6,
+        "copy_to_pool_mb_s": pool_bytes / copy_s / 1e6,
+        "get_run_mb_s": len(blocks) * tier.fmt.nbytes / run_s / 1e6,
+    }
+
+
+def _resume_once(
+    config: EngineConfig,
+    loaded: LoadedModel,
+    client: redis.Redis,
+    turn: list[int],
+    tier_dtype: str,
+    stages: bool,
+) -> tuple[dict[str, Any], dict[str, float]]:
+    """One resume of ``turn`` (its history, then TAIL new tokens): its row, and the read path's
+    stages when asked."""
+    history = turn[:-TAIL]
+    writer_engine = _engine(config, loaded)  # the worker that served the session so far
+    tier = RedisTier(client, writer_engine.kv_format, 8 * 1024**3, tier_dtype=tier_dtype)
+    writer = KVWriter(tier)
+    assert writer_engine.tiers is not None
+    writer_engine.tiers.attach(writer)
+    writer_engine.generate([[*history, history[-1]]], SamplingParams(max_tokens=1, ignore_eos=True))
+    writer.flush(120)
+    writer.stop()
+    del writer_engine
+    gc.collect()  # a worker has one engine: the bench's retired ones must not hold memory
+
+    fresh = _engine(config, loaded)  # another worker: nothing of this session local
+    _ttft(fresh, [7, 8, 9])  # first-forward warm-up, outside the timing
+    writes = _timed_writes(fresh)
+    before = resource.getrusage(resource.RUSAGE_SELF)
+    started = time.perf_counter()
+    fetched = prefetch(fresh, tier, turn, "")
+    fetch_s = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    out_ttft = _ttft(fresh, turn)
+    loaded_s = fetch_s + out_ttft
+    # end to end, Redis -> pool tensor: the prefetch (MGETs, checksums, decode, into the warm
+    # tier) and the engine's copies of those blocks into its pool
+    fetch_mb_s = fetched * fresh.kv_format.nbytes / (fetch_s + writes[0]) / 1e6 if fetched else 0.0
+    measured: dict[str, float] = {}
+    if stages:
+        bs = fresh.pool.block_size
+        hashes = hash_blocks(turn[: fetched * bs], bs, (), parent=root_hash((loaded.fingerprint, "")))
+        pool = KVCache(fresh.layout, max(1, fetched), "cpu")
+        pool.block_writer = fresh.kv_cache.block_writer  # the engine's own copier
+        measured = _stages(tier, hashes, pool)
+    del fresh
+    gc.collect()
+
+    cold = _engine(config, loaded)
+    _ttft(cold, [7, 8, 9])
+    recompute_s = _ttft(cold, turn)
+    del cold
+    gc.collect()
+    tier.clear()
+    row = {
+        "history_tokens": len(history),
+        "blocks_fetched": fetched,
+        "fetch_s": fetch_s,
+        "pool_write_s": writes[0],
+        "fetch_mb_s": fetch_mb_s,
+        # first touches of the memory the packs are received into: on a VM each can cost several
+        # µs of kernel time, the fetch's slow mode (README)
+        "fetch_page_faults": after.ru_minflt - before.ru_minflt,
+        "fetch_kernel_s": after.ru_stime - before.ru_stime,
+        "prefill_after_fetch_s": out_ttft,
+        "resume_from_redis_s": loaded_s,
+        "recompute_s": recompute_s,
+        "ratio": loaded_s / recompute_s,
+    }
+    return row, measured
+
+
+def bench_resume(
+    settings: Settings,
+    loaded: LoadedModel,
+    lengths: list[int],
+    run_dir: Path,
+    tier_dtype: str = "exact",
+    reps: int = 3,
+) -> dict[str, Any]:
+    """Each length resumed ``reps`` times (a fresh writer, resumer and recomputer each time); its
+    row is the repetition with the median ratio, and lists every repetition's ratio."""
+    config = settings.engine_config()
+    vocab = int(loaded.model.config.vocab_size)
+    rng = torch.Generator().manual_seed(5)
+    rows = []
+    stages: dict[str, float] = {}
+    with RedisServer(run_dir / "redis") as server:
+        client = redis.Redis.from_url(server.url)
+        for length in lengths:
+            turn = torch.randint(100, vocab, (length + TAIL,), generator=rng).tolist()
+            runs = []
+            for rep in range(reps):
+                row, measured = _resume_once(
+                    config, loaded, client, turn, tier_dtype, stages=rep == 0 and length == max(lengths)
+                )
+                runs.append(row)
+                stages = measured or stages
+            row = sorted(runs, key=lambda r: r["ratio"])[len(runs) // 2]
+            row["ratios"] = [r["ratio"] for r in runs]
+            rows.append(row)
+            ms = {
+                k: row[k] * 1000 for k in ("resume_from_redis_s", "fetch_s", "fetch_kernel_s", "recompute_s")
+            }
+            print(
+                f"  resume {length:>5} tokens: redis {ms['resume_from_redis_s']:7.1f} ms (fetch "
+                f"{ms['fetch_s']:6.1f}, {row['fetch_mb_s']:5.0f} MB/s, {row['fetch_page_faults']} page "
+                f"faults, {ms['fetch_kernel_s']:.0f} ms in the kernel) vs recompute "
+                f"{ms['recompute_s']:7.1f} ms -> {row['ratio']:.3f} "
+                f"(of {reps}: {', '.join(f'{r:.3f}' for r in row['ratios'])})",
+                flush=True,
+            )
+    paying = [r["history_tokens"] for r in rows if r["ratio"] < 1.0]
+    longest = max(rows, key=lambda r: r["history_tokens"])
+    print("  read path stages (MB/s): " + ", ".join(f"{k} {v:.0f}" for k, v in stages.items()), flush=True)
+    ref = next((r for r in rows if r["history_tokens"] == 2048), longest)
+    return {
+        "rows": rows,
+        "reps": reps,
+        "tier_dtype": tier_dtype,
+        "fetch_mb_s": ref["fetch_mb_s"],
+        "stages_mb_s": stages,
+        # Against the same run's plain redis-py + hiredis MGETs of the same packs, nothing decoded:
+        # above 1 since the tier receives values straight into buffers (network_direct_mb_s).
+        "fetch_vs_raw_mget": ref["fetch_mb_s"] / stages["network_parse_mb_s"] if stages else None,
+        "resume_ratio_2048": next(
+            (r["ratio"] for r in rows if r["history_tokens"] == 2048), longest["ratio"]
+        ),
+        "loading_pays_from_tokens": min(paying) if paying else None,
+    }

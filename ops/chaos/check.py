@@ -1,0 +1,199 @@
+"""Verifying a `kvferry chaos` run: every job against the fault-free reference answer to the same
+prompt (greedy), its stream for duplicated and missing tokens, the redelivery delays after each
+kill; then the report (a table, and JSON).
+
+A stream's duplicates and gaps are found on its text: the chunks as received, in order, diffed
+against the reference answer. A diff's characters are turned into tokens at the reference
+answer's characters per token, so a count is 0 exactly when nothing was repeated or dropped."""
+
+from __future__ import annotations
+
+import difflib
+import math
+import statistics
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from ops.chaos.clients import JobRecord
+from ops.chaos.faults import FaultLog
+
+EXAMPLES_KEPT = 5
+REDELIVERIES_KEPT = 100
+JSON_ONLY = frozenset({"redeliveries"})  # too long for the table
+
+
+@dataclass(frozen=True, slots=True)
+class JobCheck:
+    key: str
+    job_id: str | None
+    completed: bool
+    exact: bool
+    duplicated_tokens: int
+    missing_tokens: int
+    why: str  # empty when exact
+
+
+def _tokens(chars: int, reference: JobRecord) -> int:
+    if chars <= 0:
+        return 0
+    tokens = int(reference.usage.get("completion_tokens") or len(reference.text))
+    per_char = tokens / max(1, len(reference.text))
+    return max(1, math.ceil(chars * per_char))
+
+
+def stream_diff(reference: str, streamed: str, complete: bool) -> tuple[int, int]:
+    """(duplicated, missing) characters of a stream against the answer. An incomplete stream
+    (it broke and the outcome was polled) may end early: its unstreamed tail is not missing."""
+    ops = difflib.SequenceMatcher(None, reference, streamed, autojunk=False).get_opcodes()
+    if not complete and ops and ops[-1][0] == "delete":
+        ops = ops[:-1]
+    extra = sum(j2 - j1 for op, _, _, j1, j2 in ops if op in ("insert", "replace"))
+    gone = sum(i2 - i1 for op, i1, i2, _, _ in ops if op in ("delete", "replace"))
+    return extra, gone
+
+
+def check_job(record: JobRecord, reference: JobRecord | None) -> JobCheck:
+    completed = record.status == "completed"
+    if reference is None or reference.status != "completed":
+        return JobCheck(record.key, record.job_id, completed, False, 0, 0, "no reference answer")
+    extra, gone = stream_diff(reference.text, record.streamed, record.stream_complete)
+    dup, missing = _tokens(extra, reference), _tokens(gone, reference)
+    why = ""
+    if not completed:
+        why = f"{record.status}: {record.error}"
+    elif record.text != reference.text:
+        why = f"answer differs: {record.text[:60]!r} vs reference {reference.text[:60]!r}"
+    elif dup or missing:
+        why = f"stream: {dup} duplicated, {missing} missing token(s)"
+    return JobCheck(record.key, record.job_id, completed, not why, dup, missing, why)
+
+
+def _median(values: list[float]) -> float | None:
+    return round(statistics.median(values), 3) if values else None
+
+
+def redeliveries(records: Iterable[JobRecord], faults: FaultLog) -> list[dict[str, Any]]:
+    """Per kill and job it was running: until that job's next token (or, when its stream broke
+    and its outcome was polled, its end) reached its client; delay_s None when neither came."""
+    by_id = {r.job_id: r for r in records if r.job_id}
+    out = []
+    for n, kill in enumerate(faults.kills):
+        for job_id in kill.jobs:
+            record = by_id.get(job_id)
+            if record is None:
+                continue
+            after = [t for t, _, _ in record.chunks if t > kill.at]
+            delay = None
+            if after:
+                delay = after[0] - kill.at
+            elif record.ended > kill.at and record.status == "completed":
+                delay = record.ended - kill.at
+            out.append(
+                {
+                    "kill": n,
+                    "worker": kill.node,
+                    "job": record.key,
+                    "job_id": job_id,
+                    "status": record.status,
+                    "delay_s": None if delay is None else round(delay, 3),
+                    "worker_after": record.worker,
+                }
+            )
+    return out
+
+
+def recomputed_tokens(usage: Any) -> int | None:
+    """The api's count of tokens recomputed after a redelivery, under whatever key holds it."""
+    if not isinstance(usage, dict):
+        return None
+    found = None
+    for key, value in usage.items():
+        inner = recomputed_tokens(value) if isinstance(value, dict) else None
+        if "recomput" in key and isinstance(value, int):
+            inner = value
+        if inner is not None:
+            found = (found or 0) + inner
+    return found
+
+
+def report(
+    records: list[JobRecord],
+    references: dict[str, JobRecord],
+    faults: FaultLog,
+    duration_s: float,
+    extra: dict[str, Any],
+) -> dict[str, Any]:
+    submitted = [r for r in records if r.status != "not_submitted"]
+    checks = [check_job(r, references.get(r.key)) for r in submitted]
+    hit = redeliveries(submitted, faults)
+    delays = [h["delay_s"] for h in hit if h["delay_s"] is not None]
+    redelivered = {j for k in faults.kills for j in k.jobs}
+    recomputed = [recomputed_tokens(r.usage) for r in submitted if r.job_id in redelivered]
+    known = [n for n in recomputed if n is not None]
+    back = [k.back_after_s for k in faults.kills]
+    by_key = {r.key: r for r in submitted}
+    return {
+        "jobs": len(submitted),
+        "completed": sum(c.completed for c in checks),
+        "exact": sum(c.exact for c in checks),
+        "duplicated_tokens": sum(c.duplicated_tokens for c in checks),
+        "missing_tokens": sum(c.missing_tokens for c in checks),
+        "lost": sum(r.status == "lost" for r in submitted),
+        "failed": sum(r.status == "failed" for r in submitted),
+        "not_submitted": len(records) - len(submitted),
+        "resubmissions": sum(r.submit_attempts - 1 for r in records),
+        "kills": len(faults.kills),
+        "redis_restarts": len(faults.redis_restarts),
+        "jobs_hit_by_kills": len(redelivered),
+        "redelivery_p50_s": _median(delays),
+        "redelivery_max_s": round(max(delays), 3) if delays else None,
+        "recomputed_tokens": sum(known) if known else None,
+        "worker_restart_p50_s": _median(back),
+        "unexpected_exits": faults.unexpected_exits,
+        "notes": faults.notes,
+        "faults": faults.events,
+        "duration_s": round(duration_s, 1),
+        **extra,
+        "redeliveries": hit[:REDELIVERIES_KEPT],
+        "examples": [_example(c, by_key.get(c.key), references.get(c.key)) for c in checks if not c.exact][
+            :EXAMPLES_KEPT
+        ],
+    }
+
+
+def _example(check: JobCheck, record: JobRecord | None, reference: JobRecord | None) -> dict[str, Any]:
+    """A job that was not exact, with what tells where to look: the worker that answered, its
+    usage (where its prompt's KV came from) and the fault-free pass's."""
+    out: dict[str, Any] = {"key": check.key, "job_id": check.job_id, "why": check.why}
+    if record is not None:
+        out.update(worker=record.worker, submits=record.submit_attempts, usage=record.usage)
+    if reference is not None:
+        out.update(reference_worker=reference.worker, reference_usage=reference.usage)
+    return out
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.3f}" if value < 100 else f"{value:.0f}"
+    return str(value)
+
+
+def render(result: dict[str, Any]) -> str:
+    """The report as a two-column table (lists and per-worker figures on lines of their own)."""
+    rows = [(k, v) for k, v in result.items() if not isinstance(v, (list, dict))]
+    width = max(len(k) for k, _ in rows)
+    lines = [f"{'figure':<{width}}  value", f"{'-' * width}  -----"]
+    lines += [f"{k:<{width}}  {_cell(v)}" for k, v in rows]
+    for key, value in result.items():
+        if key in JSON_ONLY:
+            continue
+        if isinstance(value, dict) and value:
+            lines.append(f"{key}:")
+            lines += [f"  {name}: {figures}" for name, figures in sorted(value.items())]
+        elif isinstance(value, list) and value:
+            lines.append(f"{key}:")
+            lines += [f"  {item}" for item in value]
+    return "\n".join(lines)

@@ -1,0 +1,206 @@
+"""The faults of `kvferry chaos`: SIGKILL a random worker (mid-job when one is busy) and start it
+again under the same name, K times; restart the queue's Redis; all on one thread, while the load
+runs. Every wait is bounded; the kill times are time.monotonic(), the clients' clock."""
+
+from __future__ import annotations
+
+import logging
+import random
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import psutil
+import redis
+
+from broker import keys
+from broker.messages import WorkerStatus
+from broker.worker_registry import live_workers
+from ops.stack import Stack
+
+log = logging.getLogger(__name__)
+READY_TIMEOUT_S = 120.0  # a restarted worker loads its model again
+BUSY_WAIT_S = 5.0  # a kill waits this long at most for a worker that is running a job
+
+
+@dataclass(frozen=True, slots=True)
+class KillEvent:
+    at: float  # time.monotonic() just before the SIGKILL
+    child: str  # the stack's child name, e.g. "worker1"
+    node: str  # its Celery node name, e.g. "w1@host"
+    jobs: tuple[str, ...]  # the jobs it was running then
+    back_after_s: float  # until its restarted process's heartbeat said ready
+
+
+@dataclass
+class FaultLog:
+    kills: list[KillEvent] = field(default_factory=list)
+    redis_restarts: list[float] = field(default_factory=list)
+    unexpected_exits: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    events: list[str] = field(default_factory=list)  # "HH:MM:SS.mmm what", to read beside the logs
+
+    def event(self, what: str) -> str:
+        line = stamped(what)
+        self.events.append(line)
+        return line
+
+
+def stamped(what: str) -> str:
+    """The wall-clock time (as the workers' logs show it), then what happened."""
+    now = time.time()
+    return f"{time.strftime('%H:%M:%S', time.localtime(now))}.{int(now % 1 * 1000):03d} {what}"
+
+
+def node_of(process_args: list[str]) -> str | None:
+    """The --name a `kvferry worker` child was started with: its node is NAME@host."""
+    if "--name" in process_args:
+        return process_args[process_args.index("--name") + 1]
+    return None
+
+
+class FaultInjector:
+    def __init__(
+        self,
+        stack: Stack,
+        kills: int,
+        redis_restarts: int,
+        rng: random.Random,
+        gap_s: tuple[float, float],
+        deadline: float,
+        say: Callable[[str], object] = lambda line: None,
+    ) -> None:
+        self.say = say
+        self.stack = stack
+        self.plan = self._plan(kills, redis_restarts)
+        self.rng = rng
+        self.gap_s = gap_s
+        self.deadline = deadline
+        self.log = FaultLog()
+        self.done = threading.Event()
+        self.redis = redis.Redis.from_url(stack.settings.redis_url, socket_timeout=5)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="kvferry-chaos-faults", daemon=True)
+
+    @staticmethod
+    def _plan(kills: int, restarts: int) -> list[str]:
+        """Redis restarts spread among the kills (not first: the load must be running)."""
+        plan = ["kill"] * kills
+        for n in range(restarts):
+            plan.insert(min(len(plan), (n + 1) * (kills + 1) // (restarts + 1)), "redis")
+        return plan
+
+    @property
+    def workers(self) -> list[str]:
+        return sorted(name for name in self.stack.children if name.startswith("worker"))
+
+    def start(self) -> FaultInjector:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(READY_TIMEOUT_S + 30)
+
+    def _run(self) -> None:
+        try:
+            for action in self.plan:
+                if self._stop.is_set() or time.monotonic() > self.deadline:
+                    self.log.notes.append(f"stopped with {action!r} and more still planned")
+                    break
+                self._wait_all_ready()
+                self._stop.wait(self.rng.uniform(*self.gap_s))
+                if action == "kill":
+                    self._kill()
+                else:
+                    self._restart_redis()
+            self._wait_all_ready()
+        except Exception as exc:  # a broken fault thread must not hang the run
+            log.exception("fault injection failed")
+            self.log.notes.append(f"fault injection failed: {type(exc).__name__}: {exc}")
+        finally:
+            self.done.set()
+
+    def _node(self, child: str) -> str:
+        """Its Celery node name (as workers/process/main.py makes it: same host as ours)."""
+        args = self.stack.children[child].args
+        name = node_of([str(a) for a in args]) if isinstance(args, list) else None
+        return f"{name or child}@{socket.gethostname()}"
+
+    def _live(self) -> list[WorkerStatus]:
+        try:
+            return list(live_workers(self.redis))
+        except redis.RedisError:
+            return []
+
+    def _busy(self, node: str) -> tuple[str, ...]:
+        try:
+            return tuple(sorted(j.decode() for j in self.redis.smembers(keys.worker_jobs(node))))  # type: ignore[union-attr]
+        except redis.RedisError:
+            return ()
+
+    def _kill(self) -> None:
+        children = self.workers
+        nodes = {c: self._node(c) for c in children}
+        end = time.monotonic() + BUSY_WAIT_S
+        busy = [c for c in children if self._busy(nodes[c])]
+        while not busy and time.monotonic() < end and not self._stop.is_set():
+            time.sleep(0.02)  # kill mid-job: that is what redelivery is for
+            busy = [c for c in children if self._busy(nodes[c])]
+        child = self.rng.choice(busy or children)
+        jobs = self._busy(nodes[child])
+        at = time.monotonic()
+        sent_at = time.time()
+        self.stack.restart_child(child)
+        self.say(self.log.event(f"SIGKILL {nodes[child]} running {len(jobs)} job(s); restarted"))
+        back = self._wait_ready(nodes[child], sent_at)
+        self.say(self.log.event(f"{nodes[child]} ready again after {back - at:.1f}s"))
+        self.log.kills.append(KillEvent(at, child, nodes[child], jobs, back - at))
+
+    def _restart_redis(self) -> None:
+        at = time.monotonic()
+        self.say(self.log.event("stopping the queue's Redis (SIGTERM)"))
+        if self.stack.restart_queue_redis(down_s=1.0):
+            self.say(self.log.event("the queue's Redis is back"))
+            self.log.redis_restarts.append(at)
+        else:
+            self.log.notes.append("the queue's Redis is not this stack's own: not restarted")
+
+    def _wait_ready(self, node: str, after: float) -> float:
+        """Until `node` beats again (a heartbeat sent after `after`, unix time) with its engine up."""
+        end = time.monotonic() + READY_TIMEOUT_S
+        while time.monotonic() < end and not self._stop.is_set():
+            for w in self._live():
+                if w.name == node and w.engine is not None and w.sent_at > after:
+                    return time.monotonic()
+            self._check_exits()
+            time.sleep(0.1)
+        self.log.notes.append(f"{node} was not ready {READY_TIMEOUT_S:.0f}s after its restart")
+        return time.monotonic()
+
+    def _wait_all_ready(self) -> None:
+        self._check_exits()
+        for child in self.workers:
+            self._wait_ready(self._node(child), 0.0)
+
+    def _check_exits(self) -> None:
+        """A child that died without our kill is a finding: say so, and start it again."""
+        for name, child in list(self.stack.children.items()):
+            if child.poll() is not None:
+                self.say(self.log.event(f"{name} exited with {child.returncode} unasked; restarting it"))
+                self.log.unexpected_exits.append(f"{name} exited with {child.returncode}")
+                self.stack.restart_child(name)
+
+
+def rss_mb(stack: Stack) -> dict[str, float]:
+    """Each worker process's resident memory now, in MiB."""
+    out: dict[str, float] = {}
+    for name, child in stack.children.items():
+        if name.startswith("worker") and child.poll() is None:
+            try:
+                out[name] = psutil.Process(child.pid).memory_info().rss / 1024**2
+            except psutil.Error:
+                continue
+    return out

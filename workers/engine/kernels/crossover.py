@@ -1,0 +1,60 @@
+"""Where kvferry's decode-step GEMM stops paying, measured on this machine over the model's weights.
+
+kvferry's GEMM (csrc/skinny_gemm.cpp) reads each weight once per 16 rows, so it wins while a step
+is bound by reading the weights; with more rows the product becomes bound by arithmetic, where
+oneDNN's blocked kernels (AVX-512 and AMX where the CPU has them) win. Where that happens depends
+on the CPU: ~128 rows on the 2-core AVX2 EPYC this project started on, ~48 on a 2-core AVX-512
+Xeon (`kvferry bench gemm`). So each worker times both over its own decoder linears once, when
+they are swapped in (~1 s for SmolLM2), and each step picks by its row count.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    from workers.engine.kernels.packed_linear import SkinnyLinear
+
+log = logging.getLogger(__name__)
+ROWS = (16, 32, 48, 64, 96, 128)  # the row counts timed, in order; the first is always kvferry's
+_REPEATS = 3
+
+
+def _best_of(
+    gemm: Callable[[Any], Callable[[torch.Tensor], object]], linears: Sequence[Any], count: int
+) -> float:
+    """Best seconds of `gemm` of each linear in turn over `count` rows."""
+    inputs = {m.in_features: torch.randn(count, m.in_features) for m in linears}
+    best = float("inf")
+    for _ in range(_REPEATS):
+        started = time.perf_counter()
+        for m in linears:
+            gemm(m)(inputs[m.in_features])
+        best = min(best, time.perf_counter() - started)
+    return best
+
+
+def measure(linears: Sequence[SkinnyLinear], rows: Sequence[int] = ROWS) -> int:
+    """The most of `rows` up to which kvferry's GEMM is as fast as the large-batch path over every
+    one of `linears` in turn (weights from memory, as in a step), timed alternately; the first of
+    `rows` where it falls behind ends the search. rows[0] when nothing can be timed."""
+    chosen = rows[0]
+    try:
+        with torch.inference_mode():
+            for count in rows[1:]:
+                skinny = _best_of(lambda m: m.skinny, linears, count)
+                large = _best_of(lambda m: m.large, linears, count)
+                log.debug(
+                    "%d rows: kvferry %.1f ms, large-batch GEMM %.1f ms", count, 1e3 * skinny, 1e3 * large
+                )
+                if skinny > large:
+                    break
+                chosen = count
+    except RuntimeError as err:  # an op missing from this build: the decode-sized batches stay ours
+        log.warning("could not time kvferry's GEMM against oneDNN here (%s)", err)
+    return chosen

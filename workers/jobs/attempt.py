@@ -1,0 +1,214 @@
+"""JobAttempt: one leased run of a job on this worker's engine. Resumes after the tokens the
+stream holds, streams new ones (each with its index and the lease epoch, through the fenced
+script), enforces the job time limit, and publishes the result."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import redis
+
+from broker.errors import KvferryError, UnknownModelError
+from broker.jobs.events import FencedStream, StreamProgress
+from broker.jobs.lease import StaleLeaseError
+from broker.messages import (
+    GenerateJob,
+    GenerateResult,
+    JobDone,
+    JobFailed,
+    StreamEvent,
+    TokenDelta,
+    Usage,
+)
+from workers.engine.errors import EngineFailedError
+from workers.engine.requests.output import RequestOutput
+from workers.jobs.lease_keeper import HeldLease
+from workers.jobs.prompt import prompt_token_ids
+from workers.loop.engine_loop import EngineLoop
+from workers.loop.handle import RequestHandle
+from workers.process.engine_service import EngineService
+
+log = logging.getLogger(__name__)
+STREAM_FLUSH_S = 0.03
+HEALTHY_WAIT_S = 5.0  # a job that finds its engine loop restarting waits this long for it
+
+
+class JobTimeLimitError(KvferryError, TimeoutError):
+    """The job ran past KVFERRY_JOB_TIME_LIMIT_S and was stopped (its blocks freed)."""
+
+
+def wait_healthy(loop: EngineLoop, timeout_s: float = HEALTHY_WAIT_S) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not loop.healthy:
+        if time.monotonic() > deadline:
+            raise EngineFailedError("the engine loop is not healthy")
+        time.sleep(0.05)
+
+
+class JobAttempt:
+    def __init__(
+        self,
+        service: EngineService,
+        stream: FencedStream,
+        job_id: str,
+        job: GenerateJob,
+        held: HeldLease,
+        time_limit_s: float,
+        stages: dict[str, float] | None = None,
+    ) -> None:
+        self.service = service
+        self.stream = stream
+        self.job_id = job_id
+        self.job = job
+        self.held = held
+        self.epoch = held.epoch
+        self.time_limit_s = time_limit_s
+        self.started = time.time()
+        self.timed_out = threading.Event()
+        # unix times of this attempt's stages; they ride with the final event (keys.job_stages)
+        self.stages: dict[str, float] = dict(stages or {})
+
+    def publish_failed(self, error_type: str, message: str, status: int, param: str | None = None) -> None:
+        event = JobFailed(error_type, message, status, param, epoch=self.epoch)
+        self.stream.publish(self.job_id, self.job.tenant, event)
+
+    def run(self, before: StreamProgress, cancelled: bool = False) -> GenerateResult:
+        """`cancelled`: the job's cancel flag as read with `before` (later flags come back from
+        every publish)."""
+        service, job, job_id = self.service, self.job, self.job_id
+        if job.model != service.served_model:
+            raise UnknownModelError(
+                f"model {job.model!r} is not served (this worker serves {service.served_model!r})"
+            )
+        loop = service.loop()
+        wait_healthy(loop)
+        stored = service.sessions.stored_tokens(job)
+        ids = prompt_token_ids(job, loop.engine.tokenizer, stored)
+        service.prefetch(loop.engine, ids, job.kv_salt)
+        resumed = len(before.token_ids)
+        if job.session_id:  # its next turn starts with this one's partial last block: keep it
+            loop.engine.block_manager.tails.want(job_id)
+        handle = loop.submit(
+            ids,
+            job.params,
+            request_id=job_id,
+            cache_salt=job.kv_salt,
+            output_token_ids=before.token_ids,
+            streamed_chars=before.text_chars,
+            reports_first_out=True,  # _stream publishes the first token before the next step runs
+        )
+        self.stages["submitted"] = time.time()
+
+        def time_up() -> None:
+            self.timed_out.set()
+            handle.cancel()  # the engine aborts it and frees its blocks
+
+        timer = threading.Timer(max(0.0, self.time_limit_s), time_up)
+        timer.daemon = True
+        timer.start()
+        try:
+            if cancelled:
+                handle.cancel()
+            final, first_token_at, last = self._stream(handle, resumed, before.text_chars)
+        except BaseException:
+            # Whatever stopped this attempt (Redis, a lost lease), the request must not run on in
+            # the engine: its blocks would stay taken, and a copy delivered here later would find
+            # its request id still running.
+            handle.cancel()
+            raise
+        finally:
+            handle.first_out()  # never left waiting for (it is a no-op once the token is out)
+            timer.cancel()
+        now = time.time()
+        self.stages["finished"] = now
+        if first_token_at is not None:
+            self.stages["first_token"] = first_token_at
+        if self.timed_out.is_set():
+            message = f"the job ran past its time limit of {self.time_limit_s:g}s"
+            failed = JobFailed("timeout", message, 504, epoch=self.epoch)
+            self.stream.publish_many(self.job_id, job.tenant, [*last, failed], self.stages)
+            raise JobTimeLimitError(message)
+        submitted = job.submitted_at or self.started
+        # A redelivery: what the blocks that survived (pool, warm tier, Redis) did not cover; none
+        # when the stream already held the whole answer (it finished without a step).
+        recomputed = (
+            max(0, len(ids) + resumed - final.cached_tokens)
+            if self.epoch > 1 and final.completion_tokens > resumed
+            else 0
+        )
+        result = GenerateResult(
+            job_id=job_id,
+            model=service.served_model,
+            text=final.text,
+            token_ids=final.token_ids,
+            finish_reason=final.finish_reason or "stop",
+            usage=Usage(
+                final.prompt_tokens,
+                final.completion_tokens,
+                final.cached_tokens,
+                pool_tokens=final.pool_tokens,
+                warm_tokens=final.warm_tokens,
+                redis_tokens=final.redis_tokens,
+                recomputed_tokens=recomputed,
+            ),
+            worker=service.identity.name,
+            queue_wait_s=max(0.0, self.started - submitted),
+            ttft_s=(first_token_at or now) - submitted,
+            latency_s=now - submitted,
+        )
+        if final.finish_reason in ("stop", "length"):
+            try:
+                service.sessions.remember(job, loop.engine, ids, final.token_ids, final.text, stored)
+            except redis.RedisError as exc:  # a full or absent KV Redis costs the next turn a miss
+                log.warning("job %s: the session/tier update failed: %s", job_id, exc)
+        # The last delta and the result in one round trip: a 1-token job writes its stream once.
+        self.stream.publish_many(job_id, job.tenant, [*last, JobDone(result, epoch=self.epoch)], self.stages)
+        return result
+
+    def _stream(
+        self, handle: RequestHandle, start: int, text_start: int
+    ) -> tuple[RequestOutput, float | None, list[StreamEvent]]:
+        """Publish the handle's deltas; returns its final output, when the first token came, and
+        the last delta, unpublished: it goes out with the final event."""
+        first_token_at = None
+        final = None
+        texts: list[str] = []
+        token_ids: list[int] = []
+        last_publish = 0.0
+        last: list[StreamEvent] = []
+        for out in handle:
+            if self.held.lost.is_set():
+                handle.cancel()
+                raise StaleLeaseError(f"job {self.job_id}: lease epoch {self.epoch} lost")
+            if out.delta_token_ids and first_token_at is None:
+                first_token_at = time.time()
+            if not token_ids and not any(texts):  # a delta begins here: at the engine's offsets
+                start = out.token_start
+                text_start = out.text_start if out.text_start >= 0 else text_start
+            texts.append(out.delta_text)
+            token_ids.extend(out.delta_token_ids)
+            now = time.monotonic()
+            # The first token goes out at once; later ones ride together within STREAM_FLUSH_S
+            # (one XADD per step per job costs the worker, Redis, the api and the client alike).
+            if (token_ids or any(texts)) and (out.finished or now - last_publish >= STREAM_FLUSH_S):
+                text = "".join(texts)
+                event = TokenDelta(text, tuple(token_ids), start, text_start, self.epoch)
+                start, text_start = start + len(token_ids), text_start + len(text)
+                texts, token_ids, last_publish = [], [], now
+                if out.finished:  # the final event takes it along (the handle ends here)
+                    last = [event]
+                    final = out
+                    continue
+                try:
+                    cancelled = self.stream.publish(self.job_id, self.job.tenant, event)
+                except StaleLeaseError:
+                    handle.cancel()  # a zombie: stop the request, write nothing more
+                    raise
+                handle.first_out()  # the engine may step on (it waits for the first one only)
+                if cancelled and not out.finished:
+                    handle.cancel()
+            final = out
+        assert final is not None and final.finish_reason is not None
+        return final, first_token_at, last

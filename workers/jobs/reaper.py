@@ -1,0 +1,161 @@
+"""Reaper: hands a dead worker's jobs back to the queues, within seconds of its last heartbeat.
+
+kombu keeps every delivered-but-unacked message in a hash until the worker acks it (late ack);
+it restores one only after the visibility timeout, which must outlast the longest job. A worker
+whose heartbeat has expired is dead, so its jobs need not wait that long: the reaper moves them
+back itself, onto the shared queue when they had been routed to the dead worker's own queue.
+A job is handed back only once its lease has lapsed (broker/jobs/lease.py): a worker whose
+heartbeat merely went missing still renews its leases, and its jobs stay where they are.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import time
+from typing import Any
+
+import redis
+
+from broker import keys
+from broker.jobs import events as job_events
+from broker.jobs.lease import JobLeases
+
+log = logging.getLogger(__name__)
+
+
+def _task_id(raw: bytes | str) -> tuple[str | None, dict[str, Any], str, str]:
+    payload, exchange, routing_key = json.loads(raw)
+    return payload.get("headers", {}).get("id"), payload, exchange, routing_key
+
+
+def _restore(client: redis.Redis, tag: bytes, dead_queue: str) -> str | None:
+    """Move one unacked message back onto a queue, atomically (WATCH: kombu's own sweep may race)."""
+    with client.pipeline() as pipe:
+        try:
+            pipe.watch(keys.KOMBU_UNACKED)
+            raw = pipe.hget(keys.KOMBU_UNACKED, tag)
+            if raw is None:
+                pipe.unwatch()
+                return None
+            task_id, payload, _, routing_key = _task_id(raw)
+            queue = keys.SHARED_QUEUE if routing_key == dead_queue else routing_key
+            payload["headers"]["redelivered"] = True
+            payload.setdefault("properties", {}).setdefault("delivery_info", {})["redelivered"] = True
+            pipe.multi()
+            pipe.hdel(keys.KOMBU_UNACKED, tag)
+            pipe.zrem(keys.KOMBU_UNACKED_INDEX, tag)
+            pipe.rpush(queue, json.dumps(payload))  # the consuming end: redelivered first
+            pipe.execute()
+            return task_id
+        except redis.WatchError:
+            return None
+
+
+def _restore_jobs(client: redis.Redis, job_ids: set[str], dead_queue: str) -> list[str]:
+    moved: list[str] = []
+    if job_ids:
+        for tag, raw in client.hscan_iter(keys.KOMBU_UNACKED):
+            if _task_id(raw)[0] in job_ids:
+                task_id = _restore(client, tag, dead_queue)
+                if task_id:
+                    moved.append(task_id)
+    return moved
+
+
+def _release(client: redis.Redis, name: str) -> tuple[list[str], int]:
+    """Hand back the jobs of dead worker `name` whose leases have lapsed; returns the ids moved
+    and how many are still leased (a lease outlives its holder by at most its TTL)."""
+    leases = JobLeases(client, ttl_s=1.0)
+    job_ids = {j.decode() for j in client.smembers(keys.worker_jobs(name))}  # type: ignore[union-attr]
+    ready = set()
+    for job_id in job_ids:
+        holder = leases.holder(job_id)
+        if holder is None or holder.worker != name:  # lapsed, or another worker took it over
+            ready.add(job_id)
+    dead_queue = keys.worker_queue(name)
+    moved = _restore_jobs(client, ready, dead_queue)
+    if ready:
+        client.srem(keys.worker_jobs(name), *ready)
+    # Jobs still waiting on the dead worker's own queue go to the shared one.
+    while client.lmove(dead_queue, keys.SHARED_QUEUE, "RIGHT", "RIGHT") is not None:
+        moved.append("(queued)")
+    return moved, len(job_ids - ready)
+
+
+def release_own(client: redis.Redis, name: str, owner: str) -> list[str]:
+    """At start, before consuming: hand back at once the jobs this worker name held in its
+    previous life (a restart under the same name), dropping that life's leases; the restored
+    copies resume from their streams under new epochs. Its own queue stays as it is."""
+    leases = JobLeases(client, ttl_s=1.0)
+    job_ids = {j.decode() for j in client.smembers(keys.worker_jobs(name))}  # type: ignore[union-attr]
+    for job_id in job_ids:
+        leases.drop_previous(job_id, name, owner)
+    moved = _restore_jobs(client, job_ids, keys.worker_queue(name))
+    client.delete(keys.worker_jobs(name))
+    if moved:
+        log.warning("restarted as %s: handed back %d job(s) of the previous process", name, len(moved))
+    return moved
+
+
+def sweep_orphans(client: redis.Redis, grace_s: float, now: float | None = None) -> tuple[list[str], int]:
+    """Unacked messages that nobody runs: delivered more than grace_s ago, no live lease, no final
+    event. No job set names them when their worker lost its broker connection before it could
+    requeue or ack, or was killed during a clean shutdown; without this they would wait for the
+    visibility timeout. They go back to the shared queue (an extra copy is harmless: the lease lets
+    one run). A job that ended has its leftover message dropped: the ack its worker could not send.
+    Returns (job ids restored, leftovers dropped)."""
+    leases = JobLeases(client, ttl_s=1.0)
+    restored: list[str] = []
+    dropped = 0
+    cutoff = (now or time.time()) - grace_s
+    tags: Any = client.zrangebyscore(keys.KOMBU_UNACKED_INDEX, 0, cutoff)
+    for tag in tags:
+        raw: Any = client.hget(keys.KOMBU_UNACKED, tag)
+        if raw is None:
+            continue
+        job_id, payload, _, routing_key = _task_id(raw)
+        if job_id is None or payload.get("headers", {}).get("task") != keys.GENERATE_TASK:
+            continue
+        if job_events.ended(client, job_id):
+            pipe = client.pipeline(transaction=True)
+            pipe.hdel(keys.KOMBU_UNACKED, tag)
+            pipe.zrem(keys.KOMBU_UNACKED_INDEX, tag)
+            pipe.execute()
+            dropped += 1
+        elif leases.holder(job_id) is None:
+            # a worker's own queue may have no consumer any more: those go to the shared one
+            worker_queue = routing_key if routing_key.startswith(keys.worker_queue("")) else ""
+            if _restore(client, tag, dead_queue=worker_queue):
+                restored.append(job_id)
+    if restored:
+        log.warning("handed back %d orphaned job(s): %s", len(restored), ", ".join(restored))
+    return restored, dropped
+
+
+def reap(client: redis.Redis, self_name: str) -> list[str]:
+    """Release the jobs of every worker whose heartbeat is gone; returns the job ids moved."""
+    moved: list[str] = []
+    names: Any = client.smembers(keys.WORKERS)
+    for raw_name in names:
+        name = raw_name.decode()
+        if name == self_name or client.exists(keys.worker_heartbeat(name)):
+            continue
+        # redis-py's Lock: token-checked release, so a slow reaper never frees another's lock
+        lock = client.lock(keys.REAPER_LOCK, timeout=10, blocking=False)
+        if not lock.acquire(blocking=False):
+            return moved  # another worker is reaping
+        try:
+            if client.exists(keys.worker_heartbeat(name)):
+                continue  # it came back while we took the lock
+            released, still_leased = _release(client, name)
+            if not still_leased:
+                client.srem(keys.WORKERS, name)
+            if released:
+                log.warning("worker %s is dead: handed back %d job(s)", name, len(released))
+            moved.extend(released)
+        finally:
+            with contextlib.suppress(redis.exceptions.LockError):
+                lock.release()
+    return moved

@@ -1,0 +1,285 @@
+"""EngineLoop: the one thread that owns an engine; any thread may submit to it."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import queue
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import TypeVar
+
+from broker.sampling import SamplingParams
+from workers.engine.errors import EngineFailedError, RequestFailedError
+from workers.engine.llm_engine import LLMEngine
+from workers.engine.stats import EngineStats
+from workers.loop.handle import RequestHandle, hold_for_first_out
+from workers.loop.idle_event import IdleEvent
+from workers.loop.messages import Abort, Call, LoopMessage, Submit
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+STATS_IDLE_S = 0.5  # while idle, latest_stats is refreshed at least this often
+STATS_MIN_GAP_S = 0.05  # while busy, at most this often (pool.stats() walks every block)
+# Failed steps in a row, with no good step between, after which the loop gives up and dies (a
+# broken device fails every step): the worker then reports unhealthy instead of churning jobs.
+MAX_FAILED_STEPS_IN_ROW = 3
+
+
+class EngineLoop:
+    """Concurrent submitters are batched together: every step takes whatever has arrived.
+
+    Supervision: a step that raises fails every request in flight with EngineFailedError
+    (retryable), releases their blocks, checks the pool and goes on serving (`restarts` counts
+    these). If the loop thread itself dies, `healthy` turns False and every submit fails at once.
+    `latest_stats` is a snapshot the loop thread stores after steps and at least every
+    STATS_IDLE_S while idle: other threads read it without waiting on the loop.
+    """
+
+    def __init__(self, engine: LLMEngine, name: str = "kvferry-engine") -> None:
+        self.engine = engine
+        self._inbox: queue.Queue[LoopMessage | None] = queue.Queue()
+        self._handles: dict[str, RequestHandle] = {}
+        self._ids = itertools.count()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._stopped = threading.Event()
+        # Held only around "is it stopped? then queue" and the final "stop, then drain", so that
+        # no message is queued after the last drain. Never held during a step.
+        self._gate = threading.Lock()
+        self._recovering = False
+        self._stats_at = 0.0
+        self.latest_stats: EngineStats | None = None
+        self.restarts = 0  # steps that failed and were recovered from
+        self._failed_in_row = 0
+        self.failure: BaseException | None = None  # what killed the loop thread, if anything did
+        # Set while the loop waits with nothing to run, cleared by a submit and while stepping: the
+        # KV writer writes through once it has been set a while (it yields the cores otherwise).
+        self.idle = IdleEvent()
+
+    @property
+    def healthy(self) -> bool:
+        """True while the loop thread runs and is not recovering from a failed step."""
+        return self._thread.is_alive() and not self._stopped.is_set() and not self._recovering
+
+    def start(self) -> EngineLoop:
+        self._thread.start()
+        return self
+
+    @classmethod
+    def build(cls, factory: Callable[[], LLMEngine], name: str = "kvferry-engine") -> EngineLoop:
+        """Build the engine on the loop's own thread, then run the loop there; returns once built
+        (the factory's exception, if it raises). The thread that builds the engine is then the one
+        thread of the process that runs torch's parallel regions (workers/engine/kernels/omp_team.py)."""
+        built: Future[EngineLoop] = Future()
+
+        def run() -> None:
+            try:
+                loop = cls(factory(), name)
+            except BaseException as exc:
+                built.set_exception(exc)
+                return
+            loop._thread = threading.current_thread()
+            built.set_result(loop)
+            loop._run()
+
+        threading.Thread(target=run, name=name, daemon=True).start()
+        return built.result()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._inbox.put(None)
+        self._thread.join(timeout)
+
+    def __enter__(self) -> EngineLoop:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def submit(
+        self,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        request_id: str | None = None,
+        cache_salt: str = "",
+        output_token_ids: tuple[int, ...] = (),
+        streamed_chars: int = 0,
+        reports_first_out: bool = False,
+    ) -> RequestHandle:
+        """Queue a request (see LLMEngine.add_request); errors arrive through the handle.
+        ``reports_first_out``: the caller calls handle.first_out() once its first token is out
+        (RequestHandle: the loop holds its next step for that)."""
+        rid = request_id or f"req-{uuid.uuid4().hex[:12]}-{next(self._ids)}"
+        handle = RequestHandle(rid, self, reports_first_out)
+        msg = Submit(
+            handle, list(prompt_token_ids), params, cache_salt, list(output_token_ids), streamed_chars
+        )
+        self.idle.clear()
+        if not self._put(msg):
+            self.idle.set_long_ago()  # a stopped loop never holds the KV writer back
+            handle._fail(self._stopped_error())
+        return handle
+
+    def abort(self, request_id: str) -> None:
+        self._put(Abort(request_id))
+
+    def call(self, fn: Callable[[LLMEngine], T], timeout: float | None = 30.0) -> T:
+        """Run fn(engine) on the loop thread, between steps (figures, integrity checks)."""
+        future: Future[T] = Future()
+        if not self._put(Call(fn, future)):
+            raise self._stopped_error()
+        return future.result(timeout)
+
+    def _put(self, msg: LoopMessage) -> bool:
+        with self._gate:
+            if self._stopped.is_set():
+                return False
+            self._inbox.put(msg)
+            return True
+
+    def _stopped_error(self) -> EngineFailedError:
+        if self.failure is not None:
+            why = f"{type(self.failure).__name__}: {self.failure}"
+            err = EngineFailedError(f"the engine loop has died: {why}")
+            err.__cause__ = self.failure
+            return err
+        return EngineFailedError("the engine loop has stopped")
+
+    # -- the loop thread ------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            self._refresh_stats(force=True)
+            while self._drain(block=not self.engine.has_unfinished()):
+                if self.engine.has_unfinished():
+                    self.idle.clear()
+                    self._step()
+        except BaseException as exc:
+            self.failure = exc
+            log.exception("the engine loop thread died; failing every request")
+        finally:
+            self.idle.set_long_ago()  # nothing runs here any more: the KV writer must not wait for it
+            with self._gate:
+                self._stopped.set()
+            err = self._stopped_error()
+            for handle in list(self._handles.values()):
+                handle._fail(err)
+            self._handles.clear()
+            self._fail_queued(err)
+
+    def _fail_queued(self, err: EngineFailedError) -> None:
+        while True:
+            try:
+                msg = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            if isinstance(msg, Submit):
+                msg.handle._fail(err)
+            elif isinstance(msg, Call):
+                msg.future.set_exception(err)
+
+    def _drain(self, block: bool) -> bool:
+        """Handle every waiting message (waiting up to STATS_IDLE_S for one when idle); False once
+        asked to stop."""
+        if block and self._inbox.empty():
+            self.idle.set()
+        try:
+            msg = self._inbox.get(timeout=STATS_IDLE_S) if block else self._inbox.get_nowait()
+        except queue.Empty:
+            if block:
+                self._refresh_stats(force=True)
+            return True
+        while msg is not None:
+            self._handle(msg)
+            try:
+                msg = self._inbox.get_nowait()
+            except queue.Empty:
+                return True
+        return False
+
+    def _handle(self, msg: LoopMessage) -> None:
+        if isinstance(msg, Submit):
+            rid = msg.handle.request_id
+            try:
+                self.engine.add_request(
+                    rid,
+                    msg.prompt_token_ids,
+                    msg.params,
+                    msg.cache_salt,
+                    msg.output_token_ids,
+                    msg.streamed_chars,
+                )
+            except Exception as exc:  # typed errors go back to the submitter, nothing queued
+                msg.handle._fail(exc)
+                return
+            self._handles[rid] = msg.handle
+        elif isinstance(msg, Abort):
+            try:
+                out = self.engine.abort_request(msg.request_id)
+            except Exception as exc:
+                self._restart(exc)
+                return
+            handle = self._handles.pop(msg.request_id, None)
+            if out is not None and handle is not None:
+                handle._publish(out)
+        elif isinstance(msg, Call):
+            try:
+                msg.future.set_result(msg.fn(self.engine))
+            except Exception as exc:
+                msg.future.set_exception(exc)
+        else:
+            raise TypeError(f"unknown engine message {type(msg).__name__}")
+
+    def _step(self) -> None:
+        try:
+            outputs = self.engine.step()
+        except Exception as exc:
+            self._restart(exc)
+            return
+        self._failed_in_row = 0
+        errors = self.engine.last_errors
+        first_out: list[RequestHandle] = []
+        for out in outputs:
+            target = (
+                self._handles.pop(out.request_id, None) if out.finished else self._handles.get(out.request_id)
+            )
+            if target is None:
+                continue
+            if out.finish_reason == "error":
+                target._fail(errors.get(out.request_id) or RequestFailedError(out.error or "failed", None))
+            elif target._publish(out):
+                first_out.append(target)
+        if first_out and self._inbox.empty():  # no message waits for it (a submit, abort, call)
+            hold_for_first_out(first_out, self.engine.config.first_token_hold_s)
+        self._refresh_stats(force=not self.engine.has_unfinished())
+
+    def _restart(self, exc: Exception) -> None:
+        """A failure not tied to one request: fail and release everything in flight, check the
+        pool, go on. If the check fails, the error escapes and the loop thread dies (unhealthy)."""
+        log.error("engine step failed; failing %d requests in flight", len(self._handles), exc_info=exc)
+        self._recovering = True  # stays True if recovery raises: the thread is about to die
+        self.restarts += 1
+        self.engine.abort_all()
+        self.engine.check_integrity()
+        self._refresh_stats(force=True)
+        self._recovering = False  # before the handles fail: their owners may check at once
+        err = EngineFailedError(f"the engine step failed: {type(exc).__name__}: {exc}")
+        err.__cause__ = exc
+        handles, self._handles = list(self._handles.values()), {}
+        for handle in handles:
+            handle._fail(err)
+        self._failed_in_row += 1
+        if self._failed_in_row >= MAX_FAILED_STEPS_IN_ROW:
+            raise EngineFailedError(f"{self._failed_in_row} engine steps failed in a row") from exc
+
+    def _refresh_stats(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self._stats_at < STATS_MIN_GAP_S:
+            return
+        try:
+            self.latest_stats = self.engine.stats()  # one attribute store: readers need no lock
+        except Exception:
+            log.exception("engine stats failed")
+        self._stats_at = now

@@ -1,0 +1,40 @@
+"""What other threads send the engine loop thread: typed, dispatched by type."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from broker.sampling import SamplingParams
+from workers.loop.handle import RequestHandle
+
+if TYPE_CHECKING:
+    from workers.engine.llm_engine import LLMEngine
+
+
+@dataclass(frozen=True, slots=True)
+class Submit:
+    handle: RequestHandle
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    cache_salt: str
+    output_token_ids: list[int]
+    streamed_chars: int
+
+
+@dataclass(frozen=True, slots=True)
+class Abort:
+    request_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """Run fn(engine) on the loop thread, between steps; its result or error goes to future."""
+
+    fn: Callable[[LLMEngine], Any]
+    future: Future[Any]
+
+
+LoopMessage = Submit | Abort | Call

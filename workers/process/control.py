@@ -1,0 +1,42 @@
+"""Remote control a worker answers. Prefetch hints (a Redis list per worker, drained by
+workers/tiers/prefetch.py's HintListener) and Celery broadcast commands, for `kvferry chaos`:
+`kvferry_integrity` checks the engine's KV pool invariants between two steps and says how it went.
+
+    app.control.broadcast("kvferry_integrity", reply=True, timeout=10)
+    -> [{"w1@host": {"ok": True, "error": ""}}, ...]
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery.worker.control import control_command
+
+from workers.process.engine_service import EngineService
+from workers.tiers.prefetch import HintListener
+
+INTEGRITY_TIMEOUT_S = 30.0
+
+
+def check_integrity(service: EngineService) -> dict[str, Any]:
+    loop = service.current_loop  # never builds the engine: an unbuilt one has nothing to check
+    if loop is None:
+        return {"ok": False, "error": "the engine is not built"}
+    try:
+        loop.call(lambda engine: engine.check_integrity(), timeout=INTEGRITY_TIMEOUT_S)
+    except Exception as exc:  # an AssertionError is the finding; anything else, why we could not look
+        return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+    return {"ok": True, "error": ""}
+
+
+def register_control(service: EngineService) -> HintListener:
+    """Register the commands for this process's one worker (Celery's registry is per process),
+    and start draining its prefetch hints (api/router.py sends them; see workers/tiers/prefetch.py)."""
+    hints = HintListener(service)
+    hints.start()
+
+    @control_command(name="kvferry_integrity")
+    def kvferry_integrity(state: Any) -> dict[str, Any]:
+        return check_integrity(service)
+
+    return hints

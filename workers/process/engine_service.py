@@ -1,0 +1,138 @@
+"""EngineService: one per worker process. Builds the engine and its loop lazily on the first job
+(never at import time), owns the Redis tier and its writer, and keeps the job counters.
+
+Running a job is workers/jobs/runner.py; sessions and digests are workers/sessions/keeper.py; the
+heartbeat's figures are workers/process/status.py."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import redis
+
+from broker import keys, redis_client
+from kvstore.redis.tier import RedisTier
+from workers.engine.config import EngineConfig
+from workers.engine.errors import EngineFailedError
+from workers.engine.kernels.omp_team import confine_to_this_thread
+from workers.engine.llm_engine import LLMEngine
+from workers.loop.engine_loop import EngineLoop
+from workers.sessions.keeper import SessionKeeper
+from workers.tiers.config import TierConfig
+from workers.tiers.prefetch import prefetch
+from workers.tiers.writer import KVWriter
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerIdentity:
+    name: str  # the Celery node name, e.g. "w1@host"
+
+    @property
+    def queue(self) -> str:
+        return keys.worker_queue(self.name)
+
+
+@dataclass(frozen=True, slots=True)
+class JobCounts:
+    running: int
+    done: int
+    failed: int
+
+
+class EngineService:
+    def __init__(
+        self,
+        config: EngineConfig,
+        cache_dir: Path,
+        redis_url: str,
+        identity: WorkerIdentity,
+        tiers: TierConfig | None = None,
+        kv_redis_url: str | None = None,
+    ) -> None:
+        self.config = config
+        self.tier_config = tiers or TierConfig()
+        self.redis_tier: RedisTier | None = None
+        self.writer: KVWriter | None = None
+        self.cache_dir = cache_dir
+        self.identity = identity
+        self.served_model = config.served_model_name or config.model
+        self.redis = redis_client.connect(redis_url)
+        # The KV tier may live in a Redis of its own (block packs are big; the queue must stay fast).
+        self.kv_redis = redis_client.connect(kv_redis_url) if kv_redis_url else self.redis
+        self._lock = threading.Lock()  # held through the model load: never taken by the heartbeat
+        self._counts_lock = threading.Lock()
+        self._loop: EngineLoop | None = None
+        self.load_error: Exception | None = None  # the last failed engine build, if any
+        self._counts = JobCounts(0, 0, 0)
+        self.sessions = SessionKeeper(self)
+
+    @property
+    def current_loop(self) -> EngineLoop | None:
+        """The loop if it is built, without waiting for a model load in progress."""
+        return self._loop
+
+    def loop(self) -> EngineLoop:
+        """The engine loop, built on first use. A build that fails is the worker's failure, not
+        the job's: EngineFailedError (the job is redelivered), and the supervisor sees load_error."""
+        with self._lock:
+            if self._loop is None:
+                try:
+                    self._loop = EngineLoop.build(self._build_engine)
+                except Exception as exc:
+                    self.load_error = exc
+                    raise EngineFailedError(f"the engine could not be built: {exc}") from exc
+                if self.writer is not None:
+                    self.writer.yielding.idle = self._loop.idle
+            return self._loop
+
+    def _build_engine(self) -> LLMEngine:
+        """On the loop's own thread: the engine, with the Redis tier's writer attached."""
+        engine = LLMEngine(self.config, cache_dir=self.cache_dir)
+        if self.tier_config.redis_capacity_bytes > 0 and engine.tiers is not None:
+            self.redis_tier = RedisTier(
+                self.kv_redis,
+                engine.kv_format,
+                self.tier_config.redis_capacity_bytes,
+                tenant_quota_bytes=self.tier_config.tenant_kv_quota_bytes,
+                tier_dtype=self.tier_config.tier_dtype,
+            )
+            self.writer = KVWriter(
+                self.redis_tier,
+                max_queued_bytes=self.tier_config.kv_write_queue_bytes,
+                pinned_memory=engine.kv_cache.tensor.device.type == "cuda",
+                defer_s=self.tier_config.kv_write_defer_s,
+            )
+            engine.tiers.attach(self.writer)
+        return engine
+
+    def shutdown(self) -> None:
+        with self._lock:
+            if self._loop is not None:
+                self._loop.stop()
+                self._loop = None
+            if self.writer is not None:
+                self.writer.stop()
+                self.writer = None
+
+    def count(self, running: int = 0, done: int = 0, failed: int = 0) -> None:
+        with self._counts_lock:
+            c = self._counts
+            self._counts = JobCounts(c.running + running, c.done + done, c.failed + failed)
+
+    @property
+    def counts(self) -> JobCounts:
+        return self._counts  # an immutable snapshot: read without a lock
+
+    def prefetch(self, engine: LLMEngine, ids: list[int], salt: str) -> None:
+        """On a job's thread: its prompt's blocks from Redis into the warm tier."""
+        if self.redis_tier is not None:
+            confine_to_this_thread()  # decoding lossy tier blocks runs torch ops: no second OpenMP pool
+            try:
+                prefetch(engine, self.redis_tier, ids, salt)
+            except redis.RedisError as exc:  # the tier only ever misses: the engine computes it
+                log.warning("prefetch from the Redis tier failed: %s", exc)

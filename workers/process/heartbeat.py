@@ -1,0 +1,57 @@
+"""Heartbeat: a worker's status in Redis every interval (TTL'd, so a dead worker disappears).
+
+Its thread does nothing else: the status is built without waiting on the engine, its lock or the
+model load (workers/process/status.py), and reaping and session sweeps run on their own thread
+(workers/jobs/maintenance.py), so a busy engine or a slow sweep never delays a beat."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import redis
+
+from broker import keys
+from broker.worker_registry import HEARTBEAT_FIELD, encode_status
+from workers.process.status import StatusReader
+
+log = logging.getLogger(__name__)
+
+
+class Heartbeat:
+    def __init__(self, status: StatusReader, interval_s: float, ttl_s: int) -> None:
+        self.status = status
+        self.redis = status.service.redis
+        self.name = status.service.identity.name
+        self.interval_s = interval_s
+        self.ttl_s = ttl_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="kvferry-heartbeat", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self.redis.delete(keys.worker_heartbeat(self.name))  # a clean exit is not a death
+        self.redis.srem(keys.WORKERS, self.name)
+
+    def beat(self) -> None:
+        status = self.status.read()
+        pipe = self.redis.pipeline(transaction=False)
+        key = keys.worker_heartbeat(status.name)
+        pipe.hset(key, HEARTBEAT_FIELD, encode_status(status))
+        pipe.expire(key, self.ttl_s)
+        pipe.sadd(keys.WORKERS, status.name)
+        pipe.execute()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.beat()
+            except (redis.RedisError, OSError) as exc:
+                log.warning("heartbeat failed: %s", exc)
+            except Exception:  # the beat thread must outlive any one bad status
+                log.exception("heartbeat failed")
+            self._stop.wait(self.interval_s)

@@ -1,0 +1,64 @@
+"""A worker's status for its heartbeat, built without waiting on anything: the engine loop's
+latest published snapshot (a plain attribute) and the service's immutable job counts."""
+
+from __future__ import annotations
+
+import time
+
+from broker.messages import EngineFigures, WorkerStatus
+from workers.engine.stats import EngineStats
+from workers.loop.engine_loop import EngineLoop
+from workers.process.engine_service import EngineService
+
+
+def figures_of(stats: EngineStats) -> EngineFigures:
+    pool = stats.pool
+    return EngineFigures(
+        num_running=stats.num_running,
+        num_waiting=stats.num_waiting,
+        num_steps=stats.num_steps,
+        max_batch_seqs=stats.max_batch_seqs,
+        generation_tokens=stats.generation_tokens,
+        pool_blocks_total=pool.blocks_total,
+        pool_blocks_used=pool.blocks_used,
+        pool_blocks_cached=pool.blocks_cached,
+        bytes_per_block=stats.bytes_per_block,
+        prefix_cache_queries_tokens=pool.prefix_cache_queries_tokens,
+        prefix_cache_hits_tokens=pool.prefix_cache_hits_tokens,
+        fragmentation=pool.fragmentation,
+        weights_bytes=stats.memory.weights_bytes,
+        pool_bytes=stats.memory.pool_bytes,
+    )
+
+
+def loop_healthy(loop: EngineLoop | None) -> bool:
+    return loop.healthy if loop is not None else True
+
+
+class StatusReader:
+    """Builds the heartbeat's WorkerStatus. Never blocks: no engine lock, no Redis, no call into
+    the loop thread (it reads the snapshot the loop publishes after each step, `latest_stats`)."""
+
+    def __init__(self, service: EngineService) -> None:
+        self.service = service
+
+    @staticmethod
+    def _stats(loop: EngineLoop | None) -> EngineStats | None:
+        return loop.latest_stats if loop is not None else None
+
+    def read(self) -> WorkerStatus:
+        service = self.service
+        loop = service.current_loop
+        stats = self._stats(loop)
+        counts = service.counts
+        return WorkerStatus(
+            name=service.identity.name,
+            queue=service.identity.queue,
+            model=service.served_model,
+            jobs_running=counts.running,
+            jobs_done=counts.done,
+            jobs_failed=counts.failed,
+            sent_at=time.time(),
+            engine=figures_of(stats) if stats is not None else None,
+            healthy=loop_healthy(loop),
+        )

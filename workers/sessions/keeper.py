@@ -1,0 +1,162 @@
+"""SessionKeeper: what a finished turn leaves behind for the next one. The prefix digests that
+route the next turn here, the session record (any worker can resume it) and the pins that keep
+its blocks in the Redis tier; and the sweep that releases what expired sessions pinned.
+
+A session is (job.tenant, job.session_id): another tenant's turn with the same id is its own session.
+Order: the record is saved before the pins are set, so a crash between the two leaves a session
+under-pinned, never pins without a session; pins set after the session was deleted and swept are
+found by reconcile_orphans."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING
+
+import redis
+
+from broker import keys
+from broker.messages import ChatMessage, GenerateJob, SessionRecord
+from broker.prefix_digest import chat_digests, text_digests
+from broker.sessions import store as session_store
+from broker.sessions import tokens as session_tokens
+from broker.sessions.tokens import SessionTokens
+from kvstore.chain import hash_blocks, root_hash
+from kvstore.redis import pins as tier_pins
+from kvstore.redis.keys import TierKeys
+from kvstore.redis.tier import RedisTier
+from workers.engine.llm_engine import LLMEngine
+from workers.tiers.writer import KVWriter
+
+if TYPE_CHECKING:
+    from workers.process.engine_service import EngineService
+
+log = logging.getLogger(__name__)
+ORPHAN_GRACE_S = 120.0  # a session owner this long without a session record is an orphan
+RECONCILE_EVERY_S = 60.0
+# A worker's advertised prefix digests outlive a quiet day; routing drops a dead worker's anyway.
+PREFIXES_TTL_S = 86400
+
+
+class SessionKeeper:
+    def __init__(self, service: EngineService) -> None:
+        self.service = service
+        self.redis = service.redis
+        self.identity = service.identity
+        self.tier_config = service.tier_config
+        self.served_model = service.served_model
+        self.kv_redis = service.kv_redis
+        self._reconciled_at = 0.0
+
+    @property
+    def writer(self) -> KVWriter | None:
+        return self.service.writer  # built with the engine, on the first job
+
+    @property
+    def redis_tier(self) -> RedisTier | None:
+        return self.service.redis_tier
+
+    def remember(
+        self,
+        job: GenerateJob,
+        engine: LLMEngine,
+        ids: list[int],
+        output: tuple[int, ...],
+        text: str,
+        stored: SessionTokens | None = None,
+    ) -> None:
+        """After a turn: the prefix digests that route the next turn here, the session record (any
+        worker can resume it) and the session's pins: exactly its chain now. `stored`: the
+        session's exact tokens as the turn found them (their earlier checkpoints carry on)."""
+        now = time.time()
+        digests = self._digests(job, text)
+        if digests:
+            key = keys.worker_prefixes(self.identity.name)
+            pipe = self.redis.pipeline(transaction=False)
+            pipe.zadd(key, dict.fromkeys(digests, now))
+            pipe.zremrangebyrank(key, 0, -self.tier_config.prefix_digests_kept - 1)
+            pipe.expire(key, PREFIXES_TTL_S)
+            pipe.execute()
+        bs = engine.pool.block_size
+        root = root_hash((engine.loaded.fingerprint, job.kv_salt))
+        tier = self.redis_tier if self.writer is not None else None
+        if job.pin_prefix and tier is not None and self.writer is not None:
+            self.writer.flush()
+            tier.pin_preload(job.tenant, hash_blocks(ids[: (len(ids) // bs) * bs], bs, (), parent=root))
+        if not job.session_id:
+            return
+        tokens = [*ids, *output]
+        hashes = hash_blocks(tokens[: (len(tokens) // bs) * bs], bs, (), parent=root)
+        previous = session_store.load(self.redis, job.tenant, job.session_id)
+        record = SessionRecord(
+            session_id=job.session_id,
+            tenant=job.tenant,
+            model=self.served_model,
+            token_ids=tuple(tokens),
+            block_hashes=tuple(h.hex() for h in hashes),
+            last_worker=self.identity.name,
+            last_used=now,
+            turns=(previous.turns if previous else 0) + 1,
+        )
+        if tier is not None and self.writer is not None:
+            self.writer.flush()  # the turn's blocks are in Redis before the session says they are
+        exact = None
+        if job.endpoint == "chat" and job.messages and not job.prompt_token_ids:
+            conversation = (*job.messages, ChatMessage("assistant", text))
+            exact = session_tokens.after_turn(stored, job.model, conversation, tokens)
+        if not session_store.save(
+            self.redis, record, self.tier_config.session_ttl_s, job.submitted_at or now, exact
+        ):
+            return  # a newer turn finished first (its record and pins stand), or it was deleted
+        if tier is not None:
+            tier.pin_session(job.tenant, job.session_id, hashes, version=now)
+
+    def stored_tokens(self, job: GenerateJob) -> SessionTokens | None:
+        """The exact tokens the session's last turn ended with, for workers/jobs/prompt.py to reuse."""
+        if not job.session_id or job.endpoint != "chat" or not job.messages or job.prompt_token_ids:
+            return None
+        try:
+            return session_store.load_tokens(self.redis, job.tenant, job.session_id)
+        except redis.RedisError as exc:  # costs this turn a re-tokenisation, nothing more
+            log.warning("session %s: cannot read its exact tokens: %s", job.session_id, exc)
+            return None
+
+    def _digests(self, job: GenerateJob, text: str) -> list[str]:
+        if job.endpoint == "chat" and job.messages:
+            return chat_digests(job.model, job.kv_salt, (*job.messages, ChatMessage("assistant", text)))
+        if job.prompt:
+            return text_digests(job.model, job.kv_salt, job.prompt + text)
+        return []
+
+    def sweep_sessions(self) -> int:
+        """Release what expired (or deleted) sessions pinned, in every model's tier (even with no
+        engine loaded here: the claim is ours alone); returns how many were swept."""
+        claimed = session_store.claim_expired(self.redis)
+        for tenant, session_id in claimed:
+            tier_pins.release_session(self.kv_redis, tenant, session_id)
+        if time.monotonic() - self._reconciled_at >= RECONCILE_EVERY_S:
+            self._reconciled_at = time.monotonic()
+            self.reconcile_orphans()
+        return len(claimed)
+
+    def reconcile_orphans(self, grace_s: float = ORPHAN_GRACE_S) -> int:
+        """Release session pins whose session is gone (a turn that pinned after its session was
+        deleted and swept); returns the owners released."""
+        released = 0
+        now = time.time()
+        for fp in tier_pins.fingerprints(self.kv_redis):
+            k = TierKeys(fp)
+            stale = [
+                o for o, at in tier_pins.owners(self.kv_redis, k) if o.kind == "s" and at < now - grace_s
+            ]
+            if not stale:
+                continue
+            pipe = self.redis.pipeline(transaction=False)
+            for owner in stale:
+                pipe.zscore(keys.SESSION_EXPIRY, keys.session_member(owner.tenant, owner.name))
+            gone = [o for o, expiry in zip(stale, pipe.execute(), strict=True) if expiry is None]
+            if gone:
+                log.warning("releasing the pins of %d session(s) that no longer exist", len(gone))
+                tier_pins.release(self.kv_redis, k, gone)
+                released += len(gone)
+        return released
