@@ -20,20 +20,20 @@ from api.tier_metrics import TierReader
 
 
 def create_app(config: ApiConfig) -> FastAPI:
+    job_client = JobClient(config.broker, job_ttl_s=config.job_ttl_s)
     ctx = ApiContext(
         config=config,
-        jobs=JobClient(config.broker, job_ttl_s=config.job_ttl_s),
+        jobs=job_client,
         metrics=ApiMetrics(),
         started=int(time.time()),
         keys=KeyRing(config.api_key, config.api_keys, config.api_keys_file),
-        tier=TierReader(config),
+        tier=TierReader(job_client.redis),
     )
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         yield
         await ctx.jobs.close()
-        ctx.tier.close()
 
     app = FastAPI(title="kvferry", version="0.1.0", lifespan=lifespan)
     app.state.ctx = ctx

@@ -15,7 +15,6 @@ __all__ = ["ApiConfig", "Routing"]
 @dataclass(frozen=True, slots=True)
 class ApiConfig:
     redis_url: str = DEFAULTS.redis_url
-    kv_redis_url: str | None = None  # the KV tier's Redis (session DELETE unpins there); None: redis_url
     served_models: tuple[str, ...] = (DEFAULTS.model,)  # a request naming another model gets 404
     api_key: str | None = None  # None: no auth; else "Authorization: Bearer <key>" is required
     job_timeout_s: float = float(DEFAULTS.job_time_limit_s)  # the longest a request waits for its job

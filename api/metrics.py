@@ -59,7 +59,7 @@ class Snapshot:
     views: list[WorkerView] = field(default_factory=list)
     depths: dict[str, int] = field(default_factory=dict)
     tenant_jobs: dict[str, int] = field(default_factory=dict)
-    tier: dict[str, Any] | None = None  # kvstore.redis.report.read_report's, when readable
+    tier: dict[str, Any] | None = None  # as a worker last published it (keys.TIER_REPORT)
 
 
 class _FromRedis(Collector):

@@ -54,6 +54,10 @@ def worker_jobs(worker_name: str) -> str:
 
 WORKERS = f"{PREFIX}:workers"  # set of every worker name that has ever announced itself
 REAPER_LOCK = f"{PREFIX}:reaper:lock"
+# The Redis KV tier's report (kvstore/redis/report.py's read_report, JSON), published by one worker
+# at a time (the lock) for the api's /metrics: the api never reads the KV tier itself.
+TIER_REPORT = f"{PREFIX}:tier:report"
+TIER_REPORT_LOCK = f"{PREFIX}:tier:report:lock"
 
 
 def session_member(tenant: str, session_id: str) -> str:

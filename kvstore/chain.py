@@ -65,3 +65,27 @@ def hash_blocks(
         prev = hash_block(prev, token_ids[start : start + block_size])
         hashes.append(prev)
     return hashes
+
+
+def chain_root(fingerprint: str, salt: str) -> BlockHash:
+    """The parent of a sequence's first block: the model's weights and the tenant's salt, so the
+    same tokens never hit across models or tenants. Every chain kvferry keeps starts here."""
+    return root_hash((fingerprint, salt))
+
+
+def chain(
+    token_ids: Sequence[int],
+    block_size: int,
+    fingerprint: str,
+    salt: str,
+    known: Sequence[BlockHash] = (),
+) -> list[BlockHash]:
+    """The chained hashes of every full block of ``token_ids`` under (fingerprint, salt).
+
+    ``known``: the hashes of the first blocks, already computed (by the engine, block by block as
+    they filled); only the blocks after them are hashed here."""
+    full = len(token_ids) // block_size
+    done = list(known[:full])
+    parent = done[-1] if done else chain_root(fingerprint, salt)
+    start = len(done) * block_size
+    return [*done, *hash_blocks(token_ids[start : full * block_size], block_size, (), parent=parent)]

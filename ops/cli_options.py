@@ -67,9 +67,6 @@ def engine_options(fn: Callable[..., Any]) -> Callable[..., Any]:
             type=int,
             help="prompt tokens per step while sequences decode (default: only the step budget)",
         ),
-        click.option(
-            "--compile-decoder/--no-compile-decoder", default=None, help="torch.compile the decoder (opt-in)"
-        ),
         click.option("--torch-threads", type=int, help="torch intra-op threads"),
         click.option("--cache-dir", type=click.Path(path_type=Path), help="converted-model cache"),
     ]

@@ -7,28 +7,35 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncGenerator, Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from celery import states
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from api.jobs.errors import BrokerUnavailableError, ClientGoneError, JobTimeoutError
-from api.jobs.outcome import is_final, outcome_of
+from api.jobs.outcome import CeleryState, is_final, outcome_of
 from broker import keys
 from broker.codec import decode_event
 from broker.jobs.events import EVENT_FIELD, TokenCursor
 from broker.messages import StreamEvent
 
-if TYPE_CHECKING:
-    from api.jobs.client import JobClient
-
 log = logging.getLogger(__name__)
 REDIS_RETRY_S = 0.25  # while Redis restarts, a follower asks again this often (until its deadline)
 
 
+class JobSource(Protocol):
+    """What waiting on a job reads: api/jobs/client.JobClient."""
+
+    redis: Any  # redis.asyncio.Redis
+    block_ms: int  # the longest one XREAD blocks
+    state_poll_s: float  # how often Celery is asked whether a silent job has ended
+
+    async def celery_state(self, job_id: str) -> CeleryState: ...
+
+
 async def follow(
-    jobs: JobClient, job_id: str, timeout_s: float, alive: Callable[[], Awaitable[bool]] | None = None
+    jobs: JobSource, job_id: str, timeout_s: float, alive: Callable[[], Awaitable[bool]] | None = None
 ) -> AsyncGenerator[StreamEvent, None]:
     """Every event of the job from the start until its final one (JobDone or JobFailed), each
     token index once and in order however often the job was redelivered (TokenCursor).
@@ -67,7 +74,7 @@ async def follow(
 
 
 async def wait_final(
-    jobs: JobClient, job_id: str, timeout_s: float, alive: Callable[[], Awaitable[bool]] | None = None
+    jobs: JobSource, job_id: str, timeout_s: float, alive: Callable[[], Awaitable[bool]] | None = None
 ) -> StreamEvent:
     """The job's final event (JobDone or JobFailed), without its tokens: one blocking read of
     its end stream (keys.job_end, written with the final event in the same script), however
@@ -92,7 +99,7 @@ async def wait_final(
 
 
 async def _read(
-    jobs: JobClient, job_id: str, stream: str, last: str, deadline: float, timeout_s: float, count: int
+    jobs: JobSource, job_id: str, stream: str, last: str, deadline: float, timeout_s: float, count: int
 ) -> list[Any]:
     """One blocking XREAD of `stream` after `last`, bounded by the deadline (JobTimeoutError past
     it); empty when nothing came or Redis failed: while it restarts the job goes on (AOF keeps its
@@ -110,7 +117,7 @@ async def _read(
     return list(reply or [])
 
 
-async def _settled_silently(jobs: JobClient, job_id: str, stream: str, last: str) -> StreamEvent | None:
+async def _settled_silently(jobs: JobSource, job_id: str, stream: str, last: str) -> StreamEvent | None:
     """The job's outcome if Celery says it ended and `stream` holds nothing more to read; None
     otherwise, or when Redis or the broker cannot say now (asked again at the next poll)."""
     try:

@@ -1,15 +1,14 @@
-"""Sessions: GET shows what Redis holds for a conversation; DELETE forgets it and releases its
-pinned blocks at once (they become ordinary cached blocks). A session belongs to its tenant:
-another tenant's session id names nothing here (404), whoever asks."""
+"""Sessions: GET shows what Redis holds for a conversation; DELETE forgets it at once, and the
+workers' session sweep releases its pinned blocks within a maintenance interval (they become
+ordinary cached blocks; the KV tier is the workers', never the api's). A session belongs to its
+tenant: another tenant's session id names nothing here (404), whoever asks."""
 
 from __future__ import annotations
 
-import asyncio
 import time
 from typing import Any
 
-import redis
-from fastapi import APIRouter, Request
+from fastapi import APIRouter
 
 from api import fleet
 from api.auth import Tenant
@@ -18,7 +17,6 @@ from api.errors import ApiError
 from broker import keys
 from broker.messages import SessionRecord
 from broker.sessions import store as session_store
-from kvstore.redis import pins as tier_pins  # redis only: no torch, no numpy in the API
 
 router = APIRouter(prefix="/v1/sessions")
 
@@ -33,16 +31,6 @@ async def _record(ctx: Ctx, session_id: str, tenant: str) -> tuple[SessionRecord
             404, f"no session {session_id!r}", "not_found_error", "session_id", "session_not_found"
         )
     return record, float(expiry)
-
-
-def _kv_client(request: Request, ctx: Ctx) -> redis.Redis:
-    """A sync client of the KV Redis, made once: the release runs in a thread, off the event loop."""
-    client = getattr(request.app.state, "kv_redis", None)
-    if client is None:
-        client = redis.Redis.from_url(ctx.config.kv_redis_url or ctx.config.redis_url)
-        request.app.state.kv_redis = client
-    assert isinstance(client, redis.Redis)
-    return client
 
 
 @router.get("/{session_id}")
@@ -66,10 +54,10 @@ async def get_session(session_id: str, ctx: Ctx, tenant: Tenant) -> dict[str, An
 
 
 @router.delete("/{session_id}")
-async def delete_session(session_id: str, ctx: Ctx, tenant: Tenant, request: Request) -> dict[str, Any]:
+async def delete_session(session_id: str, ctx: Ctx, tenant: Tenant) -> dict[str, Any]:
     await _record(ctx, session_id, tenant)
-    # Expire it now (readers stop seeing it at once), then release its pins. The record stays for
-    # the sweep, which releases again whatever a turn still in flight pins after this.
+    # Expire it now: readers stop seeing it at once, and the next session sweep (any worker's)
+    # claims it and releases its pins, as well as whatever a turn still in flight pins after this.
     member = keys.session_member(tenant, session_id)
     mark, when, ttl = session_store.tombstone(tenant, session_id)  # turns in flight stay out
     pipe = ctx.jobs.redis.pipeline(transaction=True)
@@ -77,7 +65,4 @@ async def delete_session(session_id: str, ctx: Ctx, tenant: Tenant, request: Req
     pipe.zadd(keys.SESSION_EXPIRY, {member: 0}, xx=True)
     pipe.delete(keys.session_tokens(tenant, session_id))
     await pipe.execute()
-    unpinned = await asyncio.to_thread(
-        tier_pins.release_session, _kv_client(request, ctx), tenant, session_id
-    )
-    return {"id": session_id, "object": "session", "deleted": True, "blocks_unpinned": unpinned}
+    return {"id": session_id, "object": "session", "deleted": True}

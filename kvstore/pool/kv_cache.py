@@ -5,13 +5,11 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from kvstore.tiers.quant import bytes_view
-from kvstore.tiers.stored_block import KVBytes
+from kvstore.layout import KVBytes, KVLayout, bytes_view
 
 # A load of this many bytes or more is copied by two threads on a CPU pool: numpy's copies release
 # the GIL, and one thread's strided copy leaves the memory bandwidth half used (measured on 2 cores:
@@ -19,30 +17,6 @@ from kvstore.tiers.stored_block import KVBytes
 _SPLIT_BYTES = 8 * 1024**2
 
 BlockWriter = Callable[[torch.Tensor, int, Sequence[tuple[int, KVBytes]]], None]
-
-
-@dataclass(frozen=True, slots=True)
-class KVLayout:
-    """The shape of one block, identical in every worker serving the same model."""
-
-    num_layers: int
-    num_kv_heads: int
-    head_dim: int
-    block_size: int
-    dtype: torch.dtype
-
-    @property
-    def bytes_per_token(self) -> int:
-        # K and V, every layer: 2 x layers x kv heads x head dim x element size
-        elem = self.dtype.itemsize  # no tensor made for it: engine stats read it after steps
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * elem
-
-    @property
-    def bytes_per_block(self) -> int:
-        return self.bytes_per_token * self.block_size
-
-    def blocks_for_budget(self, budget_bytes: int) -> int:
-        return budget_bytes // self.bytes_per_block
 
 
 class KVCache:

@@ -13,12 +13,13 @@ from typing import cast
 import redis
 
 from kvstore.chain import BlockHash
+from kvstore.layout import KVFormat
 from kvstore.redis import scripts
 from kvstore.redis.fetch import PackFetcher
 from kvstore.redis.keys import PACK_TTL_S, TierKeys
 from kvstore.tiers.codec import decode_pack
 from kvstore.tiers.quant import TierDtype
-from kvstore.tiers.stored_block import KVFormat, StoredBlock
+from kvstore.tiers.stored_block import StoredBlock
 
 log = logging.getLogger(__name__)
 

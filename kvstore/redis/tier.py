@@ -28,6 +28,7 @@ from collections.abc import Callable, Sequence
 import redis
 
 from kvstore.chain import BlockHash
+from kvstore.layout import KVFormat
 from kvstore.redis import pins as tier_pins
 from kvstore.redis.fetch import PackFetcher, batched
 from kvstore.redis.integrity import TierIntegrityError, check_integrity
@@ -38,7 +39,7 @@ from kvstore.redis.write import OOM_RETRY_S, PackTransaction, refused_over_maxme
 from kvstore.tiers.codec import encode_pack
 from kvstore.tiers.quant import TierDtype, check_tier_dtype, encoded_nbytes
 from kvstore.tiers.stats import RedisTierStats
-from kvstore.tiers.stored_block import KVFormat, StoredBlock
+from kvstore.tiers.stored_block import StoredBlock
 
 log = logging.getLogger(__name__)
 __all__ = ["HASH_LEN", "PACK_TTL_S", "PinChange", "RedisTier", "TierIntegrityError", "TierKeys"]

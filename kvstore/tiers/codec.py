@@ -25,9 +25,10 @@ import msgpack
 import numpy as np
 import xxhash
 
+from kvstore.layout import KVFormat
 from kvstore.tiers import quant
 from kvstore.tiers.quant import TierDtype
-from kvstore.tiers.stored_block import KVFormat, StoredBlock
+from kvstore.tiers.stored_block import StoredBlock
 
 MAGIC = "kvferry-kv"
 PACK_MAGIC = b"KVF2"

@@ -12,14 +12,13 @@ int8]; ``fp16``/``bf16``: the block's elements in that dtype; ``exact``: the poo
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Sequence
 from typing import Literal, cast
 
 import numpy as np
 import torch
 
-from kvstore.tiers.stored_block import KVFormat
+from kvstore.layout import KVFormat, bytes_view
 
 TierDtype = Literal["exact", "int8", "fp16", "bf16"]
 TIER_DTYPES: tuple[TierDtype, ...] = ("exact", "int8", "fp16", "bf16")
@@ -31,14 +30,6 @@ def check_tier_dtype(name: str) -> TierDtype:
     if name not in TIER_DTYPES:
         raise ValueError(f"tier dtype must be one of {list(TIER_DTYPES)}, got {name!r}")
     return cast("TierDtype", name)
-
-
-def bytes_view(data: object) -> torch.Tensor:
-    """A uint8 tensor over any bytes-like object, without a copy. The buffer may be read-only (a
-    Redis reply): torch warns about that, but nothing here ever writes through the view."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)
-        return torch.frombuffer(cast("bytes", data), dtype=torch.uint8)
 
 
 def _num_scales(fmt: KVFormat) -> int:

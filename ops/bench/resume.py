@@ -14,10 +14,11 @@ import redis
 import torch
 
 from broker.sampling import SamplingParams
-from kvstore.chain import hash_blocks, root_hash
+from kvstore.chain import chain
 from kvstore.pool.kv_cache import KVCache
 from kvstore.redis.tier import RedisTier
 from kvstore.tiers import codec
+from ops.bench.engine_target import EngineTarget
 from ops.redis_server import RedisServer
 from ops.settings import Settings
 from workers.engine.config import EngineConfig
@@ -120,7 +121,7 @@ def _resume_once(
     writes = _timed_writes(fresh)
     before = resource.getrusage(resource.RUSAGE_SELF)
     started = time.perf_counter()
-    fetched = prefetch(fresh, tier, turn, "")
+    fetched = prefetch(EngineTarget(fresh), tier, turn, "")
     fetch_s = time.perf_counter() - started
     after = resource.getrusage(resource.RUSAGE_SELF)
     out_ttft = _ttft(fresh, turn)
@@ -131,7 +132,7 @@ def _resume_once(
     measured: dict[str, float] = {}
     if stages:
         bs = fresh.pool.block_size
-        hashes = hash_blocks(turn[: fetched * bs], bs, (), parent=root_hash((loaded.fingerprint, "")))
+        hashes = chain(turn[: fetched * bs], bs, loaded.fingerprint, "")
         pool = KVCache(fresh.layout, max(1, fetched), "cpu")
         pool.block_writer = fresh.kv_cache.block_writer  # the engine's own copier
         measured = _stages(tier, hashes, pool)

@@ -15,10 +15,11 @@ import redis
 import torch
 
 from broker.sampling import SamplingParams
-from kvstore.chain import hash_blocks, root_hash
+from kvstore.chain import chain, chain_root
 from kvstore.redis.tier import RedisTier
 from kvstore.tiers.quant import TIER_DTYPES, encoded_nbytes
 from kvstore.tiers.stored_block import StoredBlock
+from ops.bench.engine_target import EngineTarget
 from ops.redis_server import RedisServer
 from ops.settings import Settings
 from workers.engine.llm_engine import LLMEngine
@@ -59,7 +60,7 @@ def _continue(
     """Greedy continuations with every prefix block loaded from ``tier``; fetch seconds, blocks."""
     seen = _first_logprobs(engine)
     started = time.perf_counter()
-    fetched = sum(prefetch(engine, tier, p, "") for p in prompts)
+    fetched = sum(prefetch(EngineTarget(engine), tier, p, "") for p in prompts)
     fetch_s = time.perf_counter() - started
     outs = engine.generate(prompts, SamplingParams(max_tokens=gen, ignore_eos=True))
     order = sorted(seen, key=lambda rid: int(rid.rsplit("-", 1)[1]))
@@ -85,7 +86,7 @@ def run_tier_dtype_bench(settings: Settings, quick: bool) -> dict[str, Any]:
             source.generate(batch, SamplingParams(max_tokens=1, ignore_eos=True))
             for p in batch:
                 n_blocks = (len(p) - 1) // bs
-                hashes = hash_blocks(p[: n_blocks * bs], bs, (), parent=root_hash((loaded.fingerprint, "")))
+                hashes = chain(p[: n_blocks * bs], bs, loaded.fingerprint, "")
                 blocks = [_stored(source, hashes, p, i) for i in range(n_blocks)]
                 for tier in tiers.values():
                     tier.put(blocks)
@@ -129,7 +130,7 @@ def _stored(engine: LLMEngine, hashes: list[bytes], prompt: list[int], i: int) -
     bs = engine.pool.block_size
     cached = engine.pool.get_cached_block(hashes[i], prompt[i * bs : (i + 1) * bs])
     assert cached is not None, "a prefix block left both the pool and the warm tier"
-    parent = hashes[i - 1] if i else root_hash((engine.loaded.fingerprint, ""))
+    parent = hashes[i - 1] if i else chain_root(engine.loaded.fingerprint, "")
     kv = engine.kv_cache.read_block(cached.block_id)
     return StoredBlock(hashes[i], parent, tuple(prompt[i * bs : (i + 1) * bs]), kv)
 

@@ -117,12 +117,15 @@ def test_metrics_forget_vanished_workers(api: Served, rds: redis.Redis) -> None:
 
 def test_metrics_show_the_redis_tier(fresh_api: Served, rds: redis.Redis) -> None:
     from kvstore.redis.keys import TIER_REGISTRY, TierKeys
+    from workers.tiers.report_publisher import publish_report
 
     rds.sadd(TIER_REGISTRY, "fp1")
     rds.hset(
         TierKeys("fp1").counters, mapping={"hits": 5, "misses": 2, "bytes_read": 640, "bytes_written": 1280}
     )
     with fresh_api.client() as c:
+        assert "kvferry_redis_tier_hits_total" not in c.get("/metrics").text  # nothing published yet
+        assert publish_report(rds, rds, "w1") and not publish_report(rds, rds, "w2")  # one a period
         text = c.get("/metrics").text
     for line in (
         "kvferry_redis_tier_hits_total 5.0",

@@ -143,12 +143,14 @@ def test_sessions_are_per_tenant_and_pins_balance(tenant_api: str, redis_client:
         assert all(t.result().status_code == 200 for t in turns)
     _assert_balanced(redis_client, {"alice": [sid], "bob": [sid]})
 
-    # DELETE releases at once; Bob's pins are untouched.
+    # DELETE forgets at once; the workers' sweep releases her pins; Bob's are untouched.
     bob_pins = _pins(redis_client, "bob", sid)
+    assert _pins(redis_client, "alice", sid)
     gone = _session(tenant_api, ALICE, sid, "DELETE")
-    assert gone.status_code == 200 and gone.json()["blocks_unpinned"] > 0
-    assert _pins(redis_client, "alice", sid) == set() and _pins(redis_client, "bob", sid) == bob_pins
+    assert gone.status_code == 200 and gone.json()["deleted"] is True
     assert _session(tenant_api, ALICE, sid).status_code == 404
+    wait_for(lambda: not _pins(redis_client, "alice", sid), 10, "the sweep of alice's deleted session")
+    assert _pins(redis_client, "bob", sid) == bob_pins
     wait_for(lambda: redis_client.exists(keys.session("alice", sid)) == 0, 10, "the sweep of alice's session")
     _assert_balanced(redis_client, {"bob": [sid]})
 

@@ -11,9 +11,9 @@ import msgpack
 import pytest
 import torch
 
-from kvstore.pool.kv_cache import KVCache, KVLayout
+from kvstore.layout import KVFormat, KVLayout
+from kvstore.pool.kv_cache import KVCache
 from kvstore.tiers.codec import MAGIC, PACK_MAGIC, decode_pack, encode_pack
-from kvstore.tiers.stored_block import KVFormat
 from tests.kvstore.conftest import TINY_LAYOUT, MakeBlocks
 
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvstore.pool.kv_cache import KVCache, KVLayout
+from kvstore.layout import KVLayout
+from kvstore.pool.kv_cache import KVCache
 
 # 3 layers x K, V x 16 tokens x 4 heads x 64 x 4 bytes = 96 KiB a block: 100 blocks pass the split size
 LAYOUT = KVLayout(num_layers=3, num_kv_heads=4, head_dim=64, block_size=16, dtype=torch.float32)

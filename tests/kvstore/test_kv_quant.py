@@ -9,11 +9,12 @@ import pytest
 import redis
 import torch
 
+from kvstore.layout import KVFormat
 from kvstore.pool.kv_cache import KVCache
 from kvstore.redis.tier import RedisTier
 from kvstore.tiers.codec import decode_pack, encode_pack
 from kvstore.tiers.quant import TIER_DTYPES, TierDtype, encoded_nbytes
-from kvstore.tiers.stored_block import KVFormat, StoredBlock
+from kvstore.tiers.stored_block import StoredBlock
 from kvstore.tiers.warm import WarmTier
 from tests.kvstore.conftest import TINY_LAYOUT, MakeBlocks
 

@@ -7,10 +7,11 @@ import threading
 
 import redis
 
+from kvstore.layout import KVFormat
 from kvstore.redis.keys import PinOwner
 from kvstore.redis.tier import RedisTier
 from kvstore.tiers.codec import encode_pack
-from kvstore.tiers.stored_block import KVFormat, StoredBlock
+from kvstore.tiers.stored_block import StoredBlock
 from tests.kvstore.conftest import MakeBlocks
 
 BIG = 10**9

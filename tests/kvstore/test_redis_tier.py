@@ -10,12 +10,13 @@ import pytest
 import redis
 import torch
 
+from kvstore.layout import KVFormat
 from kvstore.pool.kv_cache import KVCache
 from kvstore.redis import tier as redis_tier
 from kvstore.redis.keys import TIER_REGISTRY
 from kvstore.redis.tier import RedisTier, TierKeys
 from kvstore.tiers.codec import encode_pack
-from kvstore.tiers.stored_block import KVFormat, StoredBlock
+from kvstore.tiers.stored_block import StoredBlock
 from tests.kvstore.conftest import TINY_LAYOUT, MakeBlocks
 
 BIG = 10**9

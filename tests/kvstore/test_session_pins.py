@@ -10,10 +10,10 @@ import redis
 from broker import keys
 from broker.messages import SessionRecord
 from broker.sessions import store as session_store
+from kvstore.layout import KVFormat
 from kvstore.redis import pins as tier_pins
 from kvstore.redis.report import read_report
 from kvstore.redis.tier import RedisTier
-from kvstore.tiers.stored_block import KVFormat
 from tests.kvstore.conftest import MakeBlocks
 
 BIG = 10**9

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 import redis
 
+from kvstore.layout import KVFormat
 from kvstore.redis.tier import RedisTier
-from kvstore.tiers.stored_block import KVFormat
 from ops.redis_server import RedisServer
 from tests.kvstore.conftest import MakeBlocks
 

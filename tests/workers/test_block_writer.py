@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from kvstore.pool.kv_cache import KVCache, KVLayout
+from kvstore.layout import KVLayout
+from kvstore.pool.kv_cache import KVCache
 from workers.engine.kernels import block_writer
 
 pytestmark = pytest.mark.skipif(not block_writer.available(), reason="the CPU kernels did not build here")

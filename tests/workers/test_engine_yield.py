@@ -14,6 +14,7 @@ import redis
 
 from broker.sampling import SamplingParams
 from kvstore.redis.tier import RedisTier
+from ops.bench.engine_target import EngineTarget
 from tests.kvstore.conftest import MakeBlocks, make_blocks, redis_client, redis_server  # noqa: F401
 from tests.workers._helpers import NO_EOS, TinyModel, assert_tokens, make_engine, random_prompt, run_checked
 from tests.workers.test_kv_writer import BLOCK, FMT
@@ -187,6 +188,6 @@ def test_a_turn_written_while_the_engine_is_busy_resumes_exactly(
     assert writer.stats().yields >= 1 and tier.stats().blocks_written >= 4
     turn2 = [*history, *out.token_ids, *random_prompt(rng, 5)]
     fresh = make_engine(tiny.loaded, num_blocks=32, warm_cache_size_bytes=1 << 20)
-    assert prefetch(fresh, tier, turn2, "") >= 4
+    assert prefetch(EngineTarget(fresh), tier, turn2, "") >= 4
     resumed = run_checked(fresh, {"turn2": (turn2, params)})["turn2"]
     assert_tokens(resumed.token_ids, tiny.expected(turn2, 8), "turn 2 from Redis")

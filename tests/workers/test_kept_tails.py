@@ -15,9 +15,7 @@ PARAMS = SamplingParams(max_tokens=7, ignore_eos=True)
 
 
 def _run(engine: LLMEngine, request_id: str, prompt: list[int], keep: bool = True) -> RequestOutput:
-    if keep:
-        engine.block_manager.tails.want(request_id)
-    engine.add_request(request_id, prompt, PARAMS)
+    engine.add_request(request_id, prompt, PARAMS, keep_tail=keep)
     final = None
     while engine.has_unfinished():
         for out in engine.step():
@@ -39,8 +37,7 @@ def test_next_turn_writes_on_into_the_kept_tail(tiny: TinyModel) -> None:
     tail_id = next(iter(engine.block_manager.tails._tails.values()))[0].block_id
 
     turn2 = [*turn1, *r1.token_ids, *random_prompt(rng, 10)]
-    engine.block_manager.tails.want("t2")
-    engine.add_request("t2", turn2, PARAMS)
+    engine.add_request("t2", turn2, PARAMS, keep_tail=True)
     engine.step()
     seq = engine.scheduler.running[0]
     assert seq.block_ids[2] == tail_id and engine.pool.blocks[tail_id].ref_cnt == 1

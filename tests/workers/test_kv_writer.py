@@ -18,9 +18,11 @@ import redis
 import torch
 
 from broker.sampling import SamplingParams
+from kvstore.layout import KVFormat
 from kvstore.pool.kv_cache import KVCache
 from kvstore.redis.tier import RedisTier
-from kvstore.tiers.stored_block import KVFormat, StoredBlock
+from kvstore.tiers.stored_block import StoredBlock
+from ops.bench.engine_target import EngineTarget
 from tests.kvstore.conftest import TINY_LAYOUT, MakeBlocks, make_blocks, redis_client, redis_server  # noqa: F401
 from tests.workers._helpers import NO_EOS, TinyModel, assert_tokens, make_engine, random_prompt, run_checked
 from workers.engine.pending_write import BlockMeta
@@ -200,7 +202,7 @@ def test_a_turn_written_through_the_writer_resumes_exactly_on_a_fresh_engine(
 
     turn2 = [*history, *out.token_ids, *random_prompt(rng, 7)]
     fresh = make_engine(tiny.loaded, num_blocks=16, warm_cache_size_bytes=1 << 20)
-    assert prefetch(fresh, tier, turn2, "") >= 4
+    assert prefetch(EngineTarget(fresh), tier, turn2, "") >= 4
     resumed = run_checked(fresh, {"turn2": (turn2, params)})["turn2"]
     assert_tokens(resumed.token_ids, tiny.expected(turn2, 10), "turn 2 from Redis")
     assert resumed.redis_tokens >= 64

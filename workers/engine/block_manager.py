@@ -5,12 +5,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from kvstore.chain import BlockHash, hash_block, hash_blocks, root_hash
+from kvstore.chain import BlockHash, chain_root, hash_block, hash_blocks
 from kvstore.pool.block import Block
 from kvstore.pool.block_pool import BlockPool
 from kvstore.tiers.stored_block import StoredBlock
 from workers.engine.kept_tails import KeptTails
-from workers.engine.request import EngineRequest
+from workers.engine.requests.sequence import EngineRequest
 
 
 def cdiv(a: int, b: int) -> int:
@@ -45,7 +45,7 @@ class BlockManager:
         if root is None:
             if len(self._roots) >= MAX_CACHED_ROOTS:  # clients choose salts: memoise a bounded few
                 self._roots.clear()
-            root = self._roots[cache_salt] = root_hash((self.model_fingerprint, cache_salt))
+            root = self._roots[cache_salt] = chain_root(self.model_fingerprint, cache_salt)
         return root
 
     def match_prefix(self, seq: EngineRequest) -> tuple[list[Block], list[BlockHash]]:

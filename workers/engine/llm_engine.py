@@ -10,11 +10,11 @@ import torch
 
 from broker.errors import InvalidRequestError
 from broker.sampling import SamplingParams
+from kvstore.layout import KVFormat
 from kvstore.pool.block_pool import BlockPool
 from kvstore.pool.kv_cache import KVCache
-from kvstore.tiers.stored_block import KVFormat
+from kvstore.tiers.stored_block import StoredBlock
 from kvstore.tiers.warm import WarmTier
-from workers.engine import report
 from workers.engine.block_manager import BlockManager
 from workers.engine.config import EngineConfig
 from workers.engine.errors import RequestFailedError
@@ -24,15 +24,16 @@ from workers.engine.model.kv_layout import kv_layout
 from workers.engine.model.loader import LoadedModel, load_model
 from workers.engine.model_runner import ModelRunner
 from workers.engine.postprocess import Postprocessor
-from workers.engine.request import EngineRequest, FinishReason, RequestStatus
+from workers.engine.report import EngineReport
 from workers.engine.requests.checks import check_request
 from workers.engine.requests.detokenizer import Detokenizer
 from workers.engine.requests.output import RequestOutput
+from workers.engine.requests.sequence import EngineRequest, FinishReason, RequestStatus
 from workers.engine.sampler import Sampler
 from workers.engine.scheduler import Scheduler, SchedulerOutput
 from workers.engine.stats import EngineStats, MemoryBreakdown
 from workers.engine.step_counters import StepCounters
-from workers.engine.tier_bridge import TierBridge
+from workers.engine.tier_bridge import ColdWriter, TierBridge
 
 DEFAULT_CACHE_DIR = Path.home() / ".cache" / "kvferry"
 log = logging.getLogger(__name__)
@@ -52,7 +53,7 @@ class LLMEngine:
         )
         self.tokenizer = self.loaded.tokenizer
         self.model_id = config.served_model_name or self.loaded.model_id
-        device = next(self.loaded.model.parameters()).device
+        self.device = device = next(self.loaded.model.parameters()).device
         self.layout = kv_layout(self.loaded, config.block_size)
         self.kv_cache = KVCache.from_budget(self.layout, config.cache_size_bytes, device)
         if device.type == "cpu" and block_writer.available():  # loads streamed into the pool
@@ -73,9 +74,8 @@ class LLMEngine:
             decode_kernel=config.decode_kernel,
             fused_decode=config.fused_decode,
         )
-        # Once, after the runner packed the linears: walking every parameter took ~0.7 ms of the
-        # engine thread's GIL, and stats() ran right after a job's last step, while its task thread
-        # waited for the GIL to publish the result.
+        # Counted once, after the runner packed the linears: stats() runs right after a job's last
+        # step, while its task thread waits for the GIL to publish the result.
         self.weights_bytes = self.loaded.weights_bytes
         self.sampler = Sampler(device)
         self.detokenizer = Detokenizer(self.tokenizer)
@@ -88,6 +88,17 @@ class LLMEngine:
         # Why each request that the last step failed alone failed (finish_reason "error").
         self.last_errors: dict[str, InvalidRequestError] = {}
         self.counters = StepCounters()
+        self.report = EngineReport(
+            self.model_id,
+            self.weights_bytes,
+            self.layout,
+            self.kv_cache,
+            self.pool,
+            self.block_manager,
+            self.scheduler,
+            self.post,
+            self.counters,
+        )
 
     @staticmethod
     def bytes_per_block(loaded: LoadedModel, block_size: int) -> int:
@@ -103,12 +114,14 @@ class LLMEngine:
         cache_salt: str = "",
         output_token_ids: list[int] | None = None,
         streamed_chars: int = 0,
+        keep_tail: bool = False,
     ) -> None:
         """Queue a request. Raises InvalidRequestError (nothing queued) when it cannot run.
 
         output_token_ids resumes a request that another process had started (a redelivered job):
         those tokens count as output already made, and the first streamed_chars of their text as
-        already sent to the client.
+        already sent to the client. keep_tail: a session turn, whose next turn starts with its
+        partial last block: the pool keeps that block once it finishes (KeptTails).
         """
         if request_id in self._seqs:
             raise InvalidRequestError(f"request id {request_id!r} is already running", "request_id")
@@ -129,8 +142,25 @@ class LLMEngine:
                 seq.finish_reason, seq.status = reason, RequestStatus.FINISHED
                 self._ready[request_id] = self.post.output(seq, [])
                 return
+        if keep_tail:
+            self.block_manager.tails.want(request_id)
         self._seqs[request_id] = seq
         self.scheduler.add(seq)
+
+    @property
+    def spills(self) -> bool:
+        """Whether blocks leaving the pool go on to the warm tier (and a cold writer, if attached)."""
+        return self.tiers is not None
+
+    def attach_cold_writer(self, writer: ColdWriter) -> None:
+        """Write what leaves the pool, and every finished turn, to the cold tier through `writer`."""
+        if self.tiers is not None:
+            self.tiers.attach(writer)
+
+    def admit_prefetched(self, blocks: list[StoredBlock]) -> None:
+        """Blocks a task thread fetched from Redis for a prompt: into the warm tier."""
+        if self.tiers is not None and blocks:
+            self.tiers.admit(blocks)
 
     def abort_request(self, request_id: str) -> RequestOutput | None:
         if request_id in self._ready:
@@ -192,14 +222,13 @@ class LLMEngine:
 
     def _finish(self, seq: EngineRequest, reason: FinishReason, delta: list[int]) -> RequestOutput:
         seq.finish_reason = reason
-        if self.tiers is not None and reason in ("stop", "length") and seq.block_hashes:
-            self.tiers.persist(
-                seq.block_ids, seq.block_hashes, seq.token_ids, self.block_manager.root(seq.cache_salt)
-            )
+        hashes = tuple(seq.block_hashes)  # before finish() frees the blocks and forgets them
+        if self.tiers is not None and reason in ("stop", "length") and hashes:
+            self.tiers.persist(seq.block_ids, hashes, seq.token_ids, self.block_manager.root(seq.cache_salt))
         self.scheduler.finish(seq)
         self.sampler.forget(seq.request_id)
         del self._seqs[seq.request_id]
-        return self.post.output(seq, delta)
+        return self.post.output(seq, delta, block_hashes=hashes)
 
     def _release(self, seq: EngineRequest, reason: FinishReason) -> None:
         """Free seq's blocks and forget it, persisting nothing (it failed, or the engine did)."""
@@ -255,11 +284,11 @@ class LLMEngine:
         return [done[rid] for rid in ids]
 
     def memory_breakdown(self) -> MemoryBreakdown:
-        return report.memory_breakdown(self)
+        return self.report.memory()
 
     def stats(self) -> EngineStats:
-        return report.engine_stats(self)
+        return self.report.stats()
 
     def check_integrity(self) -> None:
         """Pool invariants, plus: every running sequence's blocks are referenced and sized right."""
-        report.check_integrity(self)
+        self.report.check_integrity(idle=not self.has_unfinished())

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 
+from kvstore.chain import BlockHash
 from workers.engine.errors import RequestFailedError
-from workers.engine.request import EngineRequest, FinishReason
 from workers.engine.requests.detokenizer import Detokenizer
 from workers.engine.requests.output import RequestOutput
+from workers.engine.requests.sequence import EngineRequest, FinishReason
 
 
 class Postprocessor:
@@ -50,7 +51,12 @@ class Postprocessor:
         return "length" if self._at_length(seq) else None
 
     def output(
-        self, seq: EngineRequest, delta: list[int], delta_text: str | None = None, error: str | None = None
+        self,
+        seq: EngineRequest,
+        delta: list[int],
+        delta_text: str | None = None,
+        error: str | None = None,
+        block_hashes: tuple[BlockHash, ...] = (),
     ) -> RequestOutput:
         text_start = seq.num_streamed_chars
         return RequestOutput(
@@ -72,6 +78,7 @@ class Postprocessor:
             warm_tokens=seq.num_warm_tokens,
             redis_tokens=seq.num_redis_tokens,
             error=error,
+            block_hashes=block_hashes,
         )
 
     def _detokenize(self, seq: EngineRequest) -> str | None:

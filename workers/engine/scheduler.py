@@ -9,7 +9,7 @@ from kvstore.chain import BlockHash
 from kvstore.tiers.stored_block import StoredBlock
 from workers.engine.block_manager import BlockLoad, BlockManager
 from workers.engine.config import EngineConfig
-from workers.engine.request import EngineRequest, RequestStatus
+from workers.engine.requests.sequence import EngineRequest, RequestStatus
 from workers.engine.tier_bridge import TierBridge
 
 

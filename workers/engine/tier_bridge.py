@@ -5,7 +5,8 @@ BlockRemoved before the slot is overwritten, and the block's bytes go to the war
 on to the cold tier). A finished turn's blocks are handed to the writer (workers/tiers/writer.py): one
 copy of them into its staging arena here; bytes, packing, checksums and Redis I/O on its thread.
 Admission asks the warm tier for the blocks right after the pool's hits; Redis reads happen
-earlier, on the submitting thread (prefetch into the warm tier).
+earlier, on the submitting thread, which asks `held` what this worker holds and hands what it
+fetched to the engine thread (admit): it never reads the pool itself.
 """
 
 from __future__ import annotations
@@ -17,11 +18,13 @@ from typing import Protocol
 import torch
 
 from kvstore.chain import BlockHash
+from kvstore.layout import KVFormat
 from kvstore.pool.block_pool import BlockPool
 from kvstore.pool.events import AllBlocksCleared, BlockEvent, BlockRemoved, BlockStored
 from kvstore.pool.kv_cache import KVCache
-from kvstore.tiers.stored_block import KVFormat, StoredBlock
+from kvstore.tiers.stored_block import StoredBlock
 from kvstore.tiers.warm import WarmTier
+from workers.engine.held_blocks import HeldBlocks
 from workers.engine.pending_write import BlockMeta, PendingWrite
 
 ColdSink = Callable[[list[StoredBlock]], None]  # the plain form: blocks as bytes (tests, benches)
@@ -64,7 +67,9 @@ class TierBridge:
         self._persisted: set[BlockHash] = set()  # handed to the cold sink (or read from it)
         self.from_redis: set[BlockHash] = set()  # warm blocks that a prefetch brought from Redis
         self.spilled_blocks = 0
-        pool.subscribe(self._on_event)
+        self.held = HeldBlocks(warm)  # what other threads may ask of the pool and the warm tier
+        pool.subscribe(self._on_event)  # first: a removed block is warm before held forgets it
+        pool.subscribe(self.held.on_pool_event)
 
     def _on_event(self, event: BlockEvent) -> None:
         if isinstance(event, BlockStored):
@@ -101,6 +106,15 @@ class TierBridge:
             fresh = set(hashes) - self._persisted
             self._persisted |= fresh
         return fresh
+
+    def admit(self, blocks: Sequence[StoredBlock]) -> None:
+        """Blocks a prefetch brought from Redis: into the warm tier, known to be in Redis."""
+        for block in blocks:
+            self.warm.put(block)
+        hashes = [b.block_hash for b in blocks]
+        with self._lock:
+            self.from_redis.update(hashes)
+            self._persisted.update(hashes)
 
     def mark_persisted(self, hashes: Sequence[BlockHash]) -> None:
         with self._lock:

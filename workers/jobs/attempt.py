@@ -24,11 +24,11 @@ from broker.messages import (
 )
 from workers.engine.errors import EngineFailedError
 from workers.engine.requests.output import RequestOutput
+from workers.jobs.engine_service import EngineService
 from workers.jobs.lease_keeper import HeldLease
 from workers.jobs.prompt import prompt_token_ids
 from workers.loop.engine_loop import EngineLoop
 from workers.loop.handle import RequestHandle
-from workers.process.engine_service import EngineService
 
 log = logging.getLogger(__name__)
 STREAM_FLUSH_S = 0.03
@@ -85,11 +85,9 @@ class JobAttempt:
         loop = service.loop()
         wait_healthy(loop)
         stored = service.sessions.stored_tokens(job)
-        ids = prompt_token_ids(job, loop.engine.tokenizer, stored)
-        service.prefetch(loop.engine, ids, job.kv_salt)
+        ids = prompt_token_ids(job, loop.tokenizer, stored)
+        service.prefetch(ids, job.kv_salt)
         resumed = len(before.token_ids)
-        if job.session_id:  # its next turn starts with this one's partial last block: keep it
-            loop.engine.block_manager.tails.want(job_id)
         handle = loop.submit(
             ids,
             job.params,
@@ -98,6 +96,7 @@ class JobAttempt:
             output_token_ids=before.token_ids,
             streamed_chars=before.text_chars,
             reports_first_out=True,  # _stream publishes the first token before the next step runs
+            keep_tail=bool(job.session_id),  # its next turn starts with this one's partial last block
         )
         self.stages["submitted"] = time.time()
 
@@ -160,7 +159,7 @@ class JobAttempt:
         )
         if final.finish_reason in ("stop", "length"):
             try:
-                service.sessions.remember(job, loop.engine, ids, final.token_ids, final.text, stored)
+                service.sessions.remember(job, loop, ids, final, stored)
             except redis.RedisError as exc:  # a full or absent KV Redis costs the next turn a miss
                 log.warning("job %s: the session/tier update failed: %s", job_id, exc)
         # The last delta and the result in one round trip: a 1-token job writes its stream once.

@@ -1,6 +1,6 @@
-"""Maintenance: the reaper, the orphan sweep, lost messages sent again and the session sweep, on a
-thread of their own so that none can delay the heartbeat (a sweep may unpin many blocks; a reap
-may move many messages)."""
+"""Maintenance: the reaper, the orphan sweep, lost messages sent again, the session sweep and the
+KV tier's report for /metrics, on a thread of their own so that none can delay the heartbeat (a
+sweep may unpin many blocks; a reap may move many messages)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import redis
 from celery import Celery
 
 from workers.jobs import lost_messages, reaper
-from workers.process.engine_service import EngineService
+from workers.jobs.engine_service import EngineService
+from workers.tiers.report_publisher import publish_report
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +45,7 @@ class Maintenance:
         if self.app is not None:
             lost_messages.resend_lost(self.service.redis, self.app, self.orphan_grace_s)
         self.service.sessions.sweep_sessions()
+        publish_report(self.service.redis, self.service.kv_redis, self.service.identity.name)
 
     def _run(self) -> None:
         while not self._stop.is_set():

@@ -30,9 +30,9 @@ from broker.jobs.lease import StaleLeaseError
 from broker.messages import GenerateJob, GenerateResult, JobFailed
 from workers.engine.errors import EngineFailedError
 from workers.jobs.attempt import JobAttempt, JobTimeLimitError
+from workers.jobs.engine_service import EngineService
 from workers.jobs.lease_keeper import HeldLease, LeaseKeeper
 from workers.jobs.lost_messages import forget_message
-from workers.process.engine_service import EngineService
 
 log = logging.getLogger(__name__)
 LEASE_POLL_S = 0.25

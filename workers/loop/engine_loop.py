@@ -13,12 +13,14 @@ from concurrent.futures import Future
 from typing import TypeVar
 
 from broker.sampling import SamplingParams
+from kvstore.tiers.stored_block import StoredBlock
 from workers.engine.errors import EngineFailedError, RequestFailedError
+from workers.engine.held_blocks import HeldBlocks
 from workers.engine.llm_engine import LLMEngine
 from workers.engine.stats import EngineStats
 from workers.loop.handle import RequestHandle, hold_for_first_out
 from workers.loop.idle_event import IdleEvent
-from workers.loop.messages import Abort, Call, LoopMessage, Submit
+from workers.loop.messages import Abort, Call, LoopMessage, Submit, WarmBlocks
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -40,7 +42,13 @@ class EngineLoop:
     """
 
     def __init__(self, engine: LLMEngine, name: str = "kvferry-engine") -> None:
-        self.engine = engine
+        self.engine = engine  # the loop thread's alone: other threads use the facts below
+        # Fixed once the engine is built, so any thread may read them: what a task thread needs to
+        # tokenise a prompt and hash its blocks, and the view of what blocks this worker holds.
+        self.tokenizer = engine.tokenizer
+        self.block_size = engine.pool.block_size
+        self.fingerprint = engine.loaded.fingerprint
+        self.held: HeldBlocks | None = engine.tiers.held if engine.tiers is not None else None
         self._inbox: queue.Queue[LoopMessage | None] = queue.Queue()
         self._handles: dict[str, RequestHandle] = {}
         self._ids = itertools.count()
@@ -107,14 +115,21 @@ class EngineLoop:
         output_token_ids: tuple[int, ...] = (),
         streamed_chars: int = 0,
         reports_first_out: bool = False,
+        keep_tail: bool = False,
     ) -> RequestHandle:
         """Queue a request (see LLMEngine.add_request); errors arrive through the handle.
         ``reports_first_out``: the caller calls handle.first_out() once its first token is out
-        (RequestHandle: the loop holds its next step for that)."""
+        (RequestHandle: the loop holds its next step for that). ``keep_tail``: a session turn."""
         rid = request_id or f"req-{uuid.uuid4().hex[:12]}-{next(self._ids)}"
-        handle = RequestHandle(rid, self, reports_first_out)
+        handle = RequestHandle(rid, self.abort, reports_first_out)
         msg = Submit(
-            handle, list(prompt_token_ids), params, cache_salt, list(output_token_ids), streamed_chars
+            handle,
+            list(prompt_token_ids),
+            params,
+            cache_salt,
+            list(output_token_ids),
+            streamed_chars,
+            keep_tail,
         )
         self.idle.clear()
         if not self._put(msg):
@@ -124,6 +139,16 @@ class EngineLoop:
 
     def abort(self, request_id: str) -> None:
         self._put(Abort(request_id))
+
+    def warm(self, blocks: list[StoredBlock]) -> None:
+        """Hand blocks fetched from Redis to the engine's warm tier (a request submitted after
+        this finds them there)."""
+        if blocks:
+            self._put(WarmBlocks(blocks))
+
+    def check_integrity(self, timeout: float | None = 30.0) -> None:
+        """The engine's invariants, checked on the loop thread between steps (AssertionError)."""
+        self.call(lambda engine: engine.check_integrity(), timeout=timeout)
 
     def call(self, fn: Callable[[LLMEngine], T], timeout: float | None = 30.0) -> T:
         """Run fn(engine) on the loop thread, between steps (figures, integrity checks)."""
@@ -210,11 +235,14 @@ class EngineLoop:
                     msg.cache_salt,
                     msg.output_token_ids,
                     msg.streamed_chars,
+                    msg.keep_tail,
                 )
             except Exception as exc:  # typed errors go back to the submitter, nothing queued
                 msg.handle._fail(exc)
                 return
             self._handles[rid] = msg.handle
+        elif isinstance(msg, WarmBlocks):
+            self.engine.admit_prefetched(msg.blocks)
         elif isinstance(msg, Abort):
             try:
                 out = self.engine.abort_request(msg.request_id)

@@ -5,14 +5,11 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from workers.engine.requests.output import RequestOutput
-
-if TYPE_CHECKING:
-    from workers.loop.engine_loop import EngineLoop
 
 _STREAM_END = object()
 
@@ -20,9 +17,11 @@ _STREAM_END = object()
 class RequestHandle:
     """A submitted request: iterate it for deltas as they are made, or wait for the final output."""
 
-    def __init__(self, request_id: str, loop: EngineLoop, reports_first_out: bool = False) -> None:
+    def __init__(
+        self, request_id: str, abort: Callable[[str], None], reports_first_out: bool = False
+    ) -> None:
         self.request_id = request_id
-        self._loop = loop
+        self._abort = abort  # the loop's abort: the engine drops the request and frees its blocks
         self._deltas: queue.Queue[Any] = queue.Queue()
         self._future: Future[RequestOutput] = Future()
         # A consumer that calls first_out() once it has passed the first token on: the loop then
@@ -71,14 +70,14 @@ class RequestHandle:
         return self._future.done()
 
     def cancel(self) -> None:
-        self._loop.abort(self.request_id)
+        self._abort(self.request_id)
 
 
 def hold_for_first_out(handles: Sequence[RequestHandle], hold_s: float) -> None:
     """After a step that gave these reporting handles their first tokens: wait until each consumer
     has passed its token on, ``hold_s`` at most in all (EngineConfig.first_token_hold_s). The next
-    step would fill the cores while the token crosses the task thread, Redis and the api: on 2
-    cores, streamed cached requests, first token to the client 5.2 -> 3.4-4.2 ms (mean, A/B)."""
+    step would otherwise fill the cores while the token crosses the task thread, Redis and the api
+    (docs/benchmarks.md has the A/B)."""
     deadline = time.monotonic() + hold_s
     for handle in handles:
         left = deadline - time.monotonic()

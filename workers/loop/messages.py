@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from broker.sampling import SamplingParams
+from kvstore.tiers.stored_block import StoredBlock
 from workers.loop.handle import RequestHandle
 
 if TYPE_CHECKING:
@@ -22,6 +23,15 @@ class Submit:
     cache_salt: str
     output_token_ids: list[int]
     streamed_chars: int
+    keep_tail: bool = False  # a session turn: keep its partial last block for the next turn
+
+
+@dataclass(frozen=True, slots=True)
+class WarmBlocks:
+    """Blocks a task thread fetched from Redis (a prefetch): into the warm tier, before the
+    Submit that follows it in the inbox is admitted."""
+
+    blocks: list[StoredBlock]
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,4 +47,4 @@ class Call:
     future: Future[Any]
 
 
-LoopMessage = Submit | Abort | Call
+LoopMessage = Submit | WarmBlocks | Abort | Call

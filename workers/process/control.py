@@ -12,7 +12,7 @@ from typing import Any
 
 from celery.worker.control import control_command
 
-from workers.process.engine_service import EngineService
+from workers.jobs.engine_service import EngineService
 from workers.tiers.prefetch import HintListener
 
 INTEGRITY_TIMEOUT_S = 30.0
@@ -23,7 +23,7 @@ def check_integrity(service: EngineService) -> dict[str, Any]:
     if loop is None:
         return {"ok": False, "error": "the engine is not built"}
     try:
-        loop.call(lambda engine: engine.check_integrity(), timeout=INTEGRITY_TIMEOUT_S)
+        loop.check_integrity(timeout=INTEGRITY_TIMEOUT_S)
     except Exception as exc:  # an AssertionError is the finding; anything else, why we could not look
         return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
     return {"ok": True, "error": ""}
@@ -32,7 +32,7 @@ def check_integrity(service: EngineService) -> dict[str, Any]:
 def register_control(service: EngineService) -> HintListener:
     """Register the commands for this process's one worker (Celery's registry is per process),
     and start draining its prefetch hints (api/router.py sends them; see workers/tiers/prefetch.py)."""
-    hints = HintListener(service)
+    hints = HintListener(service.redis, service.identity.name, service.prefetch)
     hints.start()
 
     @control_command(name="kvferry_integrity")

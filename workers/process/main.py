@@ -8,13 +8,13 @@ from pathlib import Path
 from broker import keys
 from broker.celery_app import BrokerConfig, make_celery, queue
 from workers.engine.config import EngineConfig
+from workers.jobs.engine_service import EngineService, TierConfig, WorkerIdentity
 from workers.jobs.lease_keeper import LeaseKeeper
 from workers.jobs.maintenance import Maintenance
 from workers.jobs.reaper import release_own
 from workers.jobs.runner import JobRunner
 from workers.process.bootstep import KVFiguresStep
 from workers.process.control import register_control
-from workers.process.engine_service import EngineService, TierConfig, WorkerIdentity
 from workers.process.heartbeat import Heartbeat
 from workers.process.host_heap import keep_freed_memory
 from workers.process.status import StatusReader

@@ -7,8 +7,8 @@ import time
 
 from broker.messages import EngineFigures, WorkerStatus
 from workers.engine.stats import EngineStats
+from workers.jobs.engine_service import EngineService
 from workers.loop.engine_loop import EngineLoop
-from workers.process.engine_service import EngineService
 
 
 def figures_of(stats: EngineStats) -> EngineFigures:

@@ -12,7 +12,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from workers.process.engine_service import EngineService
+from workers.jobs.engine_service import EngineService
 
 log = logging.getLogger(__name__)
 EXIT_CODE = 70  # EX_SOFTWARE: compose (restart: always) or `kvferry serve` starts it again

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import redis
 
@@ -21,15 +21,13 @@ from broker.prefix_digest import chat_digests, text_digests
 from broker.sessions import store as session_store
 from broker.sessions import tokens as session_tokens
 from broker.sessions.tokens import SessionTokens
-from kvstore.chain import hash_blocks, root_hash
+from kvstore.chain import chain
 from kvstore.redis import pins as tier_pins
 from kvstore.redis.keys import TierKeys
 from kvstore.redis.tier import RedisTier
-from workers.engine.llm_engine import LLMEngine
+from workers.engine.requests.output import RequestOutput
+from workers.tiers.config import TierConfig
 from workers.tiers.writer import KVWriter
-
-if TYPE_CHECKING:
-    from workers.process.engine_service import EngineService
 
 log = logging.getLogger(__name__)
 ORPHAN_GRACE_S = 120.0  # a session owner this long without a session record is an orphan
@@ -38,55 +36,71 @@ RECONCILE_EVERY_S = 60.0
 PREFIXES_TTL_S = 86400
 
 
+class ChainFacts(Protocol):
+    """What hashing a turn's chain needs of the engine (workers/loop/engine_loop.EngineLoop)."""
+
+    block_size: int
+    fingerprint: str
+
+
 class SessionKeeper:
-    def __init__(self, service: EngineService) -> None:
-        self.service = service
-        self.redis = service.redis
-        self.identity = service.identity
-        self.tier_config = service.tier_config
-        self.served_model = service.served_model
-        self.kv_redis = service.kv_redis
+    def __init__(
+        self,
+        client: redis.Redis,
+        kv_redis: redis.Redis,
+        worker: str,
+        served_model: str,
+        tier_config: TierConfig,
+    ) -> None:
+        self.redis = client
+        self.kv_redis = kv_redis
+        self.worker = worker
+        self.served_model = served_model
+        self.tier_config = tier_config
+        # Built with the engine, on the first job (attach): None until then, or with no tier.
+        self.redis_tier: RedisTier | None = None
+        self.writer: KVWriter | None = None
         self._reconciled_at = 0.0
 
-    @property
-    def writer(self) -> KVWriter | None:
-        return self.service.writer  # built with the engine, on the first job
+    def attach(self, tier: RedisTier, writer: KVWriter) -> None:
+        """The Redis tier and its writer, once the engine that feeds them is built."""
+        self.redis_tier, self.writer = tier, writer
 
-    @property
-    def redis_tier(self) -> RedisTier | None:
-        return self.service.redis_tier
+    def detach(self) -> None:
+        self.redis_tier = self.writer = None
 
     def remember(
         self,
         job: GenerateJob,
-        engine: LLMEngine,
+        engine: ChainFacts,
         ids: list[int],
-        output: tuple[int, ...],
-        text: str,
+        final: RequestOutput,
         stored: SessionTokens | None = None,
     ) -> None:
         """After a turn: the prefix digests that route the next turn here, the session record (any
-        worker can resume it) and the session's pins: exactly its chain now. `stored`: the
-        session's exact tokens as the turn found them (their earlier checkpoints carry on)."""
+        worker can resume it) and the session's pins: exactly its chain now. `final`: the turn's
+        last output, with the block hashes the engine computed (only the blocks after them are
+        hashed here). `stored`: the session's exact tokens as the turn found them (their earlier
+        checkpoints carry on)."""
+        output, text = final.token_ids, final.text
         now = time.time()
         digests = self._digests(job, text)
         if digests:
-            key = keys.worker_prefixes(self.identity.name)
+            key = keys.worker_prefixes(self.worker)
             pipe = self.redis.pipeline(transaction=False)
             pipe.zadd(key, dict.fromkeys(digests, now))
             pipe.zremrangebyrank(key, 0, -self.tier_config.prefix_digests_kept - 1)
             pipe.expire(key, PREFIXES_TTL_S)
             pipe.execute()
-        bs = engine.pool.block_size
-        root = root_hash((engine.loaded.fingerprint, job.kv_salt))
+        bs, fingerprint, known = engine.block_size, engine.fingerprint, final.block_hashes
         tier = self.redis_tier if self.writer is not None else None
         if job.pin_prefix and tier is not None and self.writer is not None:
             self.writer.flush()
-            tier.pin_preload(job.tenant, hash_blocks(ids[: (len(ids) // bs) * bs], bs, (), parent=root))
+            tier.pin_preload(job.tenant, chain(ids, bs, fingerprint, job.kv_salt, known))
         if not job.session_id:
             return
         tokens = [*ids, *output]
-        hashes = hash_blocks(tokens[: (len(tokens) // bs) * bs], bs, (), parent=root)
+        hashes = chain(tokens, bs, fingerprint, job.kv_salt, known)
         previous = session_store.load(self.redis, job.tenant, job.session_id)
         record = SessionRecord(
             session_id=job.session_id,
@@ -94,7 +108,7 @@ class SessionKeeper:
             model=self.served_model,
             token_ids=tuple(tokens),
             block_hashes=tuple(h.hex() for h in hashes),
-            last_worker=self.identity.name,
+            last_worker=self.worker,
             last_used=now,
             turns=(previous.turns if previous else 0) + 1,
         )

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from kvstore.tiers.stored_block import KVBytes
+from kvstore.layout import KVBytes
 from workers.engine.kernels import build
 
 

@@ -13,14 +13,23 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 
-if TYPE_CHECKING:
-    from workers.engine.kernels.packed_linear import SkinnyLinear
-
 log = logging.getLogger(__name__)
+
+
+class TimedLinear(Protocol):
+    """A linear with both GEMMs at hand (packed_linear.SkinnyLinear)."""
+
+    in_features: int
+
+    def skinny(self, rows: torch.Tensor) -> torch.Tensor: ...
+
+    def large(self, x: torch.Tensor) -> torch.Tensor: ...
+
+
 ROWS = (16, 32, 48, 64, 96, 128)  # the row counts timed, in order; the first is always kvferry's
 _REPEATS = 3
 
@@ -39,7 +48,7 @@ def _best_of(
     return best
 
 
-def measure(linears: Sequence[SkinnyLinear], rows: Sequence[int] = ROWS) -> int:
+def measure(linears: Sequence[TimedLinear], rows: Sequence[int] = ROWS) -> int:
     """The most of `rows` up to which kvferry's GEMM is as fast as the large-batch path over every
     one of `linears` in turn (weights from memory, as in a step), timed alternately; the first of
     `rows` where it falls behind ends the search. rows[0] when nothing can be timed."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from kvstore.pool.kv_cache import KVLayout
+from kvstore.layout import KVLayout
 from workers.engine.model.loader import LoadedModel
 
 

@@ -6,7 +6,6 @@ from collections.abc import Sequence
 
 from broker.errors import InvalidRequestError, PromptTooLongError
 from broker.sampling import SamplingParams
-from workers.engine.block_manager import cdiv
 
 
 def _check_ids(ids: Sequence[int], vocab_size: int, what: str, param: str) -> None:
@@ -49,7 +48,7 @@ def check_request(
             f"prompt ({n} tokens) + max_tokens ({max_tokens}) exceeds the context length ({max_model_len})",
             "max_tokens",
         )
-    if cdiv(n + 1, block_size) > num_blocks:
+    if (n + block_size) // block_size > num_blocks:  # blocks for n + 1 tokens, rounded up
         raise PromptTooLongError(
             f"the prompt has {n} tokens but the KV pool holds only "
             f"{num_blocks * block_size}: raise --cache-size",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from workers.engine.request import EngineRequest
+from workers.engine.requests.sequence import EngineRequest
 
 
 class Detokenizer:

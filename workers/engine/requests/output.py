@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from workers.engine.request import FinishReason
+from kvstore.chain import BlockHash
+from workers.engine.requests.sequence import FinishReason
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,6 +26,9 @@ class RequestOutput:
     # where delta_text starts in text (the characters streamed before it): a reader that holds
     # more drops the overlap, whatever a resumed request's detokenizer made of its first tokens
     text_start: int = -1
+    # A finished request's chained block hashes, as the engine computed them block by block (its
+    # full, computed blocks): the session keeper extends them instead of hashing the turn again.
+    block_hashes: tuple[BlockHash, ...] = ()
 
     @property
     def computed_prompt_tokens(self) -> int:

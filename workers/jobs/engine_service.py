@@ -69,7 +69,9 @@ class EngineService:
         self._loop: EngineLoop | None = None
         self.load_error: Exception | None = None  # the last failed engine build, if any
         self._counts = JobCounts(0, 0, 0)
-        self.sessions = SessionKeeper(self)
+        self.sessions = SessionKeeper(
+            self.redis, self.kv_redis, identity.name, self.served_model, self.tier_config
+        )
 
     @property
     def current_loop(self) -> EngineLoop | None:
@@ -93,7 +95,7 @@ class EngineService:
     def _build_engine(self) -> LLMEngine:
         """On the loop's own thread: the engine, with the Redis tier's writer attached."""
         engine = LLMEngine(self.config, cache_dir=self.cache_dir)
-        if self.tier_config.redis_capacity_bytes > 0 and engine.tiers is not None:
+        if self.tier_config.redis_capacity_bytes > 0 and engine.spills:
             self.redis_tier = RedisTier(
                 self.kv_redis,
                 engine.kv_format,
@@ -104,10 +106,11 @@ class EngineService:
             self.writer = KVWriter(
                 self.redis_tier,
                 max_queued_bytes=self.tier_config.kv_write_queue_bytes,
-                pinned_memory=engine.kv_cache.tensor.device.type == "cuda",
+                pinned_memory=engine.device.type == "cuda",
                 defer_s=self.tier_config.kv_write_defer_s,
             )
-            engine.tiers.attach(self.writer)
+            engine.attach_cold_writer(self.writer)
+            self.sessions.attach(self.redis_tier, self.writer)
         return engine
 
     def shutdown(self) -> None:
@@ -118,6 +121,7 @@ class EngineService:
             if self.writer is not None:
                 self.writer.stop()
                 self.writer = None
+            self.sessions.detach()
 
     def count(self, running: int = 0, done: int = 0, failed: int = 0) -> None:
         with self._counts_lock:
@@ -128,11 +132,15 @@ class EngineService:
     def counts(self) -> JobCounts:
         return self._counts  # an immutable snapshot: read without a lock
 
-    def prefetch(self, engine: LLMEngine, ids: list[int], salt: str) -> None:
-        """On a job's thread: its prompt's blocks from Redis into the warm tier."""
-        if self.redis_tier is not None:
-            confine_to_this_thread()  # decoding lossy tier blocks runs torch ops: no second OpenMP pool
-            try:
-                prefetch(engine, self.redis_tier, ids, salt)
-            except redis.RedisError as exc:  # the tier only ever misses: the engine computes it
-                log.warning("prefetch from the Redis tier failed: %s", exc)
+    def prefetch(self, ids: list[int], salt: str) -> int:
+        """On a job's (or the hint listener's) thread: a prompt's blocks from Redis into the warm
+        tier; how many came. Never builds the engine: 0 before it is built."""
+        loop, tier = self._loop, self.redis_tier
+        if loop is None or tier is None:
+            return 0
+        confine_to_this_thread()  # decoding lossy tier blocks runs torch ops: no second OpenMP pool
+        try:
+            return prefetch(loop, tier, ids, salt)
+        except redis.RedisError as exc:  # the tier only ever misses: the engine computes it
+            log.warning("prefetch from the Redis tier failed: %s", exc)
+            return 0
