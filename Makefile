@@ -32,6 +32,7 @@ test: $(STAMP)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check --no-cache . && $(VENV)/bin/ruff format --no-cache --check . && $(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports --no-cache
 
 bench: $(STAMP)
 	@mkdir -p $(OUT)
