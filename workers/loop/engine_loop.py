@@ -6,7 +6,6 @@ import itertools
 import logging
 import queue
 import threading
-import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -14,21 +13,18 @@ from typing import TypeVar
 
 from broker.sampling import SamplingParams
 from kvstore.tiers.stored_block import StoredBlock
-from workers.engine.errors import EngineFailedError, RequestFailedError
+from workers.engine.errors import EngineFailedError
 from workers.engine.held_blocks import HeldBlocks
 from workers.engine.llm_engine import LLMEngine
 from workers.engine.stats import EngineStats
-from workers.loop.handle import RequestHandle, hold_for_first_out
+from workers.loop.dispatcher import Dispatcher
+from workers.loop.handle import RequestHandle
 from workers.loop.idle_event import IdleEvent
 from workers.loop.messages import Abort, Call, LoopMessage, Submit, WarmBlocks
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 STATS_IDLE_S = 0.5  # while idle, latest_stats is refreshed at least this often
-STATS_MIN_GAP_S = 0.05  # while busy, at most this often (pool.stats() walks every block)
-# Failed steps in a row, with no good step between, after which the loop gives up and dies (a
-# broken device fails every step): the worker then reports unhealthy instead of churning jobs.
-MAX_FAILED_STEPS_IN_ROW = 3
 
 
 class EngineLoop:
@@ -50,18 +46,13 @@ class EngineLoop:
         self.fingerprint = engine.loaded.fingerprint
         self.held: HeldBlocks | None = engine.tiers.held if engine.tiers is not None else None
         self._inbox: queue.Queue[LoopMessage | None] = queue.Queue()
-        self._handles: dict[str, RequestHandle] = {}
+        self._work = Dispatcher(engine)  # the loop thread's: messages, steps, recovery
         self._ids = itertools.count()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._stopped = threading.Event()
         # Held only around "is it stopped? then queue" and the final "stop, then drain", so that
         # no message is queued after the last drain. Never held during a step.
         self._gate = threading.Lock()
-        self._recovering = False
-        self._stats_at = 0.0
-        self.latest_stats: EngineStats | None = None
-        self.restarts = 0  # steps that failed and were recovered from
-        self._failed_in_row = 0
         self.failure: BaseException | None = None  # what killed the loop thread, if anything did
         # Set while the loop waits with nothing to run, cleared by a submit and while stepping: the
         # KV writer writes through once it has been set a while (it yields the cores otherwise).
@@ -70,7 +61,16 @@ class EngineLoop:
     @property
     def healthy(self) -> bool:
         """True while the loop thread runs and is not recovering from a failed step."""
-        return self._thread.is_alive() and not self._stopped.is_set() and not self._recovering
+        return self._thread.is_alive() and not self._stopped.is_set() and not self._work.recovering
+
+    @property
+    def restarts(self) -> int:
+        """Steps that failed and were recovered from."""
+        return self._work.restarts
+
+    @property
+    def latest_stats(self) -> EngineStats | None:
+        return self._work.latest_stats
 
     def start(self) -> EngineLoop:
         self._thread.start()
@@ -176,11 +176,11 @@ class EngineLoop:
 
     def _run(self) -> None:
         try:
-            self._refresh_stats(force=True)
+            self._work.refresh_stats(force=True)
             while self._drain(block=not self.engine.has_unfinished()):
                 if self.engine.has_unfinished():
                     self.idle.clear()
-                    self._step()
+                    self._work.step(self._inbox.empty)
         except BaseException as exc:
             self.failure = exc
             log.exception("the engine loop thread died; failing every request")
@@ -189,9 +189,7 @@ class EngineLoop:
             with self._gate:
                 self._stopped.set()
             err = self._stopped_error()
-            for handle in list(self._handles.values()):
-                handle._fail(err)
-            self._handles.clear()
+            self._work.fail_all(err)
             self._fail_queued(err)
 
     def _fail_queued(self, err: EngineFailedError) -> None:
@@ -214,100 +212,12 @@ class EngineLoop:
             msg = self._inbox.get(timeout=STATS_IDLE_S) if block else self._inbox.get_nowait()
         except queue.Empty:
             if block:
-                self._refresh_stats(force=True)
+                self._work.refresh_stats(force=True)
             return True
         while msg is not None:
-            self._handle(msg)
+            self._work.handle(msg)
             try:
                 msg = self._inbox.get_nowait()
             except queue.Empty:
                 return True
         return False
-
-    def _handle(self, msg: LoopMessage) -> None:
-        if isinstance(msg, Submit):
-            rid = msg.handle.request_id
-            try:
-                self.engine.add_request(
-                    rid,
-                    msg.prompt_token_ids,
-                    msg.params,
-                    msg.cache_salt,
-                    msg.output_token_ids,
-                    msg.streamed_chars,
-                    msg.keep_tail,
-                )
-            except Exception as exc:  # typed errors go back to the submitter, nothing queued
-                msg.handle._fail(exc)
-                return
-            self._handles[rid] = msg.handle
-        elif isinstance(msg, WarmBlocks):
-            self.engine.admit_prefetched(msg.blocks)
-        elif isinstance(msg, Abort):
-            try:
-                out = self.engine.abort_request(msg.request_id)
-            except Exception as exc:
-                self._restart(exc)
-                return
-            handle = self._handles.pop(msg.request_id, None)
-            if out is not None and handle is not None:
-                handle._publish(out)
-        elif isinstance(msg, Call):
-            try:
-                msg.future.set_result(msg.fn(self.engine))
-            except Exception as exc:
-                msg.future.set_exception(exc)
-        else:
-            raise TypeError(f"unknown engine message {type(msg).__name__}")
-
-    def _step(self) -> None:
-        try:
-            outputs = self.engine.step()
-        except Exception as exc:
-            self._restart(exc)
-            return
-        self._failed_in_row = 0
-        errors = self.engine.last_errors
-        first_out: list[RequestHandle] = []
-        for out in outputs:
-            target = (
-                self._handles.pop(out.request_id, None) if out.finished else self._handles.get(out.request_id)
-            )
-            if target is None:
-                continue
-            if out.finish_reason == "error":
-                target._fail(errors.get(out.request_id) or RequestFailedError(out.error or "failed", None))
-            elif target._publish(out):
-                first_out.append(target)
-        if first_out and self._inbox.empty():  # no message waits for it (a submit, abort, call)
-            hold_for_first_out(first_out, self.engine.config.first_token_hold_s)
-        self._refresh_stats(force=not self.engine.has_unfinished())
-
-    def _restart(self, exc: Exception) -> None:
-        """A failure not tied to one request: fail and release everything in flight, check the
-        pool, go on. If the check fails, the error escapes and the loop thread dies (unhealthy)."""
-        log.error("engine step failed; failing %d requests in flight", len(self._handles), exc_info=exc)
-        self._recovering = True  # stays True if recovery raises: the thread is about to die
-        self.restarts += 1
-        self.engine.abort_all()
-        self.engine.check_integrity()
-        self._refresh_stats(force=True)
-        self._recovering = False  # before the handles fail: their owners may check at once
-        err = EngineFailedError(f"the engine step failed: {type(exc).__name__}: {exc}")
-        err.__cause__ = exc
-        handles, self._handles = list(self._handles.values()), {}
-        for handle in handles:
-            handle._fail(err)
-        self._failed_in_row += 1
-        if self._failed_in_row >= MAX_FAILED_STEPS_IN_ROW:
-            raise EngineFailedError(f"{self._failed_in_row} engine steps failed in a row") from exc
-
-    def _refresh_stats(self, force: bool = False) -> None:
-        now = time.monotonic()
-        if not force and now - self._stats_at < STATS_MIN_GAP_S:
-            return
-        try:
-            self.latest_stats = self.engine.stats()  # one attribute store: readers need no lock
-        except Exception:
-            log.exception("engine stats failed")
-        self._stats_at = now
