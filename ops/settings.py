@@ -92,6 +92,12 @@ class Settings(SettingsFields, BaseSettings):
     def served_model(self) -> str:
         return self.served_model_name or self.model
 
+    @property
+    def redis_tier_on(self) -> bool:
+        """Whether workers run the Redis tier: it hangs off the warm tier, which prefix caching
+        feeds (workers/jobs/engine_service.py, workers/engine/llm_engine.py)."""
+        return self.redis_cache_size > 0 and self.warm_cache_size > 0 and self.enable_prefix_caching
+
     # Each part's config: fields of the same name come from here; the rest is spelled out.
 
     def broker_config(self) -> BrokerConfig:

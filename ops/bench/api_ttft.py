@@ -4,8 +4,9 @@ engine's own cached TTFT (part of `kvferry bench tiers`).
 One worker. A long turn (a ~1,300-token prompt generating some tokens) finishes, and its
 write-through to the Redis tier starts; at once a ~1,300-token prompt sharing its prefix is sent
 (cached), and, with the worker idle, a ~1,300-token prompt of unrelated tokens (cold). TTFT is the
-first streamed token, seen by the client. The engine alone (LLMEngine, same threads) answers the
-same cached case for reference: what the service path adds is api cached / engine cached.
+first streamed token, seen by the client. The engine alone (LLMEngine in this process, same
+threads) answers the same cached case right after each API one, with the worker idle: what the
+service path adds is api cached / engine cached, pair by pair (ops/bench/paired.py).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import httpx
 import torch
 
 from broker.sampling import SamplingParams
+from ops.bench.paired import Pairs
 from ops.redis_server import free_port
 from ops.settings import Settings
 from ops.stack import Stack
@@ -75,15 +77,11 @@ def _cases(vocab: int, reps: int, seed: int) -> list[tuple[list[int], list[int],
     return cases
 
 
-def _engine_cached_ttft(engine: LLMEngine, cases: list[tuple[list[int], list[int], list[int]]]) -> float:
-    engine.generate([[7, 8, 9]], SamplingParams(max_tokens=1))  # first-forward warm-up
-    times = []
-    for long_turn, cached, _ in cases:
-        engine.generate([long_turn], SamplingParams(max_tokens=LONG_TURN_OUTPUT, ignore_eos=True))
-        started = time.perf_counter()
-        engine.generate([cached], SamplingParams(max_tokens=1, ignore_eos=True))
-        times.append(time.perf_counter() - started)
-    return statistics.median(times)
+def _engine_cached_ttft(engine: LLMEngine, long_turn: list[int], cached: list[int]) -> float:
+    engine.generate([long_turn], SamplingParams(max_tokens=LONG_TURN_OUTPUT, ignore_eos=True))
+    started = time.perf_counter()
+    engine.generate([cached], SamplingParams(max_tokens=1, ignore_eos=True))
+    return time.perf_counter() - started
 
 
 def bench_api_ttft(settings: Settings, run_dir: Path, reps: int = 2) -> dict[str, Any]:
@@ -91,16 +89,16 @@ def bench_api_ttft(settings: Settings, run_dir: Path, reps: int = 2) -> dict[str
     settings = settings.with_overrides(api_port=free_port(), torch_threads=threads)
     loaded = load_model(settings.model, settings.dtype, settings.device, settings.cache_dir)
     cases = _cases(int(loaded.model.config.vocab_size), reps, seed=11)
-    engine_cached = _engine_cached_ttft(LLMEngine(settings.engine_config(), loaded), cases)
-    del loaded
-    torch.set_num_threads(1)  # the bench process is only a client now
-    cached_s, cold_s, hits = [], [], []
+    engine = LLMEngine(settings.engine_config(), loaded)
+    engine.generate([[7, 8, 9]], SamplingParams(max_tokens=1))  # first-forward warm-up
+    cached_s, cold_s, hits, engine_s = [], [], [], []
     with Stack(settings, 1, run_dir=run_dir, with_flower=False) as stack:
         stack.wait_ready()
         with httpx.Client(base_url=stack.api_url, timeout=600) as client:
             model = settings.served_model
             _stream_ttft(client, model, [7, 8, 9], 2)  # the worker's first forward, untimed
             for long_turn, cached, cold in cases:
+                torch.set_num_threads(1)  # the bench process is only a client now
                 time.sleep(1.0)  # idle: the previous write-through is done
                 cold_s.append(_stream_ttft(client, model, cold, 2)[0])
                 time.sleep(1.0)
@@ -108,18 +106,37 @@ def bench_api_ttft(settings: Settings, run_dir: Path, reps: int = 2) -> dict[str
                 ttft, hit = _stream_ttft(client, model, cached, 2)  # at once: writes in flight
                 cached_s.append(ttft)
                 hits.append(hit)
+                # its pair: the engine alone, right after, with the worker idle and its threads
+                time.sleep(1.0)
+                torch.set_num_threads(threads)
+                engine_s.append(_engine_cached_ttft(engine, long_turn, cached))
+    return figures(settings, reps, engine_s, cached_s, cold_s, hits)
+
+
+def figures(
+    settings: Settings,
+    reps: int,
+    engine_s: list[float],
+    cached_s: list[float],
+    cold_s: list[float],
+    hits: list[int],
+) -> dict[str, Any]:
+    """bench_api_ttft's report from its TTFTs (seconds); engine_s[i] was timed right after
+    cached_s[i], its pair."""
     api_cached, api_cold = statistics.median(cached_s), statistics.median(cold_s)
+    vs_engine = Pairs.of(cached_s, engine_s)
     return {
         "prompt_tokens": PREFIX_TOKENS + TAIL_TOKENS,
         "cached_prefix_tokens": PREFIX_TOKENS,
         "reps": reps,
         "api_cached_ttft_s": api_cached,
         "api_cold_ttft_s": api_cold,
-        "engine_cached_ttft_s": engine_cached,
+        "engine_cached_ttft_s": vs_engine.baseline_median,
         "api_cached_ttft_ratio": api_cached / api_cold,
-        "api_vs_engine_cached": api_cached / engine_cached,
+        "api_vs_engine_cached": vs_engine.ratio,
+        "api_vs_engine_cached_pairs": vs_engine.table(),
         "api_cached_ttfts_s": cached_s,
         "api_cold_ttfts_s": cold_s,
         "api_cached_hit_tokens": hits,
-        "redis_tier": settings.redis_cache_size != "0",
+        "redis_tier": settings.redis_tier_on,
     }

@@ -3,6 +3,7 @@ best case."""
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -13,6 +14,7 @@ import torch
 
 from broker.sampling import SamplingParams
 from ops.bench.hf_baseline import hf_generate, prompt
+from ops.bench.paired import Pairs, alternate
 from ops.settings import Settings
 from workers.engine.kernels import packed_linear
 from workers.engine.llm_engine import LLMEngine
@@ -63,17 +65,55 @@ def linear_baselines(settings: Settings, loaded: LoadedModel) -> dict[str, LLMEn
     return out
 
 
-def _alternated(
-    baseline: Callable[[], float], ours: Callable[[], float], engines: tuple[LLMEngine, ...]
-) -> tuple[float, float]:
-    """Best seconds of each, timed alternately twice (the machine's drift hits both alike), each
-    engine's prefix cache emptied between rounds."""
-    runs = []
-    for _ in range(2):
-        runs.append((baseline(), ours()))
+# bench_decode's baselines: (its TPOT key, the ratio's key), each key then ends in the batch size
+_BASELINE_KEYS = {
+    "plain_linear": ("decode_plain_linear_tpot_ms", "decode_packed_vs_plain"),
+    "onednn": ("decode_onednn_tpot_ms", "decode_gemm_vs_onednn"),
+    "modules": ("decode_modules_tpot_ms", "decode_fused_vs_modules"),
+    "gather_sdpa": ("decode_gather_sdpa_tpot_ms", "decode_kernel_vs_gather"),
+}
+
+
+def _resetting(*engines: LLMEngine) -> Callable[[], None]:
+    """Empties each engine's prefix cache: every run prefills its prompts alike."""
+
+    def reset() -> None:
         for e in engines:
             e.pool.reset_prefix_cache()
-    return min(b for b, _ in runs), min(o for _, o in runs)
+
+    return reset
+
+
+def _hf_decode_s(ref: Any, prompts: list[list[int]], new_tokens: int, full_s: list[float]) -> float:
+    """HF generate's decode seconds at its best case: generate(new_tokens) - generate(1); the
+    full call's seconds go to `full_s`."""
+    full = hf_generate(ref, prompts, new_tokens, 0)
+    full_s.append(full)
+    return max(full - hf_generate(ref, prompts, 1, 0), 1e-9)
+
+
+def decode_figures(batch: int, new_tokens: int, compared: dict[str, Pairs], hf: Pairs) -> dict[str, Any]:
+    """bench_decode's keys from its pairs (seconds on both sides): each `*_vs_*` ratio is the median
+    of its pairs' ratios, each listed under `<ratio key>_pairs`; our own figures are those of the
+    pairs with HF."""
+    steps = new_tokens - 1
+    ours_s = hf.ours_median
+    out: dict[str, Any] = {
+        f"decode_only_tok_s_{batch}": batch * steps / ours_s,
+        f"decode_tpot_ms_{batch}": 1e3 * ours_s / steps,
+        f"hf_equal_len_decode_tok_s_{batch}": batch * steps / hf.baseline_median,
+        f"hf_equal_len_tpot_ms_{batch}": 1e3 * hf.baseline_median / steps,
+    }
+    for name, pairs in compared.items():
+        tpot, ratio = _BASELINE_KEYS[name]
+        out[f"{tpot}_{batch}"] = 1e3 * pairs.baseline_median / steps
+        out[f"{ratio}_{batch}"] = pairs.ratio
+        out[f"{ratio}_{batch}_pairs"] = pairs.table()
+    # tok/s, ours over HF's, pair by pair
+    rates = Pairs.of([batch * steps / s for s in hf.ours], [batch * steps / s for s in hf.baseline])
+    out[f"decode_ratio_vs_hf_equal_len_{batch}"] = rates.ratio
+    out[f"decode_ratio_vs_hf_equal_len_{batch}_pairs"] = rates.table()
+    return out
 
 
 def bench_decode(
@@ -84,63 +124,35 @@ def bench_decode(
     prompt_len: int,
     new_tokens: int,
     baselines: dict[str, LLMEngine] | None = None,
+    pairs: int = 3,
 ) -> dict[str, Any]:
     """Decode throughput without prefill, ours vs HF generate at its best case: equal-length
     prompts (no left padding), its decode time being generate(new_tokens) - generate(1).
-    `baselines`: the same engine over its own copy of the model with other linears, each timed
-    alternately with ours, twice: "plain_linear" (`F.linear`, packed_linear off) and "onednn"
-    (weights packed for oneDNN instead of kvferry's GEMM): what our GEMM buys. Where the engine
-    reads decodes in place with the CPU kernel, it is also timed alternately with the kernel and
-    the fused stack off (transformers' modules, index_select + SDPA), on the same engine: what both
-    buy; where steps run the fused decoder stack, alternately with transformers' modules instead
-    (same kernels): what fusing alone buys."""
+    `baselines`: the same engine over its own copy of the model with other linears: "plain_linear"
+    (`F.linear`, packed_linear off) and "onednn" (weights packed for oneDNN instead of kvferry's
+    GEMM): what our GEMM buys. Where the engine reads decodes in place with the CPU kernel, it is
+    also compared with the kernel and the fused stack off (transformers' modules, index_select +
+    SDPA), on the same engine: what both buy; where steps run the fused decoder stack, with
+    transformers' modules instead (same kernels): what fusing alone buys. Each comparison is
+    `pairs` alternated pairs, ours then the other (ops/bench/paired.py)."""
     rng = torch.Generator().manual_seed(4)
     prompts = [prompt(rng, prompt_len, vocab) for _ in range(batch)]
     ref.generation_config.eos_token_id = None
-    engine.pool.reset_prefix_cache()
-    ours_s = _decode_only(engine, prompts, new_tokens)
-
     ours = partial(_decode_only, engine, prompts, new_tokens)
-    base_s: dict[str, float] = {}
+    compared: dict[str, Pairs] = {}
     for name, other in (baselines or {}).items():
-        base_s[name], best = _alternated(
-            partial(_decode_only, other, prompts, new_tokens), ours, (engine, other)
-        )
-        ours_s = min(ours_s, best)
-    modules_s = None
+        theirs = partial(_decode_only, other, prompts, new_tokens)
+        compared[name] = alternate(ours, theirs, pairs, _resetting(engine, other))
     if engine.runner.fused is not None:
         modules = partial(_runner_set, engine, {"fused": None}, prompts, new_tokens)
-        modules_s, best = _alternated(modules, ours, (engine,))
-        ours_s = min(ours_s, best)
-    gather_s = None
+        compared["modules"] = alternate(ours, modules, pairs, _resetting(engine))
     if engine.runner.decode_kernel:
         gathered = partial(_runner_set, engine, {"decode_kernel": False, "fused": None}, prompts, new_tokens)
-        gather_s, best = _alternated(gathered, ours, (engine,))
-        ours_s = min(ours_s, best)
-    hf_full = hf_generate(ref, prompts, new_tokens, 0)
-    hf_decode_s = max(hf_full - hf_generate(ref, prompts, 1, 0), 1e-9)
-    steps = new_tokens - 1
-    out = {
-        f"decode_only_tok_s_{batch}": batch * steps / ours_s,
-        f"decode_tpot_ms_{batch}": 1e3 * ours_s / steps,
-        f"hf_equal_len_decode_tok_s_{batch}": batch * steps / hf_decode_s,
-        f"hf_equal_len_tpot_ms_{batch}": 1e3 * hf_decode_s / steps,
-        f"hf_equal_len_tok_s_{batch}": batch * new_tokens / hf_full,
-        "decode_prompt_len": prompt_len,
-    }
-    if "plain_linear" in base_s:
-        out[f"decode_plain_linear_tpot_ms_{batch}"] = 1e3 * base_s["plain_linear"] / steps
-        out[f"decode_packed_vs_plain_{batch}"] = ours_s / base_s["plain_linear"]
-    if "onednn" in base_s:
-        out[f"decode_onednn_tpot_ms_{batch}"] = 1e3 * base_s["onednn"] / steps
-        out[f"decode_gemm_vs_onednn_{batch}"] = ours_s / base_s["onednn"]
-    if modules_s is not None:
-        out[f"decode_modules_tpot_ms_{batch}"] = 1e3 * modules_s / steps
-        out[f"decode_fused_vs_modules_{batch}"] = ours_s / modules_s
-    if gather_s is not None:
-        out[f"decode_gather_sdpa_tpot_ms_{batch}"] = 1e3 * gather_s / steps
-        out[f"decode_kernel_vs_gather_{batch}"] = ours_s / gather_s
-    out[f"decode_ratio_vs_hf_equal_len_{batch}"] = (
-        out[f"decode_only_tok_s_{batch}"] / out[f"hf_equal_len_decode_tok_s_{batch}"]
-    )
+        compared["gather_sdpa"] = alternate(ours, gathered, pairs, _resetting(engine))
+    hf_full: list[float] = []
+    hf = alternate(ours, partial(_hf_decode_s, ref, prompts, new_tokens, hf_full), pairs, _resetting(engine))
+    out = decode_figures(batch, new_tokens, compared, hf)
+    timed_full = hf_full[-pairs:]  # the first was the warm-up's
+    out[f"hf_equal_len_tok_s_{batch}"] = batch * new_tokens / statistics.median(timed_full)
+    out["decode_prompt_len"] = prompt_len
     return out

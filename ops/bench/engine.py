@@ -13,6 +13,7 @@ import gc
 import statistics
 import time
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
 import torch
@@ -20,6 +21,7 @@ import torch
 from broker.sampling import SamplingParams
 from ops.bench.decode import bench_decode, linear_baselines
 from ops.bench.hf_baseline import hf_generate, hf_model, prompt
+from ops.bench.paired import alternate
 from ops.settings import Settings, parse_size
 from workers.engine.llm_engine import LLMEngine
 from workers.engine.model.loader import LoadedModel, load_model
@@ -80,29 +82,42 @@ def bench_ttft(engine: LLMEngine, ref: Any, vocab: int, repeats: int) -> dict[st
 
 
 def bench_throughput(
-    engine: LLMEngine, ref: Any, vocab: int, new_tokens: int, sequential: int
+    engine: LLMEngine, ref: Any, vocab: int, new_tokens: int, sequential: int, pairs: int = 3
 ) -> dict[str, Any]:
+    """Tok/s of ours against HF, each ratio from `pairs` alternated pairs (ops/bench/paired.py)."""
     rng = torch.Generator().manual_seed(2)
     prompts = [prompt(rng, 32 + 4 * i, vocab) for i in range(32)]  # 32..156 tokens
     params = SamplingParams(max_tokens=new_tokens, ignore_eos=True)
     ref.generation_config.eos_token_id = None  # same output lengths as ours
-    out: dict[str, Any] = {"new_tokens": new_tokens}
-    for n in (1, 8, 32):
+
+    def ours(n: int) -> float:
         engine.pool.reset_prefix_cache()  # decode speed, not prefix hits
         started = time.perf_counter()
         engine.generate(prompts[:n], params)
-        ours = n * new_tokens / (time.perf_counter() - started)
-        hf = n * new_tokens / hf_generate(ref, prompts[:n], new_tokens, 0)
-        out[f"ours_tok_s_{n}"] = ours
-        out[f"hf_batched_tok_s_{n}"] = hf
-        out[f"ratio_vs_hf_batched_{n}"] = ours / hf
-    started = time.perf_counter()
-    for p in prompts[:sequential]:
-        hf_generate(ref, [p], new_tokens, 0)
-    out["hf_sequential_tok_s"] = sequential * new_tokens / (time.perf_counter() - started)
+        return n * new_tokens / (time.perf_counter() - started)
+
+    def hf_batched(n: int) -> float:
+        return n * new_tokens / hf_generate(ref, prompts[:n], new_tokens, 0)
+
+    def hf_sequential() -> float:
+        started = time.perf_counter()
+        for p in prompts[:sequential]:
+            hf_generate(ref, [p], new_tokens, 0)
+        return sequential * new_tokens / (time.perf_counter() - started)
+
+    out: dict[str, Any] = {"new_tokens": new_tokens}
+    for n in (1, 8, 32):
+        batched = alternate(partial(ours, n), partial(hf_batched, n), pairs, warmup=n == 1)
+        out[f"ours_tok_s_{n}"] = batched.ours_median
+        out[f"hf_batched_tok_s_{n}"] = batched.baseline_median
+        out[f"ratio_vs_hf_batched_{n}"] = batched.ratio
+        out[f"ratio_vs_hf_batched_{n}_pairs"] = batched.table()
+    one_by_one = alternate(partial(ours, 32), hf_sequential, pairs, warmup=False)
+    out["hf_sequential_tok_s"] = one_by_one.baseline_median
     out["sequential_requests_measured"] = sequential
     out["throughput_ratio_vs_hf_batched_32"] = out["ratio_vs_hf_batched_32"]
-    out["throughput_ratio_vs_sequential_32"] = out["ours_tok_s_32"] / out["hf_sequential_tok_s"]
+    out["throughput_ratio_vs_sequential_32"] = one_by_one.ratio
+    out["throughput_ratio_vs_sequential_32_pairs"] = one_by_one.table()
     return out
 
 
@@ -189,19 +204,17 @@ def run_engine_bench(settings: Settings, quick: bool = False, skip: set[str] | N
         gc.collect()
     if "throughput" not in skip:
         engine = LLMEngine(settings.engine_config(), loaded)
-        t = bench_throughput(
-            engine, ref, vocab, new_tokens=16 if quick else 64, sequential=4 if quick else 32
-        )
+        pairs, new_tokens = (1, 16) if quick else (3, 64)
+        t = bench_throughput(engine, ref, vocab, new_tokens, sequential=4 if quick else 32, pairs=pairs)
         results.update(t)
         baselines = linear_baselines(settings, loaded) if settings.packed_linear else {}
-        d = bench_decode(
-            engine, ref, vocab, batch=16, prompt_len=128, new_tokens=16 if quick else 64, baselines=baselines
-        )
+        d = bench_decode(engine, ref, vocab, 16, 128, new_tokens, baselines=baselines, pairs=pairs)
         del baselines
         results.update(d)
         for label, base, ratio in _DECODE_BASELINE_ROWS:
-            if ratio in d:
-                rows.append((label, f"{d['decode_tpot_ms_16']:.1f}", f"{d[base]:.1f}", f"{d[ratio]:.2f}"))
+            if ratio in d:  # ours: the median of its own pairs with this baseline
+                ours_ms = 1e3 * statistics.median(p["ours"] for p in d[f"{ratio}_pairs"]) / (new_tokens - 1)
+                rows.append((label, f"{ours_ms:.1f}", f"{d[base]:.1f}", f"{d[ratio]:.2f}"))
         rows.append(
             (
                 "decode-only tok/s at 16 (128-tok prompts) vs HF equal-length",
@@ -215,7 +228,7 @@ def run_engine_bench(settings: Settings, quick: bool = False, skip: set[str] | N
                 "decode TPOT at 16, ours vs HF equal-length (ms)",
                 f"{d['decode_tpot_ms_16']:.1f}",
                 f"{d['hf_equal_len_tpot_ms_16']:.1f}",
-                f"{d['decode_tpot_ms_16'] / d['hf_equal_len_tpot_ms_16']:.2f}",
+                f"{1 / d['decode_ratio_vs_hf_equal_len_16']:.2f}",  # the pairs' TPOT ratio
             )
         )
         for n in (1, 8, 32):
@@ -230,7 +243,7 @@ def run_engine_bench(settings: Settings, quick: bool = False, skip: set[str] | N
         rows.append(
             (
                 "tok/s at 32 concurrent vs 32 sequential HF requests",
-                f"{t['ours_tok_s_32']:.1f}",
+                f"{statistics.median(p['ours'] for p in t['throughput_ratio_vs_sequential_32_pairs']):.1f}",
                 f"{t['hf_sequential_tok_s']:.1f}",
                 f"{t['throughput_ratio_vs_sequential_32']:.2f}",
             )

@@ -17,12 +17,14 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from ops.bench.paired import Pairs
 from ops.settings import Settings
 from workers.engine.kernels import build
 from workers.engine.model.loader import load_model
 
 ROWS = (1, 8, 16, 32, 128, 512)
 QUICK_ROWS = (1, 16, 128)
+ROUNDS = 3  # alternated rounds per shape and row count: an odd count of kvferry/oneDNN pairs
 _STREAM_BYTES = 256 << 20  # per shape: well past a server CPU's last-level cache
 
 
@@ -70,10 +72,8 @@ def _calls(
         for w in weights:
             torch.ops.kvferry.skinny_linear(x, w, None)
 
-    calls: dict[str, Callable[[], object]] = {"onednn": onednn, "f_linear": f_linear}
-    if kvferry:
-        calls["kvferry"] = ours
-    return calls
+    calls: dict[str, Callable[[], object]] = {"kvferry": ours} if kvferry else {}
+    return {**calls, "onednn": onednn, "f_linear": f_linear}  # kvferry's pairs: it, then oneDNN
 
 
 def run_gemm_bench(settings: Settings, quick: bool = False) -> dict[str, Any]:
@@ -83,7 +83,7 @@ def run_gemm_bench(settings: Settings, quick: bool = False) -> dict[str, Any]:
     have_kvferry = build.built()
     gen = torch.Generator().manual_seed(0)
     budget = 0.3 if quick else 1.0
-    table: dict[str, dict[str, dict[str, float]]] = {}
+    table: dict[str, dict[str, dict[str, Any]]] = {}
     for name, (out_f, in_f) in _shapes(config).items():
         copies = max(2, -(-_STREAM_BYTES // (out_f * in_f * 4)))
         weights = [torch.randn(out_f, in_f, generator=gen) for _ in range(copies)]
@@ -93,17 +93,19 @@ def run_gemm_bench(settings: Settings, quick: bool = False) -> dict[str, Any]:
             calls = _calls(torch.randn(rows, in_f, generator=gen), weights, packed, have_kvferry)
             with torch.inference_mode():
                 secs: dict[str, list[float]] = {impl: [] for impl in calls}
-                for _ in range(2):  # alternated: the machine's drift hits each alike
+                for _ in range(ROUNDS):  # alternated: the machine's drift hits each alike
                     for impl, fn in calls.items():
                         secs[impl].append(_seconds(fn, budget))
             flops = 2.0 * rows * out_f * in_f * copies
-            entry: dict[str, float] = {}
+            entry: dict[str, Any] = {}
             for impl, s in secs.items():
                 best = min(s)
                 entry[f"{impl}_gflops"] = flops / best / 1e9
                 entry[f"{impl}_weight_gb_s"] = out_f * in_f * 4 * copies / best / 1e9
             if have_kvferry:
-                entry["kvferry_vs_onednn"] = min(secs["kvferry"]) / min(secs["onednn"])
+                pairs = Pairs.of(secs["kvferry"], secs["onednn"])  # timed one right after the other
+                entry["kvferry_vs_onednn"] = pairs.ratio
+                entry["kvferry_vs_onednn_pairs"] = pairs.table()
             table[name][str(rows)] = entry
     out: dict[str, Any] = {"gemm": table, "threads": torch.get_num_threads()}
     if have_kvferry:

@@ -129,7 +129,7 @@ def workload(
     ttfts = sorted(r["ttft_s"] for r in rows if r["ttft_s"] == r["ttft_s"])
     return {
         "routing": routing,
-        "redis_tier": redis_cache != "0",
+        "redis_tier": stack_settings.redis_tier_on,
         "requests": len(rows),
         "wall_s": wall,
         "hit_rate": sum(r["cached"] for r in rows) / max(1, sum(r["prompt"] for r in rows)),

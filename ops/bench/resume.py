@@ -6,7 +6,8 @@ from __future__ import annotations
 import gc
 import resource
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, cast
 
@@ -16,9 +17,11 @@ import torch
 from broker.sampling import SamplingParams
 from kvstore.chain import chain
 from kvstore.pool.kv_cache import KVCache
+from kvstore.redis import fetch as tier_fetch
 from kvstore.redis.tier import RedisTier
 from kvstore.tiers import codec
 from ops.bench.engine_target import EngineTarget
+from ops.bench.resume_figures import FULL_LENGTH, summary
 from ops.redis_server import RedisServer
 from ops.settings import Settings
 from workers.engine.config import EngineConfig
@@ -54,18 +57,32 @@ def _timed_writes(engine: LLMEngine) -> list[float]:
     return spent
 
 
+def raw_mgets(
+    client: redis.Redis, chunks: list[Sequence[bytes]], in_flight: int
+) -> tuple[list[bytes], float]:
+    """Plain redis-py MGETs of `chunks`, `in_flight` of them at a time, each on a thread and a
+    connection of its own (as the tier's fetch keeps AHEAD on the wire): the values in order, and
+    the seconds they took."""
+    started = time.perf_counter()
+    with ThreadPoolExecutor(in_flight, thread_name_prefix="bench-raw-mget") as pool:
+        replies = list(pool.map(client.mget, chunks))
+    return [cast("bytes", v) for reply in replies for v in reply], time.perf_counter() - started
+
+
 def _stages(tier: RedisTier, hashes: list[bytes], pool: KVCache) -> dict[str, float]:
     """MB/s of each stage of the read path, apart: network + parse (plain redis-py MGETs, the
-    baseline), the same MGETs received straight into buffers (bulk_mget, what the tier uses),
-    checksums, decode (header, views, checksums, dequantising), the copy into the pool; and
-    get_run as it overlaps them."""
+    baseline: one at a time, and as many in flight on as many connections as the tier's fetch),
+    the same MGETs received straight into buffers (bulk_mget, what the tier uses), checksums,
+    decode (header, views, checksums, dequantising), the copy into the pool; and get_run as it
+    overlaps them. The MGETs are the tier's: its packs in its chunks (kvstore/redis/fetch.py)."""
     keys = list(dict.fromkeys(cast("list[bytes]", tier.client.hmget(tier.keys.index, hashes))))
-    pairs = [keys[i : i + 2] for i in range(0, len(keys), 2)]
+    chunks = tier_fetch.batched(keys, max(1, tier_fetch._MAX_MGET_BYTES // tier.fetcher.pack_bytes))
+    raw_mgets(tier.client, chunks, tier_fetch.AHEAD)  # untimed: the connections opened for both
+    values, net_s = raw_mgets(tier.client, chunks, 1)
+    concurrent, concurrent_s = raw_mgets(tier.client, chunks, tier_fetch.AHEAD)
+    assert concurrent == values
     started = time.perf_counter()
-    values = [cast("bytes", v) for pair in pairs for v in tier.client.mget(pair)]
-    net_s = time.perf_counter() - started
-    started = time.perf_counter()
-    direct = [v for pair in pairs for v in tier.fetcher.mget(pair)]
+    direct = [v for chunk in chunks for v in tier.fetcher.mget(chunk)]
     direct_s = time.perf_counter() - started
     assert [bytes(v) if v is not None else None for v in direct] == values
     size = sum(len(v) for v in values)
@@ -86,6 +103,7 @@ def _stages(tier: RedisTier, hashes: list[bytes], pool: KVCache) -> dict[str, fl
     pool_bytes = len(blocks[: pool.num_blocks]) * tier.fmt.nbytes
     return {
         "network_parse_mb_s": size / net_s / 1e6,
+        "network_parse_concurrent_mb_s": size / concurrent_s / 1e6,
         "network_direct_mb_s": size / direct_s / 1e6,
         "checksum_mb_s": size / checksum_s / 1e6,
         "decode_mb_s": size / decode_s / 1e6,
@@ -178,6 +196,7 @@ def bench_resume(
     rng = torch.Generator().manual_seed(5)
     rows = []
     stages: dict[str, float] = {}
+    headline = FULL_LENGTH if FULL_LENGTH in lengths else max(lengths)
     with RedisServer(run_dir / "redis") as server:
         client = redis.Redis.from_url(server.url)
         for length in lengths:
@@ -185,7 +204,7 @@ def bench_resume(
             runs = []
             for rep in range(reps):
                 row, measured = _resume_once(
-                    config, loaded, client, turn, tier_dtype, stages=rep == 0 and length == max(lengths)
+                    config, loaded, client, turn, tier_dtype, stages=rep == 0 and length == headline
                 )
                 runs.append(row)
                 stages = measured or stages
@@ -203,21 +222,5 @@ def bench_resume(
                 f"(of {reps}: {', '.join(f'{r:.3f}' for r in row['ratios'])})",
                 flush=True,
             )
-    paying = [r["history_tokens"] for r in rows if r["ratio"] < 1.0]
-    longest = max(rows, key=lambda r: r["history_tokens"])
     print("  read path stages (MB/s): " + ", ".join(f"{k} {v:.0f}" for k, v in stages.items()), flush=True)
-    ref = next((r for r in rows if r["history_tokens"] == 2048), longest)
-    return {
-        "rows": rows,
-        "reps": reps,
-        "tier_dtype": tier_dtype,
-        "fetch_mb_s": ref["fetch_mb_s"],
-        "stages_mb_s": stages,
-        # Against the same run's plain redis-py + hiredis MGETs of the same packs, nothing decoded:
-        # above 1 since the tier receives values straight into buffers (network_direct_mb_s).
-        "fetch_vs_raw_mget": ref["fetch_mb_s"] / stages["network_parse_mb_s"] if stages else None,
-        "resume_ratio_2048": next(
-            (r["ratio"] for r in rows if r["history_tokens"] == 2048), longest["ratio"]
-        ),
-        "loading_pays_from_tokens": min(paying) if paying else None,
-    }
+    return summary(rows, stages, headline, reps, tier_dtype)

@@ -17,6 +17,7 @@ from typing import Any
 from ops.bench.api_ttft import bench_api_ttft
 from ops.bench.multiturn import workload
 from ops.bench.resume import bench_resume
+from ops.bench.resume_figures import headline, headline_keys
 from ops.settings import Settings
 from workers.engine.model.loader import load_model
 from workers.process.host_heap import keep_freed_memory
@@ -40,10 +41,7 @@ def run_tier_bench(settings: Settings, quick: bool, skip: set[str]) -> dict[str,
             results["resume"] = bench_resume(
                 settings, loaded, lengths, run_dir / "resume", reps=1 if quick else FULL_REPS
             )
-            results["resume_ratio_2048"] = results["resume"]["resume_ratio_2048"]
-            results["fetch_mb_s"] = results["resume"]["fetch_mb_s"]
-            results["fetch_vs_raw_mget"] = results["resume"]["fetch_vs_raw_mget"]
-            results["loading_pays_from_tokens"] = results["resume"]["loading_pays_from_tokens"]
+            results.update(headline(results["resume"]))
             del loaded
         if "workload" not in skip:
             sessions, turns = (16, 4) if quick else (64, 6)
@@ -65,14 +63,20 @@ def run_tier_bench(settings: Settings, quick: bool, skip: set[str]) -> dict[str,
     rows = [("measure", "value")]
     if "resume" in results:
         r = results["resume"]
+        n, named = r["headline_tokens"], headline_keys(r["headline_tokens"])
         rows.append(
-            ("resume 2,048-token session: Redis vs recompute (time ratio)", f"{r['resume_ratio_2048']:.3f}")
+            (
+                f"resume {n:,}-token session: Redis vs recompute (time ratio)",
+                f"{r[named['resume_ratio']]:.3f}",
+            )
         )
         rows.append(("loading pays from (history tokens)", str(r["loading_pays_from_tokens"])))
-        rows.append(("resume 2,048-token fetch, Redis -> pool (MB/s)", f"{r['fetch_mb_s']:.0f}"))
-        stages = r["stages_mb_s"]
+        rows.append((f"resume {n:,}-token fetch, Redis -> pool (MB/s)", f"{r[named['fetch_mb_s']]:.0f}"))
+        stages = r[named["stages_mb_s"]]
         raw = stages.get("network_parse_mb_s", float("nan"))
         rows.append(("  the same packs by plain redis-py MGET, nothing decoded (MB/s)", f"{raw:.0f}"))
+        raw = stages.get("network_parse_concurrent_mb_s", float("nan"))
+        rows.append(("  the same, as many MGETs in flight as the tier's fetch (MB/s)", f"{raw:.0f}"))
         direct = stages.get("network_direct_mb_s", float("nan"))
         rows.append(("  the same MGETs received straight into buffers (MB/s)", f"{direct:.0f}"))
     for w in results.get("workload", []):

@@ -20,7 +20,7 @@ from ops.chaos.faults import FaultLog
 
 EXAMPLES_KEPT = 5
 REDELIVERIES_KEPT = 100
-JSON_ONLY = frozenset({"redeliveries"})  # too long for the table
+JSON_ONLY = frozenset({"redeliveries", "hf_examples"})  # too long for the table
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,8 +133,8 @@ def report(
     known = [n for n in recomputed if n is not None]
     back = [k.back_after_s for k in faults.kills]
     by_key = {r.key: r for r in submitted}
-    return {
-        "jobs": len(submitted),
+    out = {
+        "jobs": len(records),  # never-submitted ones too: each is a job the run did not do
         "completed": sum(c.completed for c in checks),
         "exact": sum(c.exact for c in checks),
         "duplicated_tokens": sum(c.duplicated_tokens for c in checks),
@@ -144,6 +144,7 @@ def report(
         "not_submitted": len(records) - len(submitted),
         "resubmissions": sum(r.submit_attempts - 1 for r in records),
         "kills": len(faults.kills),
+        "kills_that_hit_jobs": sum(bool(k.jobs) for k in faults.kills),
         "redis_restarts": len(faults.redis_restarts),
         "jobs_hit_by_kills": len(redelivered),
         "redelivery_p50_s": _median(delays),
@@ -160,6 +161,37 @@ def report(
             :EXAMPLES_KEPT
         ],
     }
+    failures = verdict(out)
+    return {"passed": not failures, "failures": failures, **out}
+
+
+def verdict(result: dict[str, Any]) -> list[str]:
+    """Why the run fails; empty when it passes. A figure the run did not measure fails it too."""
+    failures: list[str] = []
+
+    def need(ok: object, why: str) -> None:
+        if not ok:
+            failures.append(why)
+
+    jobs, completed, exact = result["jobs"], result["completed"], result["exact"]
+    need(jobs > 0, "no jobs ran")
+    for key in ("lost", "failed", "not_submitted"):  # never submitted: as good as lost
+        need(result[key] == 0, f"{result[key]} job(s) {key.replace('_', ' ')}")
+    need(exact == completed == jobs, f"of {jobs} jobs, {completed} completed, {exact} exact")
+    need(result["duplicated_tokens"] == result["missing_tokens"] == 0, "streams repeated or dropped tokens")
+    need(not result["unexpected_exits"], f"unexpected exits: {result['unexpected_exits']}")
+    need(
+        not result.get("engine_step_failures"), f"{result.get('engine_step_failures')} engine step(s) failed"
+    )
+    integrity = result.get("integrity_ok") or {}
+    need(integrity, "no worker answered the pool integrity check")
+    need(all(integrity.values()), f"pool integrity failed: {[n for n, ok in integrity.items() if not ok]}")
+    need(not result["kills"] or result["jobs_hit_by_kills"], f"{result['kills']} kill(s) hit no job")
+    need("hf_checked" in result, f"not checked against HF generate: {result.get('hf_error', 'not run')}")
+    need(result.get("hf_checked", 1) or not completed, "no job checked against HF generate")
+    need(not result.get("hf_mismatches"), f"{result.get('hf_mismatches')} job(s) differ from HF generate")
+    need(not result.get("hf_uncovered"), f"no job checked against HF for: {result.get('hf_uncovered')}")
+    return failures
 
 
 def _example(check: JobCheck, record: JobRecord | None, reference: JobRecord | None) -> dict[str, Any]:

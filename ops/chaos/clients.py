@@ -58,6 +58,7 @@ class JobRecord:
     error: str = ""
     started: float = 0.0
     ended: float = 0.0
+    request: dict[str, Any] = field(default_factory=dict)  # what the client asked (messages or prompt)
 
     @property
     def streamed(self) -> str:
@@ -137,7 +138,7 @@ class ChaosClient:
             "stream": True,
             "stream_options": {"include_usage": True},
         }
-        record = JobRecord(key, started=time.monotonic())
+        record = JobRecord(key, started=time.monotonic(), request=body)
         deadline = record.started + self.config.job_timeout_s
         for attempt in range(SUBMIT_TRIES):
             record.submit_attempts = attempt + 1

@@ -6,7 +6,9 @@ token streamed once, none lost. See ops/chaos/check.py for how each figure is co
 
 The reference is the same stack before any fault, not an in-process engine: the prompts then go
 through the very same API, chat template and tokeniser as the chaos pass, so "exact" compares
-like with like, and a session's later turns build on the reference's own earlier answers."""
+like with like, and a session's later turns build on the reference's own earlier answers. As an
+engine bug would show in both passes alike, a sample of the chaos pass's jobs is also checked
+against HF generate on the exact prompt ids the worker used (ops/chaos/hf.py)."""
 
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ from typing import Any
 from ops.chaos.check import report
 from ops.chaos.clients import ChaosClient, JobRecord, LoadConfig, make_scripts, run_load
 from ops.chaos.faults import FaultInjector, FaultLog, rss_mb, stamped
+from ops.chaos.hf import hf_check
 from ops.settings import Settings
 from ops.stack import Stack
 
@@ -219,6 +222,11 @@ def run_chaos(
             extra["rss_mb"] = rss
             extra["engine_step_failures"] = engine_step_failures(run_dir, sizes)
         fault_log = faults.log if faults is not None else FaultLog()
+        log(stamped("checking a sample of jobs against HF generate"))
+        try:
+            extra.update(hf_check(settings, records, fault_log.kills))
+        except Exception as exc:  # the verdict fails without it; the run's other figures stay
+            extra["hf_error"] = f"{type(exc).__name__}: {exc}"
         fault_log.notes[:0] = notes
         return report(records, references, fault_log, duration, extra)
     finally:
