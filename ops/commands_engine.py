@@ -147,7 +147,7 @@ def bench_serve_cmd(
 @engine_options
 def bench_tiers_cmd(json_path: Path | None, quick: bool, skip: tuple[str, ...], **opts: Any) -> None:
     """Resume from Redis vs recompute; multi-turn hit rate and TTFT by routing policy."""
-    from ops.bench.tiers import run_tier_bench
+    from ops.bench.tiers.run import run_tier_bench
 
     results = run_tier_bench(settings_from(opts), quick=quick, skip=set(skip))
     _write_json(results, json_path)

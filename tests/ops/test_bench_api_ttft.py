@@ -1,4 +1,4 @@
-"""ops/bench/api_ttft.py's report: redis_tier says whether the tier was on; api_vs_engine_cached
+"""ops/bench/tiers/api_ttft.py's report: redis_tier says whether the tier was on; api_vs_engine_cached
 is the median of its pairs (each API TTFT and the engine's right after it)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from ops.bench.api_ttft import figures
+from ops.bench.tiers.api_ttft import figures
 from ops.settings import Settings
 
 

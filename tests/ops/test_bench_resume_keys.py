@@ -8,8 +8,8 @@ import threading
 import time
 from typing import Any
 
-from ops.bench.resume import raw_mgets
-from ops.bench.resume_figures import headline, headline_keys, summary
+from ops.bench.tiers.resume import raw_mgets
+from ops.bench.tiers.resume_figures import headline, headline_keys, summary
 
 FULL_KEYS = {"resume_ratio_2048", "fetch_mb_s", "fetch_vs_raw_mget", "stages_mb_s"}
 

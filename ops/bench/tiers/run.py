@@ -14,10 +14,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from ops.bench.api_ttft import bench_api_ttft
-from ops.bench.multiturn import workload
-from ops.bench.resume import bench_resume
-from ops.bench.resume_figures import headline, headline_keys
+from ops.bench.tiers.api_ttft import bench_api_ttft
+from ops.bench.tiers.multiturn import workload
+from ops.bench.tiers.resume import bench_resume
+from ops.bench.tiers.resume_figures import headline, headline_keys
 from ops.settings import Settings
 from workers.engine.model.loader import load_model
 from workers.process.host_heap import keep_freed_memory

@@ -1,4 +1,4 @@
-"""The figures `kvferry bench tiers` reports of its resume part (ops/bench/resume.py), each under
+"""The figures `kvferry bench tiers` reports of its resume part (ops/bench/tiers/resume.py), each under
 a key that names the history length it was measured at."""
 
 from __future__ import annotations

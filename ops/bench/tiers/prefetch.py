@@ -101,7 +101,7 @@ def bench_prefetch(
     }
 
 
-if __name__ == "__main__":  # python -m ops.bench.prefetch: a stand-alone run, prints its JSON
+if __name__ == "__main__":  # python -m ops.bench.tiers.prefetch: a stand-alone run, prints its JSON
     import json
     import tempfile
 
