@@ -65,9 +65,10 @@ def make_celery(config: BrokerConfig, name: str = "kvferry", send_only: bool = F
         task_reject_on_worker_lost=True,
         task_acks_on_failure_or_timeout=True,
         worker_prefetch_multiplier=1,
-        # No STARTED state in the result backend: its write cost every job ~0.8 ms between pickup
-        # and start (bench queue). Who runs a job is its lease's owner (api/jobs/view.py); Flower,
-        # once it has enabled task events, shows task-started from the worker's events.
+        # No STARTED state in the result backend: its write costs every job a Redis round trip
+        # between pickup and start (docs/benchmarks.md). Who runs a job is its lease's owner
+        # (api/jobs/view.py); Flower, once it has enabled task events, shows task-started from the
+        # worker's events.
         task_track_started=False,
         task_time_limit=config.job_time_limit_s,
         result_expires=config.result_ttl_s,
@@ -80,11 +81,12 @@ def make_celery(config: BrokerConfig, name: str = "kvferry", send_only: bool = F
         broker_connection_retry_on_startup=True,
         # Celery's default: no task events until a monitor asks. Flower does, every few seconds
         # (its enable_events), and lists the jobs from then on. Each job's three events cost the
-        # worker's consumer thread Redis publishes and the GIL: ~2 ms of a 1-token job's p50 on
-        # 2 cores (bench queue, alternating A/B). Worker events (heartbeats) always go out.
+        # worker's consumer thread Redis publishes and the GIL, time a short job's latency pays
+        # (docs/benchmarks.md). Worker events (heartbeats) always go out.
         worker_send_task_events=False,
-        # No task-sent event: it costs the producer ~3 ms a job (measured in bench queue), and
-        # Flower, once it has enabled task events, shows every task from the task-received on.
+        # No task-sent event: it costs the producer a publish of its own for every job
+        # (docs/benchmarks.md), and Flower, once it has enabled task events, shows every task from
+        # the task-received on.
         task_send_sent_event=False,
         worker_enable_remote_control=True,
         # Not worker_cancel_long_running_tasks_on_connection_loss: the threads pool cannot stop a

@@ -3,7 +3,8 @@ results: the api follows each job's own event stream (broker/jobs/events.py) ins
 
 Celery's Redis backend subscribes to a task's result channel as the task is sent (so that
 AsyncResult.get() could wake on it) and unsubscribes when the AsyncResult is collected: two
-pubsub commands a job, measured in `kvferry bench queue`, and the results of every job the
+pubsub commands a job (`kvferry bench queue`'s publish part compares the two backends:
+docs/benchmarks.md), and the results of every job the
 process sent arrive on a connection nobody reads, until Redis' pubsub output limit drops it. Here
 sending subscribes to nothing. Reading a task's state (get_task_meta) works as before."""
 

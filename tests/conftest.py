@@ -15,13 +15,13 @@ from workers.engine.model.loader import LoadedModel, load_model
 
 @pytest.fixture(scope="session")
 def kvferry_cache_dir() -> Path:
-    """Where converted models live; persists across runs so only the first one converts (~30 s)."""
+    """Where converted models live; persists across runs so only the first one pays the conversion."""
     return Path(os.environ.get("KVFERRY_CACHE_DIR") or Path.home() / ".cache" / "kvferry")
 
 
 @pytest.fixture(scope="session", autouse=True)
 def cpu_kernels_built() -> bool:
-    """The CPU kernels, built once here before any worker process starts (~20 s on a fresh
+    """The CPU kernels, built once here before any worker process starts (a compile on a fresh
     machine; each worker then loads the built library)."""
     return paged_decode.available()
 

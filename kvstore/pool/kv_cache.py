@@ -12,8 +12,7 @@ import torch
 from kvstore.layout import KVBytes, KVLayout, bytes_view
 
 # A load of this many bytes or more is copied by two threads on a CPU pool: numpy's copies release
-# the GIL, and one thread's strided copy leaves the memory bandwidth half used (measured on 2 cores:
-# 128 blocks of SmolLM2, 94 MB, 16 ms on one thread, 8-9 ms on two).
+# the GIL, and one thread's strided copy leaves memory bandwidth unused (docs/benchmarks.md).
 _SPLIT_BYTES = 8 * 1024**2
 
 BlockWriter = Callable[[torch.Tensor, int, Sequence[tuple[int, KVBytes]]], None]
@@ -98,8 +97,8 @@ class KVCache:
         if len(data) != expected:
             raise ValueError(f"block bytes: got {len(data)}, expected {expected}")
         if target.device.type == "cpu":
-            # numpy, not torch's copy_: an intra-op thread team on busy cores copies at a tenth of
-            # the speed (measured 0.06-0.6 GB/s vs 5 GB/s on 2 shared cores)
+            # numpy, not torch's copy_: torch's intra-op thread team copies far slower on busy
+            # cores (docs/benchmarks.md)
             dst = target.view(torch.uint8).numpy()  # [layers, 2, bs, kv_heads, head_dim * elem], strided
             np.copyto(dst, np.frombuffer(data, dtype=np.uint8).reshape(dst.shape))
             return

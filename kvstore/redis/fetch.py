@@ -15,11 +15,11 @@ from kvstore.redis.bulk_mget import bulk_mget
 
 T = TypeVar("T")
 # Per MGET: one huge reply would hold Redis (and the job queue) longer, and the read path decodes
-# one MGET's packs while the next is on the wire (measured: 4 MB overlaps best at 2-block packs).
+# one MGET's packs while the next is on the wire: a few MB keeps both sides busy (docs/benchmarks.md).
 _MAX_MGET_BYTES = 4 * 1024**2
 # MGETs in flight, each on a helper thread of its own with its own connection: while one reply
-# is on the wire, Redis already builds the next one (measured on 2 cores, 2,048 tokens of SmolLM2 in
-# 4 MB MGETs: 63-66 ms with one ahead, 54-57 with two, no better with three).
+# is on the wire, Redis already builds the next one; a third in flight adds nothing on two cores
+# (docs/benchmarks.md).
 AHEAD = 2
 
 

@@ -32,7 +32,7 @@ def test_sending_subscribes_to_nothing_and_states_still_read(
         app.send_task("kvferry.test.nothing", task_id=sent, queue=VOID)
         handle = waiting.send_task("kvferry.test.nothing", task_id=held, queue=VOID)
         assert _subscribers(rds, sent) == 0
-        assert _subscribers(rds, held) == 1  # what every job used to cost the api
+        assert _subscribers(rds, held) == 1  # what Celery's own backend costs the api: one a job
         assert rds.llen(VOID) == 2  # both queued
         waiting.backend.store_result(sent, {"ok": 1}, states.SUCCESS)
         meta = app.backend.get_task_meta(sent, cache=False)

@@ -79,8 +79,8 @@ def test_flower_api_lists_workers_with_kv_figures(
 def test_task_events_only_while_a_monitor_asks(
     worker_factory: Callable[..., WorkerProcess], celery_app: object, redis_server: RedisServer
 ) -> None:
-    """Celery's default: no task events (three Redis publishes a job, ~2 ms of a 1-token job's p50 on
-    2 cores) until a monitor enables them; Flower does, every few seconds, and then lists the jobs.
+    """Celery's default: no task events (three Redis publishes a job, paid in a short job's latency:
+    docs/benchmarks.md) until a monitor enables them; Flower does, every few seconds, and then lists the jobs.
     A worker of its own: Flower leaves events on in the workers it has seen."""
     worker = worker_factory("events")  # stopped after this test: it would serve the shared queue
     client = redis.Redis.from_url(redis_server.url)

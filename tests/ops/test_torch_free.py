@@ -1,5 +1,5 @@
-"""The HTTP edge and the light CLI commands never import torch or transformers (seconds of start-up
-and ~1 GB they do not need). Each check runs in a fresh interpreter: this one has torch loaded."""
+"""The HTTP edge and the light CLI commands never import torch or transformers (start-up time and
+memory they do not need). Each check runs in a fresh interpreter: this one has torch loaded."""
 
 from __future__ import annotations
 

@@ -38,7 +38,8 @@ class Sampler:
         A row that raises (a seed torch refuses, a temperature so low that softmax gives NaN) comes
         back as its exception; the other rows are sampled exactly as if it were not there, each
         drawing from its own generator once."""
-        # Over 49k entries each op here costs ~1 ms a step on CPU: none is run for nothing.
+        # Each op here runs over every row's 49k entries, a cost each step pays on CPU: none is run
+        # for nothing.
         greedy = logits.argmax(dim=-1).tolist() if any(p.greedy for _, p in requests) else []
         plain = [row for row, (_, params) in enumerate(requests) if _plain(params)]
         drawn = self._sample_plain(logits, [requests[row][1] for row in plain], plain)
@@ -130,10 +131,10 @@ def _plain(params: SamplingParams) -> bool:
 def _inverse_cdf(probs: torch.Tensor) -> torch.Tensor:
     """One categorical draw per row [N, V] from one uniform each: the first index whose running
     sum passes u * total. torch.multinomial draws an exponential for every vocabulary entry (the
-    exponential race), which on CPU costs 26 ms for 16 rows x 49k against 0.5 ms here (an fp64
-    running sum: 8 ms). In fp32 a token's share is off by at most half an ulp of the running sum
-    (<= 3e-8): over 49k tokens <= ~1e-3 in total variation if every rounding went one way, ~1e-5
-    as they fall. FlashInfer's GPU samplers draw by inverse transform in fp32 the same way."""
+    exponential race), far more work on CPU than one running sum and a search; the sum stays fp32,
+    as fp64 costs more (docs/benchmarks.md). In fp32 a token's share is off by at most half an ulp
+    of the running sum (<= 3e-8): over 49k tokens <= ~1e-3 in total variation if every rounding went
+    one way, ~1e-5 as they fall. FlashInfer's GPU samplers draw by inverse transform in fp32 the same way."""
     cdf = probs.cumsum(dim=-1)
     u = torch.rand(probs.shape[0], 1, dtype=cdf.dtype, device=cdf.device) * cdf[:, -1:]
     return torch.searchsorted(cdf, u, right=True).clamp_(max=probs.shape[-1] - 1).flatten()

@@ -2,11 +2,11 @@
 start-up, so the packs a Redis read receives (and the engine's activations) land in memory the
 process already touched instead of fresh pages.
 
-Why: a 2,048-token resume receives ~94 MB of packs. Each fetch used to get fresh pages from the
-kernel (large allocations are mmapped, and freed memory is handed back), ~23,000 first-touch page
-faults per fetch. On this VM a fault costs 2 to 12 µs, so the fetch took 90 ms or, in its slow
-mode, 250–340 ms (190–280 ms of it in the kernel). With the heap kept and reserved: no faults,
-52–80 ms (`kvferry bench tiers`: each resume row prints its faults and kernel time).
+Why: a 2,048-token resume receives ~94 MB of packs. With glibc's defaults each fetch gets fresh
+pages from the kernel (large allocations are mmapped, and freed memory is handed back): a
+first-touch page fault for every page it receives, and on a VM, where a fault is dear, those
+faults make up much of the fetch's time. With the heap kept and reserved it faults no page in
+(docs/benchmarks.md; `kvferry bench tiers`: each resume row prints its faults and kernel time).
 
 The settings (mallopt): one arena, so every thread (the job threads that fetch, the fetch helper,
 the writer) allocates from the heap the reserve faulted in; a fixed mmap threshold of 32 MiB, so

@@ -1,8 +1,8 @@
 """StagingArena: host memory, in block-sized slots, that a finished turn's KV is copied into on the
 engine thread, so the writer thread can pack it while the pool reuses the blocks' slots.
 
-Allocated once and reused: a fresh 60 MB buffer per turn costs the engine thread its page faults
-(~150 ms on 2 busy cores, against ~20 ms to copy into memory touched before). Not thread-safe: the
+Allocated once and reused: a fresh 60 MB buffer per turn would cost the engine thread its page
+faults, far more than the copy into memory touched before (docs/benchmarks.md). Not thread-safe: the
 writer guards it with its lock. Pinned on a GPU pool, so the device-to-host copy is asynchronous.
 """
 

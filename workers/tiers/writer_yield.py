@@ -1,14 +1,14 @@
 """EngineYield: when the KV writer may start its next transaction.
 
 On 2 cores, a write-through running beside an engine step (packing, the socket copies, and Redis
-taking in the bytes) doubled a cached prompt's TTFT right after a long turn. So the writer starts a
-transaction only once the engine has been idle for SETTLE_S (EngineLoop.idle), waiting at most
-``defer_s`` per batch, and not at all while ``hurry()`` says so (a full queue, a flush, a stop).
-The settling time is for the next request of the same client, which often follows a turn's end at
-once: through the API it reaches the engine ~10-15 ms after the turn's last token; writing in that
-gap cost it ~15 ms of TTFT (measured: a cached 1,304-token prompt after a long turn, 96 ms with the
-write-through, 81 ms with none). Under steady load writes trail by at most ``defer_s``, and still go
-through. Used by the writer thread only.
+taking in the bytes) takes the cores the step needs, and a cached prompt's TTFT right after a long
+turn pays for it (docs/benchmarks.md). So the writer starts a transaction only once the engine has
+been idle for SETTLE_S (EngineLoop.idle), waiting at most ``defer_s`` per batch, and not at all
+while ``hurry()`` says so (a full queue, a flush, a stop). The settling time is for the next
+request of the same client, which often follows a turn's end at once: through the API it reaches
+the engine well within SETTLE_S of the turn's last token, and a write started in that gap delays
+its TTFT. Under steady load writes trail by at most ``defer_s``, and still go through. Used by the
+writer thread only.
 """
 
 from __future__ import annotations

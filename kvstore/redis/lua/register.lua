@@ -1,5 +1,5 @@
 -- Runs in put's MULTI/EXEC right after a SET NX of each pack, so the bytes never pass through Lua
--- (a script argument is copied twice: ~3x slower). Registers the packs nobody registered yet.
+-- (a script argument is copied twice over). Registers the packs nobody registered yet.
 -- KEYS[NS+1..]: pack keys; ARGV[1]: capacity, ARGV[2]: tenant quota, then per pack: member
 -- hashes, lru score. Returns {blocks written, bytes written, packs evicted}.
 local written, written_bytes = 0, 0

@@ -23,8 +23,8 @@ from workers.engine.model.loader import load_model
 from workers.process.host_heap import keep_freed_memory
 
 # Repetitions per case in a full run, the median reported: the resume and API rows sit near their
-# targets, and their run-to-run spread on a shared 2-core machine (resume 0.047-0.052, API 1.15-1.31x
-# the engine with 3) was wider than a median of 3 settles.
+# targets, and on a shared 2-core machine a median of 3 moves from run to run across them
+# (docs/benchmarks.md).
 FULL_REPS = 5
 
 

@@ -38,7 +38,7 @@ def test_reads_touch_no_fresh_page_with_the_heap_kept() -> None:
     assert kept["applied"] is True
     faults = kept["faults"]
     assert isinstance(faults, list)
-    # without the reserve, every read faults about all its pages in again (~14,700 here)
+    # without the reserve, every read faults about all its pages in again
     assert all(f < PAGES // 20 for f in faults), faults
 
 

@@ -1,10 +1,10 @@
 """The CPU pool's block loader (csrc/block_copy.cpp, built by build.py): the blocks a step
 loads from the warm tier or from Redis packs, copied into their slots with streaming stores.
 
-KVCache.write_blocks copies with numpy otherwise: on 2 cores, a fresh engine loading 128 blocks of
-SmolLM2 (94 MB) took 8.8 ms over two threads, and takes 5.9 ms here (the stores skip reading each
-destination line first). The engine plugs it into its CPU pool (KVCache.block_writer) where the
-library builds; elsewhere KVCache.write_blocks keeps its own copies.
+KVCache.write_blocks copies with numpy otherwise; the streaming stores skip reading each
+destination line first, so a load moves less memory than numpy's copies (docs/benchmarks.md). The
+engine plugs it into its CPU pool (KVCache.block_writer) where the library builds; elsewhere
+KVCache.write_blocks keeps its own copies.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ of a decode-only step in one call, the streaming block loader), built once per m
 They are built with torch's own extension builder (`torch.utils.cpp_extension.load`, g++ and
 ninja) into one library in torch's extension cache (~/.cache/torch_extensions, or
 $TORCH_EXTENSIONS_DIR), named by a hash of the sources, the flags, torch's version and this CPU's
-instruction set; the first build takes ~20 s, later processes load the built library. Where it
+instruction set; the first build compiles them, later processes load the built library. Where it
 cannot be built (no compiler), each user keeps its torch path: decode_kernel.py's callers gather +
 SDPA, packed_linear.py packs for oneDNN, KVCache.write_blocks copies with numpy.
 """

@@ -1,12 +1,11 @@
 """The model's linear layers on a CPU GEMM that fits a decode step (CPU fp32).
 
 A decode step multiplies a handful of rows by every weight of the model, so on CPU it is bound by
-reading the weights. MKL's sgemm behind `F.linear` reads a [out, in] weight at ~2-4 GB/s at 16
-rows here, oneDNN over the same weight reordered once into its blocked layout at ~4-5 GB/s (vLLM's
-CPU backend packs its weights for oneDNN the same way), kvferry's own GEMM
-(csrc/skinny_gemm.cpp, each weight read once per 16 rows) at ~6-9 GB/s, near what the memory
-itself gives (~10 GB/s): 27-45 vs 52-84 GFLOPS on SmolLM2-135M's shapes at 16 rows, weights read
-from memory (`kvferry bench gemm`).
+reading the weights. MKL's sgemm behind `F.linear` over a [out, in] weight, and oneDNN over the
+same weight reordered once into its blocked layout (vLLM's CPU backend packs its weights for oneDNN
+the same way), block for a reuse that a handful of rows cannot give, and read the weights well
+below what the memory gives; kvferry's own GEMM (csrc/skinny_gemm.cpp, each weight read once per
+16 rows) reads them near the memory's own rate (`kvferry bench gemm`; docs/benchmarks.md).
 
 So, in order of preference:
 - SkinnyLinear, where kvferry's CPU kernels build (build.py): the model's own weight, no
@@ -36,8 +35,9 @@ from workers.engine.kernels import build, crossover
 log = logging.getLogger(__name__)
 KVFERRY = "kvferry"
 ONEDNN = "onednn"
-# kvferry's GEMM leads oneDNN up to ~128 rows on an AVX2 EPYC here, ~48 on an AVX-512 Xeon; each
-# model's crossover is measured when its linears are swapped (crossover.py), up to this.
+# The most rows kvferry's GEMM may take. Where it stops leading oneDNN depends on the CPU (AVX-512
+# and AMX favour oneDNN's blocked kernels: docs/benchmarks.md), so each model's crossover is
+# measured when its linears are swapped (crossover.py), up to this.
 SKINNY_MAX_ROWS = 128
 _PROBE_ROWS = (3, 16, 21, SKINNY_MAX_ROWS + 5)  # a partial chunk, a full one, both, and oneDNN's path
 

@@ -85,8 +85,8 @@ def paged_attention_forward(
     meta.kv_cache.write(layer, meta.slot_mapping, key[0].transpose(0, 1), value[0].transpose(0, 1))
     pool = meta.kv_cache.tensor[layer]  # [2, slots, Hkv, D]
     # Contexts are gathered whole blocks at a time (one contiguous block_size * Hkv * D run each)
-    # with index_select, K and V in one pass: on a 1 GiB CPU pool, 16 contexts of 150 tokens x 30
-    # layers take 18 ms instead of 31 ms with `pool[:, slots]`. The tail of a last block is masked.
+    # with index_select, K and V in one pass: on a CPU pool far cheaper than `pool[:, slots]`
+    # indexing slot by slot (docs/benchmarks.md). The tail of a last block is masked.
     bs = meta.block_size
     by_block = pool.view(2, pool.shape[1] // bs, bs * num_kv_heads * head_dim)
 

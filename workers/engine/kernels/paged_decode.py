@@ -1,9 +1,9 @@
 """The CPU decode-attention kernel (csrc/paged_decode.cpp, built by build.py).
 
-On CPU a decode step's attention was two memory-bound passes: `index_select` copying every
-context out of the pool, then SDPA over the copy, whose flash kernel does little with one query
-row. `kvferry::paged_decode` reads each context where it lies, through its block table: measured
-on 16 contexts x 30 layers of SmolLM2's shape, 52 -> 16 ms at 160 tokens and 200 -> 65 ms at 592.
+On CPU torch's path for a decode step's attention is two memory-bound passes: `index_select`
+copying every context out of the pool, then SDPA over the copy, whose flash kernel does little with
+one query row. `kvferry::paged_decode` reads each context where it lies, through its block table,
+with no copy (docs/benchmarks.md).
 vLLM's CPU backend and llama.cpp both attend over their caches in place the same way.
 
 Where the library cannot be built (no compiler), or a probe of the kernel disagrees with SDPA,

@@ -51,7 +51,8 @@ def smollm2_gguf_path() -> Path:
 
 
 def _convert_gguf(gguf: Path, cache_dir: Path) -> Path:
-    """Dequantise a GGUF once into a safetensors directory: later loads take ~1 s instead of ~15 s."""
+    """Dequantise a GGUF once into a safetensors directory: later loads read it and skip the
+    dequantising (docs/benchmarks.md)."""
     target = cache_dir / f"{gguf.stem}-{file_fingerprint(gguf, cache_dir)[:16]}"
     if (target / "config.json").exists():
         return target

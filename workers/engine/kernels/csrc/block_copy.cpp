@@ -6,8 +6,7 @@
 // each store first reads its cache line from memory (write-allocate) and later evicts it, three
 // memory transfers per byte. Streaming stores skip the read; the lines go out in whole. Nothing
 // here reads the blocks back soon enough to want them cached: the step that loaded them reads
-// 94 MB of context. Measured on 2 cores, over two threads: 128 blocks (94 MB) in isolation 6.6-7.7
-// ms by memcpy, 4.0-4.5 ms streamed; in a fresh engine after a fetch, 8.8 ms by numpy, 5.9 ms here.
+// 94 MB of context. Streamed, a load beats both memcpy and numpy's copies (docs/benchmarks.md).
 //
 // pool [layers, 2, slots, Hkv, D] contiguous CPU; block_ids [n] int64; sources [n] int64: the
 // address of each block's bytes (read_block's layout, [layers, 2, block_size, Hkv, D]), which the

@@ -3,12 +3,13 @@
 //
 // A decode step multiplies a handful of rows (one per sequence) by every weight of the model, so
 // on CPU it is bound by streaming the weights from memory; a general GEMM blocks for reuse that
-// a handful of rows cannot give (oneDNN and MKL read SmolLM2's weights at ~2-5 GB/s at 16 rows
-// here). This one reads each weight once per 16 rows: a panel of 6 output features (6 adjacent
-// rows of W, one contiguous run of memory) against 16 rows of x held transposed, one weight
-// broadcast at a time into 12 accumulators, the next panel prefetched as one linear stream.
-// Panels are split across torch's intra-op threads (at::parallel_for). Up to ~128 rows it keeps
-// ahead of oneDNN; larger batches (prefill chunks) belong to oneDNN (packed_linear.py).
+// a handful of rows cannot give (oneDNN and MKL read SmolLM2's weights well below what the memory
+// gives at 16 rows: docs/benchmarks.md). This one reads each weight once per 16 rows: a panel of 6
+// output features (6 adjacent rows of W, one contiguous run of memory) against 16 rows of x held
+// transposed, one weight broadcast at a time into 12 accumulators, the next panel prefetched as one
+// linear stream. Panels are split across torch's intra-op threads (at::parallel_for). Up to a row
+// count that depends on the CPU (measured at start-up: crossover.py) it keeps ahead of oneDNN;
+// larger batches (prefill chunks) belong to oneDNN (packed_linear.py).
 //
 // Written with GCC vector extensions rather than intrinsics: -march=native turns them into AVX2
 // FMAs on x86 and NEON on aarch64. fp32 only.
