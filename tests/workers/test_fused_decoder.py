@@ -204,3 +204,31 @@ def test_bad_tables_slots_or_weights_raise_before_anything_is_written(tiny: Tiny
             )
         assert torch.equal(pool, before), f"{what}: the pool was written"
         assert torch.equal(hidden, torch.ones_like(hidden)), f"{what}: hidden was written"
+
+
+@pytest.mark.parametrize("hkv, d", [(0, 16), (2, 0)], ids=["no-kv-heads", "no-head-dim"])
+def test_a_pool_without_heads_or_head_dim_raises(tiny: TinyModel, hkv: int, d: int) -> None:
+    """A malformed pool ([layers, 2, slots, Hkv, D] with Hkv or D zero) raises before the shapes
+    are divided by them (never a division by zero)."""
+    engine = make_engine(tiny.loaded, num_blocks=16, block_size=4)
+    fused = engine.runner.fused
+    assert isinstance(fused, FusedDecoder)
+    layers = engine.kv_cache.tensor.shape[0]
+    pool = torch.zeros(layers, 2, 16 * 4, hkv, d)
+    one = torch.zeros(1, dtype=torch.long)
+    with pytest.raises(RuntimeError, match="decoder_layers: kv must have"):
+        torch.ops.kvferry.decoder_layers(
+            torch.ones(1, tiny.loaded.model.config.hidden_size),
+            torch.zeros(1, d),
+            torch.zeros(1, d),
+            pool,
+            one,
+            one[None],
+            one + 1,
+            torch.zeros(0, dtype=torch.long),
+            fused.weights,
+            4,
+            0.25,
+            1e-6,
+            16,
+        )

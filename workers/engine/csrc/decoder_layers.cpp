@@ -142,9 +142,13 @@ void decoder_layers(at::Tensor hidden, const at::Tensor& cos, const at::Tensor& 
   const int64_t hkv = kv.size(3), d = kv.size(4);
   TORCH_CHECK(layers > 0 && static_cast<int64_t>(weights.size()) == layers * PER_LAYER,
               "kvferry::decoder_layers: ", PER_LAYER, " weights per layer, ", layers, " layers: got ", weights.size());
+  // Hkv and D divide the shapes below: checked first, so a malformed pool raises, never divides by zero.
+  TORCH_CHECK(hkv > 0 && d > 0, "kvferry::decoder_layers: kv must have Hkv > 0 heads of D > 0, got Hkv ", hkv, ", D ",
+              d);
   TORCH_CHECK(weights[1].dim() == 2 && weights[1].size(0) % d == 0, "kvferry::decoder_layers: wq must be [Hq*D, H]");
   const int64_t hq = weights[1].size(0) / d, inter = weights[12].dim() == 2 ? weights[12].size(0) : -1;
-  TORCH_CHECK(hq % hkv == 0 && d % 2 == 0 && inter > 0, "kvferry::decoder_layers: Hq a multiple of Hkv, even D");
+  TORCH_CHECK(hq > 0 && hq % hkv == 0 && d % 2 == 0 && inter > 0,
+              "kvferry::decoder_layers: Hq a multiple of Hkv, even D");
   for (const at::Tensor* t : {&cos, &sin})
     TORCH_CHECK(
         t->is_contiguous() && t->device().is_cpu() && t->scalar_type() == at::kFloat && t->sizes().equals({n, d}),
