@@ -38,8 +38,8 @@ return redis.call('HSETNX', KEYS[2], 'accounted', '1')
 
 
 async def admit(client: aioredis.Redis, tenant: str, job_id: str, deadline: float, cap: int) -> bool:
-    reply: Any = await client.eval(
-        _ADMIT, 1, keys.tenant_jobs(tenant), repr(time.time()), repr(deadline), job_id, str(cap)
+    reply: Any = await client.register_script(_ADMIT)(
+        keys=[keys.tenant_jobs(tenant)], args=[repr(time.time()), repr(deadline), job_id, str(cap)]
     )
     return bool(int(reply))
 
@@ -50,14 +50,9 @@ async def release(client: aioredis.Redis, tenant: str, job_id: str) -> None:
 
 async def finish(client: aioredis.Redis, tenant: str, job_id: str) -> bool:
     """The job is over: it stops counting against its tenant; True the first time only."""
-    reply: Any = await client.eval(
-        _FINISH,
-        4,
-        keys.tenant_jobs(tenant),
-        keys.job_meta(job_id),
-        keys.job_message(job_id),
-        keys.PENDING_JOBS,
-        job_id,
+    reply: Any = await client.register_script(_FINISH)(
+        keys=[keys.tenant_jobs(tenant), keys.job_meta(job_id), keys.job_message(job_id), keys.PENDING_JOBS],
+        args=[job_id],
     )
     return bool(int(reply))
 
