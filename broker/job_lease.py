@@ -20,6 +20,7 @@ import redis
 from broker import keys
 from broker.defaults import DEFAULTS
 from broker.errors import KvferryError
+from broker.message_copy import copy_keys, forget_lua
 
 EPOCH_TTL_S = DEFAULTS.job_ttl_s  # as long as the job's stream lives
 
@@ -60,8 +61,7 @@ elseif owner then
 else
   {_NEW_EPOCH}
 end
-redis.call('DEL', KEYS[4])
-redis.call('ZREM', KEYS[5], ARGV[4])
+{forget_lua(4, 4)}
 return {{1, ARGV[1], epoch, tonumber(ARGV[2]), redis.call('XRANGE', KEYS[6], '-', '+'),
         redis.call('EXISTS', KEYS[7])}}
 """
@@ -171,8 +171,7 @@ class JobLeases:
                 keys.job_lease(job_id),
                 keys.job_epoch(job_id),
                 worker_jobs,
-                keys.job_message(job_id),
-                keys.PENDING_JOBS,
+                *copy_keys(job_id),
                 keys.job_stream(job_id),
                 keys.job_cancel(job_id),
             ],
