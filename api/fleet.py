@@ -35,7 +35,8 @@ _BEAT_HEAD, _, _BEAT_TAIL = keys.worker_heartbeat("\0").partition("\0")
 
 async def workers(client: aioredis.Redis) -> list[WorkerView]:
     """Every worker that ever announced itself (keys.WORKERS), live or not."""
-    reply: Any = await client.eval(_WORKERS, 1, keys.WORKERS, _BEAT_HEAD, _BEAT_TAIL, HEARTBEAT_FIELD)
+    script = client.register_script(_WORKERS)
+    reply: Any = await script(keys=[keys.WORKERS], args=[_BEAT_HEAD, _BEAT_TAIL, HEARTBEAT_FIELD])
     beats = {reply[i].decode(): reply[i + 1] for i in range(0, len(reply), 2)}
     return [WorkerView(name, beats[name] is not None, _status(beats[name])) for name in sorted(beats)]
 

@@ -27,6 +27,7 @@ from broker.celery_app import BrokerConfig, make_celery
 from broker.codec import decode_event, encode_job
 from broker.jobs.events import EVENT_FIELD
 from broker.jobs.lease import owner_worker
+from broker.message_copy import forget
 from broker.messages import GenerateJob, StreamEvent
 from broker.task_message import check_supported, task_message
 
@@ -95,9 +96,10 @@ class JobClient:
     async def cancel(self, job_id: str) -> None:
         """Flag the job (a running worker stops at its next token) and revoke it (a worker that
         has not started it yet drops it)."""
-        await self.redis.set(keys.job_cancel(job_id), b"1", ex=self.job_ttl_s)
-        await self.redis.delete(keys.job_message(job_id))  # never sent again (nor its prompt kept)
-        await self.redis.zrem(keys.PENDING_JOBS, job_id)
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.set(keys.job_cancel(job_id), b"1", ex=self.job_ttl_s)
+        forget(pipe, job_id)  # never sent again (nor its prompt kept)
+        await pipe.execute()
         await self._sync(self.celery.control.revoke, job_id)
 
     async def is_cancelled(self, job_id: str) -> bool:

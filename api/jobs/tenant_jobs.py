@@ -13,6 +13,7 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from broker import keys
+from broker.message_copy import copy_keys, forget_lua
 
 # KEYS[1] the tenant's ZSET; ARGV: now, deadline, job id, cap (0: none). 1 admitted, 0 full.
 _ADMIT = """
@@ -25,21 +26,21 @@ redis.call('EXPIREAT', KEYS[1], math.ceil(tonumber(last[2])) + 1)
 return 1
 """
 
-# KEYS[1] the tenant's ZSET, KEYS[2] the job's metadata hash; ARGV[1] job id.
+# KEYS[1] the tenant's ZSET, KEYS[2] the job's metadata hash, KEYS[3:4] the queued message's copy
+# (its prompt goes: broker/message_copy.py); ARGV[1] job id.
 # 1 the first time a job's end is seen (its tokens are counted then), else 0. The metadata's
 # TTL is untouched: HSETNX only on a hash that exists.
-_FINISH = """
+_FINISH = f"""
 redis.call('ZREM', KEYS[1], ARGV[1])
-redis.call('DEL', KEYS[3])  -- the queued message's copy (workers/jobs/lost_messages.py): its prompt goes
-redis.call('ZREM', KEYS[4], ARGV[1])
+{forget_lua(3, 1)}
 if redis.call('EXISTS', KEYS[2]) == 0 then return 0 end
 return redis.call('HSETNX', KEYS[2], 'accounted', '1')
 """
 
 
 async def admit(client: aioredis.Redis, tenant: str, job_id: str, deadline: float, cap: int) -> bool:
-    reply: Any = await client.eval(
-        _ADMIT, 1, keys.tenant_jobs(tenant), repr(time.time()), repr(deadline), job_id, str(cap)
+    reply: Any = await client.register_script(_ADMIT)(
+        keys=[keys.tenant_jobs(tenant)], args=[repr(time.time()), repr(deadline), job_id, str(cap)]
     )
     return bool(int(reply))
 
@@ -50,14 +51,9 @@ async def release(client: aioredis.Redis, tenant: str, job_id: str) -> None:
 
 async def finish(client: aioredis.Redis, tenant: str, job_id: str) -> bool:
     """The job is over: it stops counting against its tenant; True the first time only."""
-    reply: Any = await client.eval(
-        _FINISH,
-        4,
-        keys.tenant_jobs(tenant),
-        keys.job_meta(job_id),
-        keys.job_message(job_id),
-        keys.PENDING_JOBS,
-        job_id,
+    reply: Any = await client.register_script(_FINISH)(
+        keys=[keys.tenant_jobs(tenant), keys.job_meta(job_id), *copy_keys(job_id)],
+        args=[job_id],
     )
     return bool(int(reply))
 

@@ -20,11 +20,12 @@ import redis
 from broker import keys
 from broker.defaults import DEFAULTS
 from broker.errors import KvferryError
+from broker.message_copy import copy_keys, forget_lua
 
 EPOCH_TTL_S = DEFAULTS.job_ttl_s  # as long as the job's stream lives
 
-# Lua pieces of the two take scripts. A held lease answers {0, owner, epoch, pttl}; a new epoch
-# is raised and the lease given to ARGV[1] for ARGV[2] ms (the epoch key lives ARGV[3] s).
+# Lua pieces of the take script. A held lease answers {0, owner, epoch, pttl}; a new epoch is
+# raised and the lease given to ARGV[1] for ARGV[2] ms (the epoch key lives ARGV[3] s).
 _HELD = (
     "return {0, owner, tonumber(redis.call('HGET', KEYS[1], 'epoch') or '0'), redis.call('PTTL', KEYS[1])}"
 )
@@ -32,14 +33,6 @@ _NEW_EPOCH = """epoch = redis.call('INCR', KEYS[2])
 redis.call('EXPIRE', KEYS[2], ARGV[3])
 redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'epoch', epoch)
 redis.call('PEXPIRE', KEYS[1], ARGV[2])"""
-
-_ACQUIRE = f"""
-local owner = redis.call('HGET', KEYS[1], 'owner')
-if owner then {_HELD} end
-local epoch
-{_NEW_EPOCH}
-return {{1, ARGV[1], epoch, tonumber(ARGV[2])}}
-"""
 
 # A worker starting a job, in one round trip: the job is listed as the worker's (KEYS[3]: the
 # reaper hands it back if the worker dies), the lease is taken and, once it is ours, the queued
@@ -60,8 +53,7 @@ elseif owner then
 else
   {_NEW_EPOCH}
 end
-redis.call('DEL', KEYS[4])
-redis.call('ZREM', KEYS[5], ARGV[4])
+{forget_lua(4, 4)}
 return {{1, ARGV[1], epoch, tonumber(ARGV[2]), redis.call('XRANGE', KEYS[6], '-', '+'),
         redis.call('EXISTS', KEYS[7])}}
 """
@@ -147,32 +139,20 @@ class JobLeases:
     def __init__(self, client: redis.Redis, ttl_s: float) -> None:
         self.client = client
         self.ttl_ms = max(1, int(ttl_s * 1000))
-        self._acquire = client.register_script(_ACQUIRE)
         self._start = client.register_script(_START)
         self._renew = client.register_script(_RENEW)
         self._release = client.register_script(_RELEASE)
         self._drop_previous = client.register_script(_DROP_PREVIOUS)
 
-    def acquire(self, job_id: str, owner: str) -> Lease | LeaseHolder:
-        """A new lease (and epoch) if nobody holds one, else who does. The bare take: a worker
-        starts a job with start() (one round trip with its bookkeeping); this one serves the lease
-        tests and the api tests' fake worker."""
-        got, who, epoch, ttl = self._acquire(
-            keys=[keys.job_lease(job_id), keys.job_epoch(job_id)], args=[owner, self.ttl_ms, EPOCH_TTL_S]
-        )
-        if int(got):
-            return Lease(job_id, owner, int(epoch))
-        return LeaseHolder(_text(who), int(epoch), int(ttl))
-
     def start(self, job_id: str, owner: str, worker_jobs: str) -> Started | LeaseHolder:
-        """acquire(), for a worker that runs the job: see _START."""
+        """A new lease (and epoch) if nobody holds one, else who does, for a worker that runs
+        the job (its bookkeeping in the same round trip): see _START."""
         reply = self._start(
             keys=[
                 keys.job_lease(job_id),
                 keys.job_epoch(job_id),
                 worker_jobs,
-                keys.job_message(job_id),
-                keys.PENDING_JOBS,
+                *copy_keys(job_id),
                 keys.job_stream(job_id),
                 keys.job_cancel(job_id),
             ],

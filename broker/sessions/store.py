@@ -23,14 +23,14 @@ TOMBSTONE_TTL_S = 86400  # longer than any turn may run: one that began before a
 # turn that began before the session was deleted does not bring it back.
 # KEYS: record, expiry zset, tombstone, exact tokens; ARGV: json, last_used, ttl with grace,
 # member, expires at, when the turn began, the tokens' blob ('' = none: the old one goes).
-# The record is compact JSON (msgspec); ones stored before it have a space after each colon
-# (json.dumps), hence the %s*.
+# The old record is parsed as JSON (whatever its layout); one that does not parse is replaced.
 _SAVE = """
 local deleted = redis.call('GET', KEYS[3])
 if deleted and tonumber(deleted) >= tonumber(ARGV[6]) then return 0 end
 local old = redis.call('GET', KEYS[1])
 if old then
-  local last = tonumber(string.match(old, '"last_used":%s*([%d%.eE%+%-]+)'))
+  local ok, doc = pcall(cjson.decode, old)
+  local last = ok and type(doc) == 'table' and tonumber(doc['last_used']) or nil
   if last and last > tonumber(ARGV[2]) then return 0 end
 end
 redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[3])
@@ -51,20 +51,22 @@ def save(
     or not at all); False when a newer turn's record is already there, or the session was deleted
     after this turn began (`began`, default: record.last_used)."""
     member = keys.session_member(record.tenant, record.session_id)
-    saved = client.eval(
-        _SAVE,
-        4,
-        keys.session(record.tenant, record.session_id),
-        keys.SESSION_EXPIRY,
-        keys.session_deleted(record.tenant, record.session_id),
-        keys.session_tokens(record.tenant, record.session_id),
-        codec.encode(record),
-        repr(record.last_used),
-        ttl_s + SWEEP_GRACE_S,
-        member,
-        repr(time.time() + ttl_s),
-        repr(record.last_used if began is None else began),
-        session_tokens.encode(tokens) if tokens is not None else b"",
+    saved = client.register_script(_SAVE)(
+        keys=[
+            keys.session(record.tenant, record.session_id),
+            keys.SESSION_EXPIRY,
+            keys.session_deleted(record.tenant, record.session_id),
+            keys.session_tokens(record.tenant, record.session_id),
+        ],
+        args=[
+            codec.encode(record),
+            repr(record.last_used),
+            ttl_s + SWEEP_GRACE_S,
+            member,
+            repr(time.time() + ttl_s),
+            repr(record.last_used if began is None else began),
+            session_tokens.encode(tokens) if tokens is not None else b"",
+        ],
     )
     return bool(saved)
 

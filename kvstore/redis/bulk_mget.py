@@ -9,6 +9,10 @@ RESP3); everything else (connecting, sending, the connection pool, retries, erro
 redis-py's. A connection that fails mid-reply is disconnected (never reused half-read), and the
 MGET is retried once through redis-py, with its own retry policy; so is one that Redis answers
 with an error redis-py retries (LOADING, while it replays its file after a restart).
+
+The redis-py internals it reads (Connection._sock, redis._parsers.BaseParser.parse_error, the
+pool's cache and argument-free get_connection) are checked by tests/kvstore/test_redis_internals.py;
+pyproject.toml pins redis-py to the versions that pass it.
 """
 
 from __future__ import annotations

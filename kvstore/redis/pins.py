@@ -53,7 +53,7 @@ def pin_owner(
         *hashes,
     ]
     namespace = keys.namespace()
-    raw = client.eval(scripts.script(scripts.PIN_OWNER), len(namespace), *namespace, *args)
+    raw = client.register_script(scripts.script(scripts.PIN_OWNER))(keys=namespace, args=args)
     added, removed, released, evicted, stale = (int(n) for n in cast("list[Any]", raw))
     return PinChange(added, removed, released, evicted, bool(stale))
 
@@ -64,8 +64,8 @@ def release(client: redis.Redis, keys: TierKeys, owners: Sequence[PinOwner]) -> 
         return 0
     namespace = keys.namespace()
     args = [x for owner in owners for x in (owner.tenant, owner.id)]
-    text = scripts.script(scripts.RELEASE_OWNER)
-    return int(cast("int", client.eval(text, len(namespace), *namespace, *args)))
+    script = client.register_script(scripts.script(scripts.RELEASE_OWNER))
+    return int(cast("int", script(keys=namespace, args=args)))
 
 
 def fingerprints(client: redis.Redis) -> list[str]:

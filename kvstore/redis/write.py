@@ -39,6 +39,7 @@ class PackTransaction:
         self.keys = keys
         self.capacity_bytes = capacity_bytes
         self.tenant_quota_bytes = tenant_quota_bytes
+        self._register = client.register_script(scripts.script(scripts.REGISTER))
 
     def send(
         self, groups: Sequence[Sequence[StoredBlock]], packs: Sequence[bytes], now: float, first: int
@@ -56,12 +57,7 @@ class PackTransaction:
             args += [b"".join(members), now - (first + i) * 1e-6]
         pipe.sadd(TIER_REGISTRY, self.keys.fingerprint)
         namespace = [*self.keys.namespace(), *keys]
-        pipe.eval(
-            scripts.script(scripts.REGISTER),
-            len(namespace),
-            *namespace,
-            self.capacity_bytes,
-            self.tenant_quota_bytes,
-            *args,
+        self._register(
+            keys=namespace, args=[self.capacity_bytes, self.tenant_quota_bytes, *args], client=pipe
         )
         return cast("list[Any]", pipe.execute())

@@ -104,7 +104,7 @@ class FakeWorker:
         if self.redis.exists(keys.job_cancel(job_id)):  # what Celery does with a revoked message
             self.celery.backend.mark_as_revoked(job_id, "revoked")
             return
-        self.leases.acquire(job_id, make_owner(WORKER, "fake"))  # running, as a worker's lease says
+        self.leases.start(job_id, make_owner(WORKER, "fake"), keys.worker_jobs(WORKER))  # running, leased
         if "TOO_LONG" in text:
             self._fail(job_id, JobFailed("invalid_request_error", "prompt is too long", 400, "messages"))
         elif "NO_MODEL" in text:

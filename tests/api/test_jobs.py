@@ -60,7 +60,7 @@ def test_submit_answers_at_once_then_succeeds(api: Served, worker: FakeWorker, r
 
 
 def test_queued_then_cancelled_before_it_ran(
-    api: Served, worker: FakeWorker, monkeypatch: pytest.MonkeyPatch
+    api: Served, worker: FakeWorker, rds: redis.Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     worker.pause()
     with api.client() as c:
@@ -69,6 +69,8 @@ def test_queued_then_cancelled_before_it_ran(
         assert job["status"] == "queued" and job["worker"] is None and job["result"] is None
         cancelled = c.delete(f"/v1/jobs/{job_id}")
         assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelling"
+        # never sent again: its message copy and pending entry went with the cancel
+        assert not rds.exists(keys.job_message(job_id)) and rds.zscore(keys.PENDING_JOBS, job_id) is None
         worker.resume()  # it takes the message, finds the job revoked
         job = wait_for(c, job_id, FINAL)
     assert job["status"] == "cancelled"

@@ -13,9 +13,17 @@ import redis
 from broker import keys
 from broker.codec import decode_result, encode_job
 from broker.jobs import events as job_events
+from broker.jobs.lease import JobLeases, Lease, LeaseHolder, Started, owner_worker
 from broker.messages import ChatMessage, GenerateJob, GenerateResult, TokenDelta
 from broker.sampling import SamplingParams
 from tests.integration.conftest import MODEL
+
+
+def start_lease(leases: JobLeases, job_id: str, owner: str) -> Lease | LeaseHolder:
+    """The lease a worker takes as it starts the job (JobLeases.start: listed in its job set), or
+    who holds it."""
+    got = leases.start(job_id, owner, keys.worker_jobs(owner_worker(owner)))
+    return got.lease if isinstance(got, Started) else got
 
 
 def token_job(prompt: list[int], max_tokens: int, model: str = MODEL) -> GenerateJob:

@@ -19,7 +19,7 @@ from broker.jobs.events import FencedStream, TokenCursor
 from broker.jobs.lease import JobLeases, Lease, StaleLeaseError
 from broker.messages import JobDone, StreamEvent, TokenDelta
 from tests.integration.conftest import WorkerProcess, wait_for
-from tests.integration.jobs import followed_tokens
+from tests.integration.jobs import followed_tokens, start_lease
 from tests.integration.jobs import random_prompt as _prompt
 from tests.integration.jobs import send as _send
 from tests.integration.jobs import token_job as _job
@@ -55,13 +55,13 @@ def test_zombie_write_with_an_old_epoch_is_refused(redis_client: redis.Redis) ->
     job_id, tenant = f"zombie-{uuid.uuid4().hex[:8]}", "t-zombie"
     leases, stream = JobLeases(redis_client, ttl_s=5), FencedStream(redis_client)
     redis_client.zadd(keys.tenant_jobs(tenant), {job_id: time.time() + 60})
-    first = leases.acquire(job_id, "a@h|1")
+    first = start_lease(leases, job_id, "a@h|1")
     assert isinstance(first, Lease) and first.epoch == 1
     stream.publish(job_id, tenant, TokenDelta("ab", (1, 2), 0, 0, first.epoch))
-    held = leases.acquire(job_id, "b@h|2")  # a live lease: nobody else gets it
+    held = start_lease(leases, job_id, "b@h|2")  # a live lease: nobody else gets it
     assert not isinstance(held, Lease) and held.worker == "a@h" and held.epoch == 1
     redis_client.delete(keys.job_lease(job_id))  # a's lease lapses (a paused past its TTL)
-    second = leases.acquire(job_id, "b@h|2")
+    second = start_lease(leases, job_id, "b@h|2")
     assert isinstance(second, Lease) and second.epoch == 2
     with pytest.raises(StaleLeaseError):
         stream.publish(job_id, tenant, TokenDelta("c", (3,), 2, 2, first.epoch))  # the zombie
@@ -73,6 +73,7 @@ def test_zombie_write_with_an_old_epoch_is_refused(redis_client: redis.Redis) ->
     assert result.token_ids == (1, 2, 3) and result.text_chars == 3 and not result.final
     assert leases.release(second) and leases.holder(job_id) is None
     assert [e.epoch for e in _raw_events(redis_client, job_id)] == [1, 2]
+    redis_client.delete(keys.worker_jobs("a@h"), keys.worker_jobs("b@h"))
 
 
 def test_token_cursor_shows_each_index_once() -> None:

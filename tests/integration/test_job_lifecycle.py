@@ -21,6 +21,7 @@ from broker.messages import GenerateJob, JobFailed
 from broker.sampling import SamplingParams
 from broker.worker_registry import live_workers
 from tests.integration.conftest import MODEL, WorkerProcess, wait_for
+from tests.integration.jobs import start_lease
 from workers.jobs import reaper
 from workers.process.supervisor import EXIT_CODE, Supervisor
 
@@ -47,7 +48,7 @@ def test_reaper_waits_for_the_dead_workers_lease(redis_client: redis.Redis) -> N
     redis_client.sadd(keys.WORKERS, dead)
     redis_client.sadd(keys.worker_jobs(dead), job_id)
     tag = _fake_unacked(redis_client, job_id, VOID)
-    lease = leases.acquire(job_id, make_owner(dead, "p1"))
+    lease = start_lease(leases, job_id, make_owner(dead, "p1"))
     assert isinstance(lease, Lease)
     assert job_id not in reaper.reap(redis_client, "reaper@h")  # still leased: it may be alive
     assert redis_client.sismember(keys.WORKERS, dead) and redis_client.hexists(keys.KOMBU_UNACKED, tag)
@@ -70,15 +71,15 @@ def test_restart_under_the_same_name_releases_the_previous_lifes_jobs(redis_clie
     leases = JobLeases(redis_client, ttl_s=30)
     redis_client.sadd(keys.worker_jobs(name), job_id)
     tag = _fake_unacked(redis_client, job_id, VOID)
-    old = leases.acquire(job_id, make_owner(name, "previous"))
+    old = start_lease(leases, job_id, make_owner(name, "previous"))
     assert isinstance(old, Lease)
     assert reaper.release_own(redis_client, name, make_owner(name, "now")) == [job_id]
     assert leases.holder(job_id) is None and not redis_client.exists(keys.worker_jobs(name))
     assert not redis_client.hexists(keys.KOMBU_UNACKED, tag)
     assert job_id in _queued_ids(redis_client, VOID)
-    new = leases.acquire(job_id, make_owner(name, "now"))
+    new = start_lease(leases, job_id, make_owner(name, "now"))
     assert isinstance(new, Lease) and new.epoch == old.epoch + 1  # the old life stays fenced
-    redis_client.delete(VOID)
+    redis_client.delete(VOID, keys.worker_jobs(name))
 
 
 class _FakeLoop:
@@ -152,7 +153,7 @@ def test_orphan_sweep_hands_back_what_nobody_runs_and_drops_what_ended(redis_cli
     tags = {job: _fake_unacked(redis_client, job, VOID) for job in (orphan, leased, ended, young)}
     old = time.time() - 60
     redis_client.zadd(keys.KOMBU_UNACKED_INDEX, {tags[j]: old for j in (orphan, leased, ended)})
-    assert isinstance(JobLeases(redis_client, ttl_s=30).acquire(leased, make_owner("w@h", "p")), Lease)
+    assert isinstance(start_lease(JobLeases(redis_client, ttl_s=30), leased, make_owner("w@h", "p")), Lease)
     job_events.publish(redis_client, ended, JobFailed("invalid_request_error", "bad", 400))
     restored, _ = reaper.sweep_orphans(redis_client, grace_s=30)  # live workers' sweeps may race it
     assert leased not in restored and young not in restored
@@ -163,7 +164,7 @@ def test_orphan_sweep_hands_back_what_nobody_runs_and_drops_what_ended(redis_cli
         assert redis_client.hexists(keys.KOMBU_UNACKED, tags[job])
         redis_client.hdel(keys.KOMBU_UNACKED, tags[job])
         redis_client.zrem(keys.KOMBU_UNACKED_INDEX, tags[job])
-    redis_client.delete(VOID, keys.job_lease(leased))
+    redis_client.delete(VOID, keys.job_lease(leased), keys.worker_jobs("w@h"))
 
 
 def test_a_message_lost_between_pop_and_unacked_is_sent_again(

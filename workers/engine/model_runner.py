@@ -18,10 +18,6 @@ from workers.engine.kernels.paged_attention import (
 )
 from workers.engine.scheduler import ScheduledSeq
 
-# Above this many rows a step is its GEMMs (a 1,000-token prefill: 1.04x the modules' time, where
-# oneDNN's linears edge out ATen's); below it the fused stack saves its ops (0.77-0.96x).
-FUSED_MAX_ROWS = 512
-
 
 class ModelRunner:
     def __init__(
@@ -50,7 +46,8 @@ class ModelRunner:
             and kv_cache.tensor.shape[-1] in kernel.HEAD_DIMS
             and kernel.available()
         )
-        # Every step runs the whole decoder stack in one C++ call where the model allows it.
+        # Every step runs the whole decoder stack in one C++ call where the model allows it, up to
+        # the row count measured at start-up (fused_crossover.py).
         self.fused = FusedDecoder.build(model, kv_cache) if fused_decode and self.decode_kernel else None
 
     def _slots(self, block_ids: list[int], start: int, end: int) -> torch.Tensor:
@@ -85,7 +82,7 @@ class ModelRunner:
             positions.extend(range(start, end))
         ids = torch.tensor(input_ids, device=self.device)
         pos = torch.tensor(positions, device=self.device)
-        if self.fused is not None and len(input_ids) <= FUSED_MAX_ROWS:
+        if self.fused is not None and self.fused.takes(len(input_ids)):
             # Each row attends over its own context: its sequence's table, length pos + 1.
             blocks = self._row_tables(ordered)
             slots = blocks.gather(1, (pos // self.block_size)[:, None])[:, 0] * self.block_size

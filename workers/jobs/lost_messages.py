@@ -16,7 +16,7 @@ from typing import Any
 import redis
 from celery import Celery
 
-from broker import keys
+from broker import keys, message_copy
 
 log = logging.getLogger(__name__)
 SCAN_LIMIT = 200  # pending jobs looked at per pass
@@ -24,8 +24,7 @@ SCAN_LIMIT = 200  # pending jobs looked at per pass
 
 def forget_message(client: redis.Redis, job_id: str) -> None:
     pipe = client.pipeline(transaction=False)
-    pipe.delete(keys.job_message(job_id))
-    pipe.zrem(keys.PENDING_JOBS, job_id)
+    message_copy.forget(pipe, job_id)
     pipe.execute()
 
 

@@ -69,3 +69,33 @@ def test_report_counts_pins_of_live_pending_and_vanished_sessions(
     assert tier_pins.release_session(redis_client, "C", "gone") == 2
     assert read_report(redis_client, redis_client)["orphan_pins"] == 0
     tier.check_integrity()
+
+
+def test_save_reads_the_stored_records_last_used_as_json_whatever_its_layout(
+    redis_client: redis.Redis,
+) -> None:
+    """The save script parses the stored record (cjson), so a newer one stored in another layout
+    (spaced, keys in another order) still refuses an older turn; one that does not parse goes."""
+    key = keys.session("A", "s")
+    redis_client.set(key, '{ "turns" : 1 , "last_used" : 12.5, "session_id" : "s" }')
+    assert not session_store.save(redis_client, record("A", "s", 12.0), 60)
+    assert session_store.save(redis_client, record("A", "s", 13.0), 60)
+    redis_client.set(key, b"\x00 not json")
+    assert session_store.save(redis_client, record("A", "s", 1.0), 60)
+    assert session_store.load(redis_client, "A", "s") == record("A", "s", 1.0)
+
+
+def test_sessions_pins_and_tier_writes_run_their_scripts_by_sha(
+    redis_client: redis.Redis, tiny_fmt: KVFormat, make_blocks: MakeBlocks
+) -> None:
+    """register_script: EVALSHA on each call, the script's text sent only when Redis lacks it."""
+    blocks = make_blocks(4)
+    hashes = [b.block_hash for b in blocks]
+    redis_client.config_resetstat()
+    tier = RedisTier(redis_client, tiny_fmt, BIG, blocks_per_pack=2)
+    tier.put(blocks)
+    assert session_store.save(redis_client, record("A", "s", time.time()), 60)
+    tier.pin_session("A", "s", hashes)
+    assert tier_pins.release_session(redis_client, "A", "s") == len(hashes)
+    stats = redis_client.info("commandstats")
+    assert "cmdstat_eval" not in stats and stats["cmdstat_evalsha"]["calls"] >= 4, stats

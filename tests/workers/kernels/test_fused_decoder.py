@@ -1,5 +1,5 @@
 """The fused decoder stack (kvferry::decoder_layers): the same logits and pool writes as the modules'
-forward (decodes, prefill rows beside them, kvferry's GEMM and ATen's), token-exact engines on
+forward (decodes, prefill rows beside them, kvferry's GEMM, ATen's and oneDNN's), token-exact engines on
 every architecture with it on and off, the steps it takes and leaves, and its refusals (raised
 before anything is written)."""
 
@@ -15,6 +15,7 @@ from broker.sampling import SamplingParams
 from tests.workers._helpers import NO_EOS, TinyModel, assert_tokens, make_engine, random_prompt, run_checked
 from tests.workers.conftest import _build_tiny
 from workers.engine.kernels import paged_decode
+from workers.engine.kernels.fused_crossover import FusedPlan
 from workers.engine.kernels.fused_decoder import FusedDecoder
 from workers.engine.kernels.packed_linear import SkinnyLinear
 from workers.engine.llm_engine import LLMEngine
@@ -61,7 +62,7 @@ def _mixed_batch(engine: LLMEngine, prompts: list[list[int]], late: list[int] | 
     return list(step.scheduled)
 
 
-@pytest.mark.parametrize("gemm", ["kvferry", "aten"])
+@pytest.mark.parametrize("gemm", ["kvferry", "aten", "onednn"])
 @pytest.mark.parametrize("prefill", [False, True], ids=["decodes", "with-prefill"])
 @pytest.mark.parametrize("arch", ARCHS)
 def test_one_step_matches_the_modules_forward(
@@ -74,8 +75,9 @@ def test_one_step_matches_the_modules_forward(
     engine = make_engine(tiny.loaded, num_blocks=48, block_size=8)
     fused = engine.runner.fused
     assert fused is not None, f"{arch}: the fused stack should apply"
-    if gemm == "aten":
+    if gemm != "kvferry":
         _skinny_rows(engine, 2, monkeypatch)
+        monkeypatch.setattr(fused, "plan", FusedPlan(onednn=gemm == "onednn", max_rows=None))
     rng = random.Random(1)
     prompts = [random_prompt(rng, n) for n in (1, 7, 8, 15, 40)]
     late = prompts[4][:19] + random_prompt(rng, 9) if prefill else None  # 16 of it cached, 12 new
@@ -103,6 +105,8 @@ def test_engine_is_token_exact_with_the_stack_fused_or_not(
     tiny: TinyModel = tiny_model(arch)
     engine = make_engine(tiny.loaded, num_blocks=96, fused_decode=fused)
     assert (engine.runner.fused is not None) is fused
+    if engine.runner.fused is not None:  # whatever was measured here: every step fused
+        monkeypatch.setattr(engine.runner.fused, "plan", FusedPlan(onednn=False, max_rows=None))
     calls = _count_fused(engine, monkeypatch) if fused else []
     rng = random.Random(9)
     prompts = {f"r{i}": random_prompt(rng, n) for i, n in enumerate([2, 16, 17, 33, 64, 5])}
@@ -204,3 +208,31 @@ def test_bad_tables_slots_or_weights_raise_before_anything_is_written(tiny: Tiny
             )
         assert torch.equal(pool, before), f"{what}: the pool was written"
         assert torch.equal(hidden, torch.ones_like(hidden)), f"{what}: hidden was written"
+
+
+@pytest.mark.parametrize("hkv, d", [(0, 16), (2, 0)], ids=["no-kv-heads", "no-head-dim"])
+def test_a_pool_without_heads_or_head_dim_raises(tiny: TinyModel, hkv: int, d: int) -> None:
+    """A malformed pool ([layers, 2, slots, Hkv, D] with Hkv or D zero) raises before the shapes
+    are divided by them (never a division by zero)."""
+    engine = make_engine(tiny.loaded, num_blocks=16, block_size=4)
+    fused = engine.runner.fused
+    assert isinstance(fused, FusedDecoder)
+    layers = engine.kv_cache.tensor.shape[0]
+    pool = torch.zeros(layers, 2, 16 * 4, hkv, d)
+    one = torch.zeros(1, dtype=torch.long)
+    with pytest.raises(RuntimeError, match="decoder_layers: kv must have"):
+        torch.ops.kvferry.decoder_layers(
+            torch.ones(1, tiny.loaded.model.config.hidden_size),
+            torch.zeros(1, d),
+            torch.zeros(1, d),
+            pool,
+            one,
+            one[None],
+            one + 1,
+            torch.zeros(0, dtype=torch.long),
+            fused.weights,
+            4,
+            0.25,
+            1e-6,
+            16,
+        )

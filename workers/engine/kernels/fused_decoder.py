@@ -4,10 +4,11 @@ Through transformers' modules a decode step of SmolLM2 (30 layers, 16 sequences)
 ~1,500 torch ops over a few kilobytes of activations each: ~20 % of the step on 2 cores, beside
 the linears and the attention that do the work. `kvferry::decoder_layers` runs every layer (norms,
 q/k/v, rotary, the K/V write into the pool, paged attention, o, the MLP, residuals) over raw
-buffers, calling the same kernels the modules call: kvferry's GEMM (ATen's above the crossover
-measured by gemm_crossover.py), the in-place attention for decodes, and one SDPA call over the
-gathered context for each prefill chunk. The embedding, the rotary table (the model's own module,
-so any rope scaling holds), the final norm and lm_head stay the model's.
+buffers, calling the same kernels the modules call: kvferry's GEMM (above the crossover measured
+by gemm_crossover.py, ATen's or oneDNN's, whichever fused_crossover.py measured faster here), the
+in-place attention for decodes, and one SDPA call over the gathered context for each prefill
+chunk. The embedding, the rotary table (the model's own module, so any rope scaling holds), the
+final norm and lm_head stay the model's.
 
 It applies on CPU fp32 to a Llama-family decoder (Llama, Mistral, Qwen2, Qwen3: optional biases
 and q/k norms) whose linears run kvferry's GEMM and whose decodes run the in-place attention
@@ -23,6 +24,8 @@ import torch
 from torch import nn
 
 from kvstore.pool.kv_cache import KVCache
+from workers.engine.kernels import fused_crossover
+from workers.engine.kernels.fused_crossover import FusedPlan
 from workers.engine.kernels.packed_linear import SkinnyLinear
 
 MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3"})
@@ -74,13 +77,20 @@ class FusedDecoder:
     """Not thread-safe (the model runner's thread owns it)."""
 
     def __init__(
-        self, decoder: Any, kv_cache: KVCache, weights: list[torch.Tensor], scale: float, eps: float
+        self,
+        decoder: Any,
+        kv_cache: KVCache,
+        weights: list[torch.Tensor],
+        scale: float,
+        eps: float,
+        plan: FusedPlan,
     ) -> None:
         self.decoder = decoder  # the model's base model: embed_tokens, rotary_emb, norm
         self.kv_cache = kv_cache
         self.weights = weights
         self.scale = scale
         self.eps = eps
+        self.plan = plan
 
     @classmethod
     def build(cls, model: nn.Module, kv_cache: KVCache) -> FusedDecoder | None:
@@ -113,13 +123,19 @@ class FusedDecoder:
             scales.add(float(layer.self_attn.scaling))
         if len(eps) != 1 or len(scales) != 1:
             return None
-        return cls(decoder, kv_cache, weights, scales.pop(), eps.pop())
+        first = decoder.layers[0]
+        linears = [getattr(first.self_attn, n) for n in _ATTN] + [getattr(first.mlp, n) for n in _MLP]
+        return cls(decoder, kv_cache, weights, scales.pop(), eps.pop(), fused_crossover.plan(linears))
 
     @property
     def skinny_rows(self) -> int:
         """Up to this many rows a step the linears run kvferry's GEMM, above it ATen's: the
         crossover pack_linears measured for this model."""
         return int(self.decoder.layers[0].self_attn.q_proj.max_rows)
+
+    def takes(self, rows: int) -> bool:
+        """Whether a step of `rows` rows runs here (else through the modules): see FusedPlan."""
+        return self.plan.max_rows is None or rows <= self.plan.max_rows
 
     def forward(
         self,
@@ -150,5 +166,6 @@ class FusedDecoder:
             self.scale,
             self.eps,
             self.skinny_rows,
+            self.plan.onednn,
         )
         return self.decoder.norm(hidden)

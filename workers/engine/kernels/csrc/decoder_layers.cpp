@@ -19,9 +19,12 @@
 // (context lengths with the new token); chunks [S]: the row counts of the prefill chunks, which
 // come first (rows of one sequence, consecutive positions), each attended in one SDPA call over
 // its context; the rows after them attend alone, in place. Every row's K/V is written before any
-// row attends. skinny_rows: up to this many rows the linears run kvferry's GEMM, above it ATen's.
+// row attends. skinny_rows: up to this many rows the linears run kvferry's GEMM, above it ATen's,
+// or oneDNN's where `onednn` is set (whichever fused_crossover.py measured faster on this CPU).
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
 #include <ATen/ops/addmm.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/from_blob.h>
@@ -93,6 +96,21 @@ void aten_linear(const float* x, int64_t m, const at::Tensor& w, const at::Tenso
     at::mm_out(ot, xt, w.t());
 }
 
+// aten_linear through oneDNN over the same plain weight: mkldnn::_linear_pointwise, the op the
+// modules' large-batch linears call (packed_linear.py). Boxed: the schema is torch's to change.
+void onednn_linear(const float* x, int64_t m, const at::Tensor& w, const at::Tensor& b, float* out) {
+  static const c10::OperatorHandle op = c10::Dispatcher::singleton().findSchemaOrThrow("mkldnn::_linear_pointwise", "");
+  const auto options = at::TensorOptions().dtype(at::kFloat);
+  torch::jit::Stack stack{at::from_blob(const_cast<float*>(x), {m, w.size(1)}, options),
+                          w,
+                          b.numel() > 0 ? c10::IValue(b) : c10::IValue(),
+                          "none",
+                          c10::List<std::optional<at::Scalar>>(),
+                          ""};
+  op.callBoxed(&stack);
+  at::from_blob(out, {m, w.size(0)}, options).copy_(stack[0].toTensor());
+}
+
 // out[m, Hq, D] = attention of a prefill chunk's m query rows q [m, Hq, D] (consecutive positions
 // ending at len - 1) over its context's first len slots through `table`, in one SDPA call over the
 // context gathered in whole blocks (bottom-right causal): its rows share every key they load.
@@ -131,7 +149,8 @@ void add_into(float* h, const float* x, int64_t count) {
 
 void decoder_layers(at::Tensor hidden, const at::Tensor& cos, const at::Tensor& sin, at::Tensor kv,
                     const at::Tensor& slots, const at::Tensor& tables, const at::Tensor& lens, const at::Tensor& chunks,
-                    at::TensorList weights, int64_t block_size, double scale, double eps, int64_t skinny_rows) {
+                    at::TensorList weights, int64_t block_size, double scale, double eps, int64_t skinny_rows,
+                    bool onednn) {
   TORCH_CHECK(
       hidden.dim() == 2 && hidden.is_contiguous() && hidden.device().is_cpu() && hidden.scalar_type() == at::kFloat,
       "kvferry::decoder_layers: hidden must be a contiguous fp32 CPU [n, H]");
@@ -142,9 +161,13 @@ void decoder_layers(at::Tensor hidden, const at::Tensor& cos, const at::Tensor& 
   const int64_t hkv = kv.size(3), d = kv.size(4);
   TORCH_CHECK(layers > 0 && static_cast<int64_t>(weights.size()) == layers * PER_LAYER,
               "kvferry::decoder_layers: ", PER_LAYER, " weights per layer, ", layers, " layers: got ", weights.size());
+  // Hkv and D divide the shapes below: checked first, so a malformed pool raises, never divides by zero.
+  TORCH_CHECK(hkv > 0 && d > 0, "kvferry::decoder_layers: kv must have Hkv > 0 heads of D > 0, got Hkv ", hkv, ", D ",
+              d);
   TORCH_CHECK(weights[1].dim() == 2 && weights[1].size(0) % d == 0, "kvferry::decoder_layers: wq must be [Hq*D, H]");
   const int64_t hq = weights[1].size(0) / d, inter = weights[12].dim() == 2 ? weights[12].size(0) : -1;
-  TORCH_CHECK(hq % hkv == 0 && d % 2 == 0 && inter > 0, "kvferry::decoder_layers: Hq a multiple of Hkv, even D");
+  TORCH_CHECK(hq > 0 && hq % hkv == 0 && d % 2 == 0 && inter > 0,
+              "kvferry::decoder_layers: Hq a multiple of Hkv, even D");
   for (const at::Tensor* t : {&cos, &sin})
     TORCH_CHECK(
         t->is_contiguous() && t->device().is_cpu() && t->scalar_type() == at::kFloat && t->sizes().equals({n, d}),
@@ -194,8 +217,9 @@ void decoder_layers(at::Tensor hidden, const at::Tensor& cos, const at::Tensor& 
       ptrs[l * PER_LAYER + i] = tensor_ptr(weights[l * PER_LAYER + i], shapes[i].first, shapes[i].second, l, i);
   if (n == 0) return;
 
-  // kvferry's GEMM up to skinny_rows rows (the crossover measured at start-up), ATen's above.
+  // kvferry's GEMM up to skinny_rows rows (the crossover measured at start-up), ATen's or oneDNN's above.
   const bool skinny = n <= skinny_rows;
+  const auto large_linear = onednn ? onednn_linear : aten_linear;
   std::vector<float> x(n * h), q(n * qd), k(n * kd), v(n * kd), attn(n * qd), o(n * h), gate(n * inter),
       up(skinny ? 0 : n * inter);
   float* hp = hidden.data_ptr<float>();
@@ -207,7 +231,7 @@ void decoder_layers(at::Tensor hidden, const at::Tensor& cos, const at::Tensor& 
     const float *ln1 = w[0], *wq = w[1], *bq = w[2], *wk = w[3], *bk = w[4], *wv = w[5], *bv = w[6];
     const float *qn = w[7], *kn = w[8], *wo = w[9], *bo = w[10], *ln2 = w[11];
     const float *wg = w[12], *bg = w[13], *wu = w[14], *bu = w[15], *wd = w[16], *bd = w[17];
-    const at::Tensor* t = weights.data() + l * PER_LAYER;  // the same weights, for ATen's GEMM
+    const at::Tensor* t = weights.data() + l * PER_LAYER;  // the same weights, for the large GEMM
 
     // Attention block.
     rms_norm(hp, ln1, x.data(), n, h, e);
@@ -215,9 +239,9 @@ void decoder_layers(at::Tensor hidden, const at::Tensor& cos, const at::Tensor& 
       const kvferry::Gemm qkv[] = {{wq, qd, bq, q.data()}, {wk, kd, bk, k.data()}, {wv, kd, bv, v.data()}};
       kvferry::skinny_gemms(x.data(), n, h, qkv, 3);
     } else {
-      aten_linear(x.data(), n, t[1], t[2], q.data());
-      aten_linear(x.data(), n, t[3], t[4], k.data());
-      aten_linear(x.data(), n, t[5], t[6], v.data());
+      large_linear(x.data(), n, t[1], t[2], q.data());
+      large_linear(x.data(), n, t[3], t[4], k.data());
+      large_linear(x.data(), n, t[5], t[6], v.data());
     }
     if (qn != nullptr) rms_norm(q.data(), qn, q.data(), n * hq, d, e);
     if (kn != nullptr) rms_norm(k.data(), kn, k.data(), n * hkv, d, e);
@@ -238,7 +262,7 @@ void decoder_layers(at::Tensor hidden, const at::Tensor& cos, const at::Tensor& 
     if (skinny)
       kvferry::skinny_gemm(attn.data(), n, qd, wo, h, bo, o.data());
     else
-      aten_linear(attn.data(), n, t[9], t[10], o.data());
+      large_linear(attn.data(), n, t[9], t[10], o.data());
     add_into(hp, o.data(), n * h);
 
     // MLP block.
@@ -247,14 +271,14 @@ void decoder_layers(at::Tensor hidden, const at::Tensor& cos, const at::Tensor& 
       kvferry::skinny_gated(x.data(), n, h, wg, bg, wu, bu, inter, gate.data());
       kvferry::skinny_gemm(gate.data(), n, inter, wd, h, bd, o.data());
     } else {
-      aten_linear(x.data(), n, t[12], t[13], gate.data());
-      aten_linear(x.data(), n, t[14], t[15], up.data());
+      large_linear(x.data(), n, t[12], t[13], gate.data());
+      large_linear(x.data(), n, t[14], t[15], up.data());
       float* g = gate.data();
       const float* u = up.data();
       at::parallel_for(0, n * inter, 4096, [&](int64_t i0, int64_t i1) {
         for (int64_t i = i0; i < i1; ++i) g[i] = g[i] / (1.f + std::exp(-g[i])) * u[i];  // SiLU(gate) * up
       });
-      aten_linear(gate.data(), n, t[16], t[17], o.data());
+      large_linear(gate.data(), n, t[16], t[17], o.data());
     }
     add_into(hp, o.data(), n * h);
   }
@@ -265,7 +289,8 @@ void decoder_layers(at::Tensor hidden, const at::Tensor& cos, const at::Tensor& 
 TORCH_LIBRARY_FRAGMENT(kvferry, m) {
   m.def(
       "decoder_layers(Tensor(a!) hidden, Tensor cos, Tensor sin, Tensor(b!) kv, Tensor slots, Tensor tables, "
-      "Tensor lens, Tensor chunks, Tensor[] weights, int block_size, float scale, float eps, int skinny_rows) -> ()");
+      "Tensor lens, Tensor chunks, Tensor[] weights, int block_size, float scale, float eps, int skinny_rows, "
+      "bool onednn=False) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(kvferry, CPU, m) { m.impl("decoder_layers", &decoder_layers); }
