@@ -33,7 +33,7 @@ TierDtype = Literal["exact", "int8", "fp16", "bf16"]
 
 def parse_size(text: str | int) -> int:
     """'512M', '1.5G', '2GiB', '4096', 1048576 -> bytes. Units are binary whatever the spelling
-    (1M = 1M = 1MB = 1MiB = 2**20), as the README documents: pydantic's own ByteSize parser would
+    (1M = 1M = 1MB = 1MiB = 2**20), as docs/configuration.md documents: pydantic's own ByteSize parser would
     read 'MB' as 10**6."""
     if isinstance(text, bool):
         raise ValueError(f"not a size: {text!r}")
@@ -82,7 +82,9 @@ class SettingsFields(BaseModel):
     # the KV tiers
     redis_cache_size: Size = ByteSize(2 * GiB)  # byte cap of the shared Redis tier (own LRU); 0 = none
     session_ttl_s: int = 3600  # idle sessions expire; their pinned blocks become ordinary cached ones
-    kv_tier_dtype: TierDtype = "exact"  # how Redis stores blocks; int8/fp16/bf16 are lossy (README)
+    kv_tier_dtype: TierDtype = (
+        "exact"  # how Redis stores blocks; int8/fp16/bf16 are lossy (docs/benchmarks.md)
+    )
     kv_write_queue_size: Size = ByteSize(256 * MiB)  # KV writes waiting for Redis; full: oldest dropped
     kv_write_defer_s: float = 1.0  # the KV writer waits for an idle engine at most this long; 0 = never
     tenant_kv_quota: Size | None = None  # session-pinned bytes per tenant in the Redis tier; None: no quota

@@ -40,7 +40,7 @@ def engine_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         click.option(
             "--kv-tier-dtype",
             type=click.Choice(["exact", "int8", "fp16", "bf16"]),
-            help="how the Redis tier stores blocks (exact; int8/fp16/bf16 are lossy: see README)",
+            help="how the Redis tier stores blocks (exact; int8/fp16/bf16 are lossy: see docs/benchmarks.md)",
         ),
         click.option(
             "--kv-write-queue-size", help="KV bytes waiting for Redis, e.g. 256M; full: oldest dropped"

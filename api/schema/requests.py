@@ -19,7 +19,7 @@ TOKEN_ID_LIMIT = 1 << 31  # the worker checks against the true vocabulary (a 400
 MAX_MODEL_CHARS = 256
 MAX_MESSAGES = 4096
 
-# OpenAI request fields accepted and ignored (README, "Ignored OpenAI fields").
+# OpenAI request fields accepted and ignored (docs/api.md, the request fields).
 IGNORED_FIELDS = (
     "frequency_penalty",
     "presence_penalty",

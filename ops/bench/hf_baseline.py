@@ -26,6 +26,21 @@ def hf_model(loaded: LoadedModel) -> Any:
 
 
 @torch.inference_mode()
+def hf_greedy(ref: Any, prompt: list[int], new_tokens: int) -> list[int]:
+    """HF `generate`'s greedy continuation of one prompt at batch 1: the ground truth that tests
+    and `kvferry chaos` hold the engine to."""
+    ids = torch.tensor([prompt])
+    out = ref.generate(
+        ids,
+        attention_mask=torch.ones_like(ids),
+        max_new_tokens=new_tokens,
+        do_sample=False,
+        pad_token_id=ref.generation_config.pad_token_id or 0,
+    )
+    return list(out[0, len(prompt) :].tolist())
+
+
+@torch.inference_mode()
 def hf_generate(ref: Any, prompts: list[list[int]], new_tokens: int, pad_id: int) -> float:
     width = max(len(p) for p in prompts)
     ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in prompts])

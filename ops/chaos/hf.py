@@ -175,20 +175,11 @@ class HFGreedy:
         self._memo: dict[tuple[tuple[int, ...], int], list[int]] = {}  # repeated passes repeat prompts
 
     def __call__(self, prompt: list[int], new_tokens: int) -> list[int]:
-        import torch
+        from ops.bench.hf_baseline import hf_greedy
 
         key = (tuple(prompt), new_tokens)
         if key not in self._memo and new_tokens > 0:
-            ids = torch.tensor([prompt])
-            with torch.inference_mode():
-                out = self.model.generate(
-                    ids,
-                    attention_mask=torch.ones_like(ids),
-                    max_new_tokens=new_tokens,
-                    do_sample=False,
-                    pad_token_id=self.model.generation_config.pad_token_id or 0,
-                )
-            self._memo[key] = out[0, len(prompt) :].tolist()
+            self._memo[key] = hf_greedy(self.model, prompt, new_tokens)
         return self._memo.get(key, [])
 
 

@@ -45,7 +45,7 @@ def test_bad_env_value_names_the_variable() -> None:
         Settings.from_env({}, block_size=0).engine_config()
 
 
-# Every KVFERRY_* variable the README documents, with its default: renaming one breaks deployments.
+# Every KVFERRY_* variable docs/configuration.md documents, with its default: renaming one breaks deployments.
 DOCUMENTED = {
     "MODEL": "smollm2",
     "SERVED_MODEL_NAME": None,
@@ -100,7 +100,7 @@ def test_documented_variables_and_defaults() -> None:
         ("512M", 512 * MiB),
         ("2G", 2 * GiB),
         ("1.5G", int(1.5 * GiB)),
-        ("512MB", 512 * MiB),  # binary whatever the spelling, as the README says (pydantic: 10**6)
+        ("512MB", 512 * MiB),  # binary whatever the spelling, as docs/configuration.md says (pydantic: 10**6)
         ("512MiB", 512 * MiB),
         ("64k", 64 * 1024),
         ("0", 0),

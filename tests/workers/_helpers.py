@@ -7,10 +7,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
 from transformers import PreTrainedModel
 
 from broker.sampling import SamplingParams
+from ops.bench.hf_baseline import hf_greedy
 from workers.engine.config import EngineConfig
 from workers.engine.llm_engine import LLMEngine
 from workers.engine.model.loader import LoadedModel
@@ -32,16 +32,7 @@ class Reference:
         """HF greedy continuation of one prompt at batch 1: the ground truth. Memoised."""
         key = (tuple(prompt), max_new_tokens)
         if key not in self._memo:
-            ids = torch.tensor([list(prompt)])
-            with torch.inference_mode():
-                out = self.model.generate(
-                    ids,
-                    attention_mask=torch.ones_like(ids),
-                    max_new_tokens=max_new_tokens,
-                    do_sample=False,
-                    pad_token_id=self.model.generation_config.pad_token_id or 0,
-                )
-            self._memo[key] = out[0, len(prompt) :].tolist()
+            self._memo[key] = hf_greedy(self.model, list(prompt), max_new_tokens)
         return self._memo[key]
 
     def __repr__(self) -> str:  # keeps pytest's failure reports free of weights and memo dumps

@@ -170,7 +170,7 @@ def _resume_once(
         "pool_write_s": writes[0],
         "fetch_mb_s": fetch_mb_s,
         # first touches of the memory the packs are received into: on a VM each can cost several
-        # µs of kernel time, the fetch's slow mode (README)
+        # µs of kernel time, the fetch's slow mode (docs/architecture.md, host heap)
         "fetch_page_faults": after.ru_minflt - before.ru_minflt,
         "fetch_kernel_s": after.ru_stime - before.ru_stime,
         "prefill_after_fetch_s": out_ttft,

@@ -3,9 +3,9 @@
 kvferry's GEMM (csrc/skinny_gemm.cpp) reads each weight once per 16 rows, so it wins while a step
 is bound by reading the weights; with more rows the product becomes bound by arithmetic, where
 oneDNN's blocked kernels (AVX-512 and AMX where the CPU has them) win. Where that happens depends
-on the CPU: ~128 rows on the 2-core AVX2 EPYC this project started on, ~48 on a 2-core AVX-512
-Xeon (`kvferry bench gemm`). So each worker times both over its own decoder linears once, when
-they are swapped in (~1 s for SmolLM2), and each step picks by its row count.
+on the CPU (docs/benchmarks.md has it per machine kind; `kvferry bench gemm`). So each worker
+times both over its own decoder linears once, when they are swapped in, and each step picks by
+its row count.
 """
 
 from __future__ import annotations

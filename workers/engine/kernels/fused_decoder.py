@@ -1,20 +1,19 @@
 """FusedDecoder: a step's whole decoder stack in one C++ call (csrc/decoder_layers.cpp).
 
-Through transformers' modules a decode step of SmolLM2 (30 layers, 16 sequences) dispatches
-~1,500 torch ops over a few kilobytes of activations each: ~20 % of the step on 2 cores, beside
-the linears and the attention that do the work. `kvferry::decoder_layers` runs every layer (norms,
-q/k/v, rotary, the K/V write into the pool, paged attention, o, the MLP, residuals) over raw
-buffers, calling the same kernels the modules call: kvferry's GEMM (above the crossover measured
-by gemm_crossover.py, ATen's or oneDNN's, whichever fused_crossover.py measured faster here), the
-in-place attention for decodes, and one SDPA call over the gathered context for each prefill
-chunk. The embedding, the rotary table (the model's own module, so any rope scaling holds), the
-final norm and lm_head stay the model's.
+Through transformers' modules a decode step of SmolLM2 (30 layers, 16 sequences) dispatches ~1,500
+torch ops over a few kilobytes of activations each, and their dispatch is a sizeable share of the
+step beside the linears and the attention that do the work (docs/benchmarks.md).
+`kvferry::decoder_layers` runs every layer (norms, q/k/v, rotary, the K/V write into the pool, paged
+attention, o, the MLP, residuals) over raw buffers, calling the same kernels the modules call:
+kvferry's GEMM (above the crossover measured by crossover.py, ATen's or oneDNN's, whichever
+fused_crossover.py measured faster here), the in-place attention for decodes, and one SDPA call over
+the gathered context for each prefill chunk. The embedding, the rotary table (the model's own
+module, so any rope scaling holds), the final norm and lm_head stay the model's.
 
-It applies on CPU fp32 to a Llama-family decoder (Llama, Mistral, Qwen2, Qwen3: optional biases
-and q/k norms) whose linears run kvferry's GEMM and whose decodes run the in-place attention
-kernel (both probed at start-up), with SiLU, one RMSNorm eps and no sliding window. Anything else
-keeps the modules' forward.
-"""
+It applies on CPU fp32 to a Llama-family decoder (Llama, Mistral, Qwen2, Qwen3: optional biases and
+q/k norms) whose linears run kvferry's GEMM and whose decodes run the in-place attention kernel
+(both probed at start-up), with SiLU, one RMSNorm eps and no sliding window. Anything else keeps the
+modules' forward."""
 
 from __future__ import annotations
 

@@ -3,8 +3,7 @@
 libgomp (torch's OpenMP runtime on Linux) keeps a pool of threads for each thread that has run a
 parallel region. Once the process holds more such threads than CPUs, every team stops spinning
 between regions and sleeps on a futex instead, so each of the thousands of regions in a forward
-pays a kernel wake-up. Measured on 2 cores: a cached 1,300-token prompt took 94 ms on an engine
-thread beside the model-loading thread's pool, and 72 ms with no other pool. So the engine is built
+pays a kernel wake-up (docs/benchmarks.md, design measurements). So the engine is built
 and run on its loop's own thread (EngineLoop.build), and any other thread that runs torch ops (the
 KV writer, prefetches decoding lossy tier blocks) first calls ``confine_to_this_thread()``: its
 regions then run on the calling thread alone and start no pool.

@@ -2,8 +2,9 @@
 // chunks and decodes), in one call.
 //
 // Through transformers' modules a decode step is ~50 torch ops a layer (norms, rotary, residuals,
-// views, the attention interface) for a few kilobytes of activations each: on 2 cores ~20 % of
-// the step went to dispatching them and to the Python between them, not to the weights. Here each
+// views, the attention interface) for a few kilobytes of activations each: a sizeable share of the
+// step went to dispatching them and to the Python between them, not to the weights
+// (docs/benchmarks.md). Here each
 // layer is: RMSNorm -> q/k/v GEMMs (+bias) -> per-head q/k RMSNorm (Qwen3) -> rotary -> K/V
 // written into the pool at their slots -> paged attention over each sequence's block table ->
 // o GEMM + residual -> RMSNorm -> gate/up GEMMs -> SiLU(gate) * up -> down GEMM + residual, over
