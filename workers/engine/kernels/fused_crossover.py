@@ -1,7 +1,7 @@
 """Which large-batch GEMM the fused decoder stack runs, and up to how many rows a step runs it,
 measured on this machine over one decoder layer's linears.
 
-Above kvferry's GEMM crossover (gemm_crossover.py) the fused stack (csrc/decoder_layers.cpp) runs
+Above kvferry's GEMM crossover (crossover.py) the fused stack (csrc/decoder_layers.cpp) runs
 its linears on ATen's GEMM (MKL) or on oneDNN's, while transformers' modules run oneDNN's
 (packed_linear.py). Which of the two is faster at prefill-sized batches depends on the CPU (MKL's
 kernels are tuned for Intel's), so each process times both, once per layer shape, at the row
