@@ -29,7 +29,7 @@ from ops.settings import Settings
 from ops.stack import Stack
 
 INTEGRITY_COMMAND = "kvferry_integrity"  # workers/process/control.py
-ENGINE_STEP_FAILED = "engine step failed; failing"  # workers/loop/engine_loop.py, once a step
+ENGINE_STEP_FAILED = "engine step failed; failing"  # workers/loop/dispatcher.py, once a step
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,7 +156,7 @@ def log_sizes(run_dir: Path) -> dict[str, int]:
 
 
 def engine_step_failures(run_dir: Path | None, before: dict[str, int] | None = None) -> int:
-    """Steps that failed every request in them (workers/loop/engine_loop.py logs each once):
+    """Steps that failed every request in them (workers/loop/dispatcher.py logs each once):
     their jobs are redelivered and resume exact, yet each is a bug, so the run counts them."""
     if run_dir is None:
         return 0

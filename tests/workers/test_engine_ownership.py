@@ -10,6 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from kvstore.pool.events import BlockRemoved, BlockStored
+from kvstore.tiers.stored_block import StoredBlock
+from kvstore.tiers.warm import WarmTier
+
 ROOT = Path(__file__).resolve().parents[2]
 OUTSIDE = ["workers/process", "workers/jobs", "workers/sessions", "workers/tiers", "api", "broker"]
 ENGINE_PARTS = {"pool", "block_manager", "scheduler", "tiers", "kv_cache", "runner", "sampler", "post"}
@@ -61,3 +65,23 @@ def test_one_function_roots_every_chain() -> None:
         if p.name != "chain.py" and "root_hash" in p.read_text()
     ]
     assert callers == []
+
+
+def test_blocks_on_their_way_to_the_warm_tier_count_as_held() -> None:
+    """A prefetch's blocks wait in the loop's inbox until the step ends: meanwhile a second
+    prefetch (the job's own, after a hint's) must not fetch them from Redis again."""
+    from workers.engine.held_blocks import HeldBlocks
+
+    warm = WarmTier(1 << 20)
+    held = HeldBlocks(warm)
+    a, b, c = b"a" * 32, b"b" * 32, b"c" * 32
+    held.on_pool_event(BlockStored(a, b"r" * 32, (1,), 0))
+    assert held.first_missing([a, b, c]) == 1
+    held.expect([b])
+    assert held.first_missing([a, b, c]) == 2  # on its way: not fetched twice
+    held.arrived([b])
+    assert held.first_missing([a, b, c]) == 1  # it never reached the warm tier: missing again
+    warm.put(StoredBlock(b, a, (2,), b"x" * 8))
+    assert held.first_missing([a, b, c]) == 2
+    held.on_pool_event(BlockRemoved(a, 0))
+    assert held.first_missing([a, b, c]) == 0

@@ -14,12 +14,29 @@ from kvstore.chain import BlockHash
 from kvstore.pool.events import AllBlocksCleared, BlockEvent, BlockRemoved, BlockStored
 from kvstore.tiers.warm import WarmTier
 
+MAX_EXPECTED = 100_000
+
 
 class HeldBlocks:
     def __init__(self, warm: WarmTier) -> None:
         self._warm = warm
         self._pool: set[BlockHash] = set()  # hashes the pool's index holds now
+        # Fetched from Redis and on their way to the warm tier (a WarmBlocks message the engine
+        # thread has not taken yet): held already, or a second prefetch would fetch them again.
+        self._expected: set[BlockHash] = set()
         self._lock = threading.Lock()
+
+    def expect(self, hashes: Sequence[BlockHash]) -> None:
+        """On the fetching thread: these blocks are on their way (EngineLoop.warm)."""
+        with self._lock:
+            if len(self._expected) > MAX_EXPECTED:  # messages of a loop that stopped: never arrive
+                self._expected.clear()
+            self._expected.update(hashes)
+
+    def arrived(self, hashes: Sequence[BlockHash]) -> None:
+        """On the engine thread: these blocks are in the warm tier now (or were refused)."""
+        with self._lock:
+            self._expected.difference_update(hashes)
 
     def on_pool_event(self, event: BlockEvent) -> None:
         """On the engine thread: the pool indexed, dropped or cleared blocks."""
@@ -33,7 +50,7 @@ class HeldBlocks:
 
     def __contains__(self, block_hash: object) -> bool:
         with self._lock:
-            if block_hash in self._pool:
+            if block_hash in self._pool or block_hash in self._expected:
                 return True
         return block_hash in self._warm
 

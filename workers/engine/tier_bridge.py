@@ -112,6 +112,7 @@ class TierBridge:
         for block in blocks:
             self.warm.put(block)
         hashes = [b.block_hash for b in blocks]
+        self.held.arrived(hashes)
         with self._lock:
             self.from_redis.update(hashes)
             self._persisted.update(hashes)

@@ -132,6 +132,10 @@ class EngineService:
     def counts(self) -> JobCounts:
         return self._counts  # an immutable snapshot: read without a lock
 
+    def can_prefetch(self) -> bool:
+        """Whether the engine and its Redis tier are built (prefetches before that are dropped)."""
+        return self._loop is not None and self.redis_tier is not None
+
     def prefetch(self, ids: list[int], salt: str) -> int:
         """On a job's (or the hint listener's) thread: a prompt's blocks from Redis into the warm
         tier; how many came. Never builds the engine: 0 before it is built."""

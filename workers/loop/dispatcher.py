@@ -55,7 +55,10 @@ class Dispatcher:
                 return
             self.handles[rid] = msg.handle
         elif isinstance(msg, WarmBlocks):
-            self.engine.admit_prefetched(msg.blocks)
+            try:
+                self.engine.admit_prefetched(msg.blocks)
+            except Exception:  # a prefetch lost costs a recompute, never the loop
+                log.exception("prefetched blocks could not be admitted; dropped")
         elif isinstance(msg, Abort):
             try:
                 out = self.engine.abort_request(msg.request_id)

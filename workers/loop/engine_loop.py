@@ -144,6 +144,8 @@ class EngineLoop:
         """Hand blocks fetched from Redis to the engine's warm tier (a request submitted after
         this finds them there)."""
         if blocks:
+            if self.held is not None:  # held until they land: no second fetch of them meanwhile
+                self.held.expect([b.block_hash for b in blocks])
             self._put(WarmBlocks(blocks))
 
     def check_integrity(self, timeout: float | None = 30.0) -> None:

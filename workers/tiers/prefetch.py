@@ -59,14 +59,20 @@ class HintListener:
     """Drains this worker's prefetch list (api/router.py pushes a hint when it sends a session's
     turn here that its last worker would have served): each hint loads the session's blocks from
     Redis into the warm tier, on this thread, while the turn waits in the queue. The job's own
-    prefetch then finds them warm. `fetch(ids, salt)` is the worker's prefetch, which never builds
-    the engine: before it is built, hints are dropped (it returns 0)."""
+    prefetch then finds them warm. `fetch(ids, salt)` is the worker's prefetch; it never builds the
+    engine: until `ready()`, hints are dropped unread."""
 
     def __init__(
-        self, client: redis.Redis, worker: str, fetch: Callable[[list[int], str], int], block_s: float = 1.0
+        self,
+        client: redis.Redis,
+        worker: str,
+        fetch: Callable[[list[int], str], int],
+        ready: Callable[[], bool],
+        block_s: float = 1.0,
     ) -> None:
         self.redis = client
         self.fetch = fetch
+        self.ready = ready  # whether the engine (and its tier) is built: before, hints are dropped
         self.block_s = block_s
         self.key = keys.worker_prefetch(worker)
         self.loaded_blocks = self.hints = 0
@@ -95,7 +101,7 @@ class HintListener:
     def handle(self, raw: bytes) -> int:
         """Load one hint's blocks; returns how many came from Redis."""
         hint = prefetch_hint.decode(raw)
-        if hint is None:
+        if hint is None or not self.ready():
             return 0
         self.hints += 1
         stored = session_store.load_tokens(self.redis, hint.tenant, hint.session_id)
