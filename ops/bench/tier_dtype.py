@@ -46,8 +46,8 @@ def _first_logprobs(engine: LLMEngine) -> dict[str, torch.Tensor]:
     inner = engine.sampler.sample_isolated
 
     def record(logits: torch.Tensor, requests: list[Any]) -> Any:
-        for row, (rid, _) in zip(logits, requests, strict=True):
-            seen.setdefault(rid, row.float().log_softmax(-1).cpu())
+        for row, seq in zip(logits, requests, strict=True):
+            seen.setdefault(seq.request_id, row.float().log_softmax(-1).cpu())
         return inner(logits, requests)
 
     engine.sampler.sample_isolated = record  # type: ignore[method-assign]

@@ -194,8 +194,8 @@ class LLMEngine:
         if step.loads:
             self.kv_cache.write_blocks([(load.block_id, load.stored.kv) for load in step.loads])
         logits = self.runner.run(list(step.scheduled))
-        requests = [(s.seq.request_id, s.seq.params) for s in step.scheduled if s.samples]
-        return self.sampler.sample_isolated(logits, requests) if requests else []
+        seqs = [s.seq for s in step.scheduled if s.samples]
+        return self.sampler.sample_isolated(logits, seqs) if seqs else []
 
     def _postprocess(self, step: SchedulerOutput, tokens: list[int | Exception]) -> list[RequestOutput]:
         sampling = [s for s in step.scheduled if s.samples]  # before the progress below moves on

@@ -8,6 +8,8 @@ import torch
 
 from broker.errors import InvalidRequestError
 from broker.sampling import SamplingParams
+from workers.engine import processors
+from workers.engine.requests.sequence import EngineRequest
 
 Sampled = int | Exception  # a token id, or why this row could not be sampled
 log = logging.getLogger(__name__)
@@ -32,14 +34,17 @@ class Sampler:
             self._generators[request_id] = generator
         return self._generators[request_id]
 
-    def sample(self, logits: torch.Tensor, requests: list[tuple[str, SamplingParams]]) -> list[Sampled]:
-        """logits: [N, vocab] fp32, one row per (request id, params).
+    def sample(self, logits: torch.Tensor, seqs: list[EngineRequest]) -> list[Sampled]:
+        """logits: [N, vocab] fp32, one row per request (never modified: the engine reads raw
+        logprobs from it). The logits processors (processors.apply) run first.
 
         A row that raises (a seed torch refuses, a temperature so low that softmax gives NaN) comes
         back as its exception; the other rows are sampled exactly as if it were not there, each
         drawing from its own generator once."""
         # Each op here runs over every row's 49k entries, a cost each step pays on CPU: none is run
         # for nothing.
+        logits = processors.apply(logits, seqs)
+        requests = [(s.request_id, s.params) for s in seqs]
         greedy = logits.argmax(dim=-1).tolist() if any(p.greedy for _, p in requests) else []
         plain = [row for row, (_, params) in enumerate(requests) if _plain(params)]
         drawn = self._sample_plain(logits, [requests[row][1] for row in plain], plain)
@@ -81,22 +86,20 @@ class Sampler:
             out.update({rows[i]: int(t) for i, t in zip(ok, tokens, strict=True)})
         return out
 
-    def sample_isolated(
-        self, logits: torch.Tensor, requests: list[tuple[str, SamplingParams]]
-    ) -> list[Sampled]:
+    def sample_isolated(self, logits: torch.Tensor, seqs: list[EngineRequest]) -> list[Sampled]:
         """sample(), and if its batched part raises, row by row: only a row that raises again
         fails. No generator has been drawn from before the batched part, so this stays exact.
         Raises only when every row fails (then the batch, not a request, is broken)."""
         try:
-            return self.sample(logits, requests)
+            return self.sample(logits, seqs)
         except Exception:
-            if len(requests) == 1:
+            if len(seqs) == 1:
                 raise
-            log.warning("batched sampling raised; sampling %d rows one by one", len(requests), exc_info=True)
+            log.warning("batched sampling raised; sampling %d rows one by one", len(seqs), exc_info=True)
             out: list[Sampled] = []
-            for row, request in enumerate(requests):
+            for row, seq in enumerate(seqs):
                 try:
-                    out.extend(self.sample(logits[row : row + 1], [request]))
+                    out.extend(self.sample(logits[row : row + 1], [seq]))
                 except Exception as exc:
                     out.append(exc)
             if all(isinstance(t, Exception) for t in out):

@@ -119,6 +119,7 @@ def test_unseeded_rows_drawn_together_follow_each_rows_distribution() -> None:
     import torch
 
     from broker.errors import InvalidRequestError
+    from workers.engine.requests.sequence import EngineRequest
     from workers.engine.sampler import Sampler
 
     vocab, n = 64, 600
@@ -135,7 +136,8 @@ def test_unseeded_rows_drawn_together_follow_each_rows_distribution() -> None:
         ("topk", SamplingParams(temperature=1.0, top_k=1)),
         ("greedy", SamplingParams(temperature=0.0)),
     ]
-    out = Sampler(torch.device("cpu")).sample(logits, requests)
+    seqs = [EngineRequest(rid, [0], params, 16) for rid, params in requests]
+    out = Sampler(torch.device("cpu")).sample(logits, seqs)
 
     assert isinstance(out[10], InvalidRequestError) and out[10].param == "temperature"
     even = [out[i] for i in range(0, n, 2) if i != 10]

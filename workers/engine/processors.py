@@ -1,0 +1,15 @@
+"""Logits processors: what changes a row's logits before a token is drawn from it (penalties,
+biases, grammar masks). They run batched over the rows that need them, out of place: the engine
+reads raw logprobs from the logits it was given (as vLLM's default, before any processor)."""
+
+from __future__ import annotations
+
+import torch
+
+from workers.engine.requests.sequence import EngineRequest
+
+
+def apply(logits: torch.Tensor, seqs: list[EngineRequest]) -> torch.Tensor:
+    """logits [N, vocab], one row per seq; returns the processed logits (a new tensor when any
+    row changes, else `logits` itself). Never modifies `logits` in place."""
+    return logits
