@@ -21,10 +21,10 @@ from api.jobs.meta import JobMeta
 from api.jobs.outcome import is_final
 from api.jobs.view import failed_body
 from api.schema import sse
-from api.schema.openai import CompletionRequest, error_body, response_body
+from api.schema.openai import Choice, CompletionRequest, error_body, response_body
 from api.stage_clock import StageClock
 from broker.errors import CodecError
-from broker.messages import JobDone, JobFailed, StreamEvent, TokenDelta, Usage
+from broker.messages import JobDone, JobFailed, StreamEvent, TokenDelta, TokenLogprob, Usage
 
 log = logging.getLogger(__name__)
 JOB_ID_HEADER = "X-Job-Id"
@@ -63,11 +63,11 @@ async def _observed(
                 ctx.metrics.ttft.labels(label).observe(max(0.0, time.time() - meta.created))
                 first = False
             if is_final(event):
-                await _ended(ctx, meta, label, event)
+                await ended(ctx, meta, label, event)
             yield event
 
 
-async def _ended(ctx: ApiContext, meta: JobMeta, label: str, event: StreamEvent) -> None:
+async def ended(ctx: ApiContext, meta: JobMeta, label: str, event: StreamEvent) -> None:
     ctx.metrics.job_latency.labels(label).observe(max(0.0, time.time() - meta.created))
     await settle(ctx, meta, event.result.usage if isinstance(event, JobDone) else None)
 
@@ -82,7 +82,7 @@ async def settle(ctx: ApiContext, meta: JobMeta, usage: Usage | None) -> None:
         log.warning("could not settle job %s: %s", meta.job_id, exc)
 
 
-async def _abandon(ctx: ApiContext, meta: JobMeta) -> None:
+async def abandon(ctx: ApiContext, meta: JobMeta) -> None:
     """Nobody waits for the job any more: stop it rather than let it spend a worker's time."""
     try:
         await ctx.jobs.cancel(meta.job_id)
@@ -96,9 +96,9 @@ def _timeout(ctx: ApiContext, meta: JobMeta) -> JSONResponse:
     return error_response(504, message, "server_error", code="timeout")
 
 
-async def _gave_up(ctx: ApiContext, meta: JobMeta, exc: JobTimeoutError | ClientGoneError) -> Response:
+async def gave_up(ctx: ApiContext, meta: JobMeta, exc: JobTimeoutError | ClientGoneError) -> Response:
     """Nobody will read the answer (timed out, or the client left): cancel the job, say why."""
-    await _abandon(ctx, meta)
+    await abandon(ctx, meta)
     return _timeout(ctx, meta) if isinstance(exc, JobTimeoutError) else Response(status_code=CLIENT_CLOSED)
 
 
@@ -114,18 +114,18 @@ async def _whole(
     try:
         event = await ctx.jobs.wait_final(meta.job_id, ctx.config.job_timeout_s, alive)
     except (JobTimeoutError, ClientGoneError) as exc:
-        return await _gave_up(ctx, meta, exc)
+        return await gave_up(ctx, meta, exc)
     if clock is not None:
         clock.mark("woken")
     label = "chat" if request.is_chat else "completion"
     if isinstance(event, JobDone):  # no token was followed: the worker's own first-token time
         ctx.metrics.ttft.labels(label).observe(max(0.0, event.result.ttft_s))
-    await _ended(ctx, meta, label, event)
+    await ended(ctx, meta, label, event)
     if isinstance(event, JobFailed):
         return failed_response(event)
     if isinstance(event, JobDone):
         r = event.result
-        body = response_body(request, r.text, r.finish_reason, r.usage, meta.response_id)
+        body = response_body(request, [Choice.of(r)], r.usage, meta.response_id)
         return JSONResponse(body, headers={WORKER_HEADER: r.worker})
     raise RuntimeError(f"job {meta.job_id}: its end stream holds a {type(event).__name__}")
 
@@ -136,13 +136,22 @@ async def _stream(
     try:
         first = await anext(events)  # a generator that raised is closed already
     except (JobTimeoutError, ClientGoneError) as exc:
-        return await _gave_up(ctx, meta, exc)
+        return await gave_up(ctx, meta, exc)
     if isinstance(first, JobFailed):
         await events.aclose()
         return failed_response(first)
     writer = sse.ChunkWriter(request, meta.response_id, int(meta.created))
     body = _sse(ctx, meta, request, writer, first, events)
     return StreamingResponse(body, media_type="text/event-stream", headers=sse.HEADERS)
+
+
+def _echo_of(event: StreamEvent) -> tuple[str, tuple[TokenLogprob, ...]] | None:
+    """The prompt's text and logprobs, on the delta that starts the output or in the result."""
+    if isinstance(event, TokenDelta) and (event.prompt_text or event.prompt_logprobs):
+        return event.prompt_text, event.prompt_logprobs
+    if isinstance(event, JobDone):
+        return event.result.prompt_text, event.result.prompt_logprobs
+    return None
 
 
 async def _sse(
@@ -155,14 +164,18 @@ async def _sse(
 ) -> AsyncIterator[bytes]:
     finished = False
     sent: list[str] = []  # the text streamed so far; the final text may hold a last few characters
+    echoed = not request.echo
     try:
         if request.is_chat:
             yield writer.text("")  # the role chunk
         event: StreamEvent | None = first
         while event is not None:
-            if isinstance(event, TokenDelta) and event.text:
+            if not echoed and (echo := _echo_of(event)) is not None:
+                echoed = True
+                yield writer.echo(*echo)
+            if isinstance(event, TokenDelta) and (event.text or (request.wants_logprobs and event.logprobs)):
                 sent.append(event.text)
-                yield writer.text(event.text)
+                yield writer.text(event.text, logprobs=event.logprobs)
             elif isinstance(event, JobDone):
                 finished = True
                 r = event.result
@@ -197,4 +210,4 @@ async def _sse(
         with anyio.CancelScope(shield=True):  # runs even when the response task is cancelled
             await events.aclose()
             if not finished:
-                await _abandon(ctx, meta)
+                await abandon(ctx, meta)

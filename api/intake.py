@@ -86,6 +86,7 @@ async def submit(
             tenant=tenant,
             session_id=request.session_id,
             params=request.params,
+            echo=request.echo,
         )
         await jobs.submit(meta, job, clock)
     except Exception:

@@ -28,6 +28,25 @@ class ChatMessage(Message, frozen=True):
     content: str
 
 
+class TopLogprob(Message, frozen=True, array_like=True):
+    """One of the likeliest tokens at a position: its id, its text and its log-probability."""
+
+    token_id: int
+    text: str
+    logprob: float
+
+
+class TokenLogprob(Message, frozen=True, array_like=True):
+    """A token's log-probability under the model's raw logits (before temperature, penalties and
+    masks), with the likeliest `top` alternatives when asked. logprob is None for a prompt's first
+    token (nothing predicts it)."""
+
+    token_id: int
+    text: str
+    logprob: float | None = None
+    top: tuple[TopLogprob, ...] = ()
+
+
 class GenerateJob(Message, frozen=True):
     """What `kvferry.generate` takes. Exactly one of messages, prompt, prompt_token_ids is set."""
 
@@ -42,6 +61,7 @@ class GenerateJob(Message, frozen=True):
     submitted_at: float = 0.0  # unix time at the api, for queue-wait figures
     pin_prefix: bool = False  # keep the prompt's blocks in the Redis tier for good (`kvferry preload`)
     cache_salt: str = ""  # as vLLM's: requests with different salts never share KV blocks
+    echo: bool = False  # the result carries the prompt's text (prompt_text), as completions' echo
 
     @property
     def kv_salt(self) -> str:
@@ -84,6 +104,9 @@ class GenerateResult(Message, frozen=True):
     queue_wait_s: float
     ttft_s: float
     latency_s: float
+    logprobs: tuple[TokenLogprob, ...] = ()  # one per output token, when params.logprobs is set
+    prompt_logprobs: tuple[TokenLogprob, ...] = ()  # one per prompt token, when params.prompt_logprobs is
+    prompt_text: str = ""  # the prompt as text, when the job asked for echo
 
 
 class TokenDelta(StreamEventBase, frozen=True, tag="delta"):
@@ -98,6 +121,10 @@ class TokenDelta(StreamEventBase, frozen=True, tag="delta"):
     start: int = -1
     text_start: int = -1
     epoch: int = 0
+    logprobs: tuple[TokenLogprob, ...] = ()  # one per token of token_ids, when the job asked
+    # On the delta that starts the output (start 0) of a job that asked: its prompt, for echo.
+    prompt_logprobs: tuple[TokenLogprob, ...] = ()
+    prompt_text: str = ""
 
 
 class JobDone(StreamEventBase, frozen=True, tag="done"):

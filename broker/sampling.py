@@ -16,6 +16,7 @@ SEED_MAX = 2**64 - 1  # inclusive
 MIN_TEMPERATURE = 1e-2
 MAX_TEMPERATURE = 100.0
 MAX_STOP_STRINGS = 4
+MAX_LOGPROBS = 20  # top alternatives per token, as OpenAI's top_logprobs (and vLLM's default cap)
 
 
 def _is_number(value: object) -> bool:
@@ -42,11 +43,19 @@ class SamplingParams(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     seed: int | None = None
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
+    # Log-probabilities of each output token with this many top alternatives (None: none), and
+    # of each prompt token (None: none; the prompt's KV is then computed, never taken from a cache).
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
 
     def __post_init__(self) -> None:
-        if self.max_tokens is not None and (not _is_int(self.max_tokens) or self.max_tokens <= 0):
+        # 0 only computes the prompt, for its logprobs (echo): the engine samples nothing then
+        least = 0 if self.prompt_logprobs is not None else 1
+        if self.max_tokens is not None and (not _is_int(self.max_tokens) or self.max_tokens < least):
             raise InvalidRequestError(
-                f"max_tokens must be a positive integer, got {self.max_tokens!r}", "max_tokens"
+                f"max_tokens must be an integer >= {least} (0 only with prompt logprobs), "
+                f"got {self.max_tokens!r}",
+                "max_tokens",
             )
         t = self.temperature
         if not _is_number(t) or not math.isfinite(t):
@@ -71,6 +80,12 @@ class SamplingParams(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             raise InvalidRequestError(f"at most {MAX_STOP_STRINGS} stop strings", "stop")
         if not isinstance(self.ignore_eos, bool):
             raise InvalidRequestError("ignore_eos must be a boolean", "ignore_eos")
+        for name in ("logprobs", "prompt_logprobs"):
+            k = getattr(self, name)
+            if k is not None and (not _is_int(k) or not 0 <= k <= MAX_LOGPROBS):
+                raise InvalidRequestError(
+                    f"{name} must be an integer in [0, {MAX_LOGPROBS}], got {k!r}", name
+                )
 
     @property
     def greedy(self) -> bool:

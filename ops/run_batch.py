@@ -9,11 +9,13 @@ from pathlib import Path
 from typing import Any
 
 from api.schema import json_guard
-from api.schema.openai import CompletionRequest, parse_request, response_body
+from api.schema.openai import Choice, CompletionRequest, parse_request, response_body
 from broker.errors import InvalidRequestError, PromptTooLongError, UnknownModelError
 from broker.messages import Usage
 from workers.engine.llm_engine import LLMEngine
+from workers.engine.requests.logprob import Logprob
 from workers.engine.requests.output import RequestOutput
+from workers.jobs.logprob_text import LogprobText
 from workers.jobs.prompt import prompt_token_ids
 
 
@@ -69,7 +71,33 @@ def _error_record(line: BatchLine) -> dict[str, Any]:
     }
 
 
-def _ok_record(line: BatchLine, out: RequestOutput) -> dict[str, Any]:
+@dataclass
+class _Running:
+    """A line in the engine: its prompt, and the logprobs its outputs carried so far."""
+
+    index: int
+    prompt_ids: list[int]
+    logprobs: list[Logprob]
+    prompt_logprobs: tuple[Logprob, ...] = ()
+
+
+def _choice(line: BatchLine, run: _Running, out: RequestOutput, names: LogprobText) -> Choice:
+    assert line.request is not None and out.finish_reason is not None
+    request = line.request
+    prompt_text = ""
+    if request.echo:
+        prompt = request.prompt
+        prompt_text = prompt if isinstance(prompt, str) else names.tokenizer.decode(run.prompt_ids)
+    return Choice(
+        out.text,
+        out.finish_reason,
+        names.entries(run.logprobs),
+        names.prompt(run.prompt_ids, run.prompt_logprobs) if run.prompt_logprobs else (),
+        prompt_text,
+    )
+
+
+def _ok_record(line: BatchLine, out: RequestOutput, choice: Choice) -> dict[str, Any]:
     assert line.request is not None and out.finish_reason is not None
     usage = Usage(out.prompt_tokens, out.completion_tokens, out.cached_tokens)
     request_id = uuid.uuid4().hex
@@ -79,7 +107,7 @@ def _ok_record(line: BatchLine, out: RequestOutput) -> dict[str, Any]:
         "response": {
             "status_code": 200,
             "request_id": request_id,
-            "body": response_body(line.request, out.text, out.finish_reason, usage),
+            "body": response_body(line.request, [choice], usage),
         },
         "error": None,
     }
@@ -108,16 +136,23 @@ class BatchFigures:
 def run_batch(engine: LLMEngine, lines: list[BatchLine]) -> tuple[list[dict[str, Any]], BatchFigures]:
     """Submit every valid line at once, step the engine until all finish; records in input order."""
     records: list[dict[str, Any] | None] = [None] * len(lines)
-    pending: dict[str, int] = {}
+    pending: dict[str, _Running] = {}
+    names = LogprobText(engine.tokenizer)
     for i, line in enumerate(lines):
         if line.request is None:
             records[i] = _error_record(line)
+            continue
+        if line.request.more_prompts:
+            message = "a batch line holds one prompt: write a line per prompt"
+            records[i] = _error_record(
+                BatchLine(line.line_no, line.custom_id, error_code="invalid_request", error_message=message)
+            )
             continue
         try:
             ids = prompt_token_ids(line.request.to_job(), engine.tokenizer)
             rid = f"batch-{i}"
             engine.add_request(rid, ids, line.request.params)
-            pending[rid] = i
+            pending[rid] = _Running(i, ids, [])
         except InvalidRequestError as exc:
             code = "context_length_exceeded" if isinstance(exc, PromptTooLongError) else "invalid_request"
             records[i] = _error_record(
@@ -126,9 +161,13 @@ def run_batch(engine: LLMEngine, lines: list[BatchLine]) -> tuple[list[dict[str,
     figures = BatchFigures()
     while engine.has_unfinished():
         for out in engine.step():
+            run = pending[out.request_id]
+            run.logprobs.extend(out.delta_logprobs)
+            run.prompt_logprobs = run.prompt_logprobs or out.prompt_logprobs
             if out.finished:
-                i = pending.pop(out.request_id)
-                records[i] = _ok_record(lines[i], out)
+                del pending[out.request_id]
+                line = lines[run.index]
+                records[run.index] = _ok_record(line, out, _choice(line, run, out, names))
         figures.sample(engine)
     assert not pending and all(r is not None for r in records)
     return [r for r in records if r is not None], figures

@@ -22,13 +22,16 @@ class JobMeta:
     tenant: str = ""
     session_id: str | None = None
     params: SamplingParams = field(default_factory=SamplingParams)
+    echo: bool = False  # completions' echo: the answer starts with the prompt
 
     def request(self) -> CompletionRequest:
         """The request as far as building its response body needs (its prompt is not kept)."""
         endpoint: Endpoint = (
             "/v1/chat/completions" if self.endpoint == "/v1/chat/completions" else "/v1/completions"
         )
-        return CompletionRequest(endpoint, self.model, self.params, session_id=self.session_id)
+        return CompletionRequest(
+            endpoint, self.model, self.params, session_id=self.session_id, echo=self.echo
+        )
 
     def to_hash(self) -> dict[str, str]:
         return {
@@ -40,6 +43,7 @@ class JobMeta:
             "params": codec.encode(self.params).decode(),
             "tenant": self.tenant,
             "session_id": self.session_id or "",
+            "echo": "1" if self.echo else "",
         }
 
     @classmethod
@@ -55,6 +59,7 @@ class JobMeta:
             tenant=h.get("tenant", ""),
             session_id=h.get("session_id") or None,
             params=_params(h.get("params")),
+            echo=bool(h.get("echo")),
         )
 
     @property

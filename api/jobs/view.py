@@ -10,7 +10,7 @@ from celery import states
 from api.jobs.client import JobClient
 from api.jobs.meta import JobMeta
 from api.jobs.outcome import is_final, outcome_of
-from api.schema.openai import error_body, response_body, usage_body
+from api.schema.openai import Choice, error_body, response_body, usage_body
 from broker.messages import JobDone, JobFailed, StreamEvent
 
 JobStatus = Literal["queued", "running", "succeeded", "failed", "cancelled", "cancelling"]
@@ -73,7 +73,7 @@ async def job_view(jobs: JobClient, meta: JobMeta) -> dict[str, Any]:
     }
     if isinstance(outcome, JobDone):
         r = outcome.result
-        body = response_body(meta.request(), r.text, r.finish_reason, r.usage, meta.response_id)
+        body = response_body(meta.request(), [Choice.of(r)], r.usage, meta.response_id)
         body["created"] = int(meta.created)
         view.update(result=body, usage=usage_body(r.usage), worker=r.worker or None)
     elif isinstance(outcome, JobFailed):

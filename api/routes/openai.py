@@ -10,6 +10,7 @@ from fastapi.responses import Response
 from api import intake, stage_clock
 from api.auth import Tenant
 from api.completion import answer
+from api.completion_batch import answer_all, submit_all
 from api.context import Ctx
 from api.errors import ApiError
 from api.schema.openapi_doc import body_of
@@ -24,11 +25,14 @@ async def _complete(endpoint: str, request: Request, ctx: Ctx, tenant: str) -> R
     body = await intake.read_json(request, ctx.config.max_body_bytes)
     parsed = intake.parse(ctx, endpoint, body, request.headers.get(intake.SESSION_HEADER))
     clock.mark("parsed")
-    meta = await intake.submit(ctx, parsed, tenant, clock)
 
     async def alive() -> bool:
         return not await request.is_disconnected()
 
+    if parsed.more_prompts:
+        requests = parsed.split()
+        return await answer_all(ctx, await submit_all(ctx, requests, tenant), requests, alive)
+    meta = await intake.submit(ctx, parsed, tenant, clock)
     return await answer(ctx, meta, parsed, alive, clock)
 
 

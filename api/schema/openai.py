@@ -4,16 +4,19 @@ a bad one raises InvalidRequestError whose param names the (top-level) field."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
+from api.schema import logprobs as logprobs_body
 from api.schema.requests import ChatBody, CompletionBody
 from broker.errors import InvalidRequestError
-from broker.messages import ChatMessage, GenerateJob, Usage
+from broker.messages import ChatMessage, GenerateJob, GenerateResult, TokenLogprob, Usage
 from broker.sampling import MAX_STOP_STRINGS, SamplingParams
 
 Endpoint = Literal["/v1/chat/completions", "/v1/completions"]
@@ -32,10 +35,21 @@ class CompletionRequest:
     stream: bool = False
     include_usage: bool = False  # stream_options.include_usage: a final chunk with usage
     cache_salt: str = ""  # as vLLM's: requests with different salts never share KV blocks
+    echo: bool = False  # completions: the prompt comes back before the completion
+    more_prompts: tuple[str | tuple[int, ...], ...] = ()  # completions: the batch's other prompts
 
     @property
     def is_chat(self) -> bool:
         return self.endpoint == "/v1/chat/completions"
+
+    @property
+    def wants_logprobs(self) -> bool:
+        return self.params.logprobs is not None
+
+    def split(self) -> list[CompletionRequest]:
+        """One request per prompt of a batch (a choice each, in order)."""
+        prompts = (self.prompt, *self.more_prompts)
+        return [dataclasses.replace(self, prompt=p, more_prompts=()) for p in prompts]
 
     def to_job(self, tenant: str = "") -> GenerateJob:
         return GenerateJob(
@@ -49,6 +63,7 @@ class CompletionRequest:
             tenant=tenant,
             submitted_at=time.time(),
             cache_salt=self.cache_salt,
+            echo=self.echo,
         )
 
 
@@ -100,6 +115,12 @@ def _params(b: ChatBody | CompletionBody, default_max_tokens: int | None) -> Sam
     if isinstance(b, ChatBody) and b.max_completion_tokens is not None:
         max_tokens = b.max_completion_tokens
     stop = (b.stop,) if isinstance(b.stop, str) else tuple(b.stop or ())
+    if isinstance(b, ChatBody):
+        logprobs = (b.top_logprobs or 0) if b.logprobs else None
+        prompt_logprobs = None
+    else:
+        logprobs = b.logprobs
+        prompt_logprobs = b.logprobs if b.echo else None  # echo's prompt comes with its logprobs
     return SamplingParams(
         max_tokens=max_tokens if max_tokens is not None else default_max_tokens,
         temperature=1.0 if b.temperature is None else b.temperature,
@@ -108,6 +129,8 @@ def _params(b: ChatBody | CompletionBody, default_max_tokens: int | None) -> Sam
         seed=b.seed,
         stop=stop,
         ignore_eos=bool(b.ignore_eos),
+        logprobs=logprobs,
+        prompt_logprobs=prompt_logprobs,
     )
 
 
@@ -123,10 +146,16 @@ def parse_request(endpoint: str, body: Any, chat_max_tokens: int | None = None) 
             {"role": "system" if m.role == "developer" else m.role, "content": m.text} for m in b.messages
         )
         prompt: str | tuple[int, ...] = ""
+        more: tuple[str | tuple[int, ...], ...] = ()
         params = _params(b, chat_max_tokens)
     else:
         b = validate(CompletionBody, body)
-        messages, prompt = (), b.prompt_value
+        prompts = b.prompt_values
+        messages, prompt, more = (), prompts[0], tuple(prompts[1:])
+        if more and b.stream:
+            raise InvalidRequestError(
+                "stream takes one prompt; send several prompts without stream", "stream"
+            )
         params = _params(b, 16)
     options = b.stream_options
     return CompletionRequest(
@@ -139,6 +168,8 @@ def parse_request(endpoint: str, body: Any, chat_max_tokens: int | None = None) 
         stream=bool(b.stream),
         include_usage=bool(options and options.include_usage),
         cache_salt=b.cache_salt or "",
+        echo=bool(getattr(b, "echo", None)),
+        more_prompts=more,
     )
 
 
@@ -160,32 +191,58 @@ def usage_body(usage: Usage) -> dict[str, Any]:
     }
 
 
-def response_body(
-    request: CompletionRequest, text: str, finish_reason: str, usage: Usage, request_id: str | None = None
-) -> dict[str, Any]:
-    created = int(time.time())
+@dataclass(frozen=True, slots=True)
+class Choice:
+    """One choice's part of an answer: its text and why it ended, with what the request asked
+    besides (logprobs; for echo, the prompt's text and logprobs)."""
+
+    text: str
+    finish_reason: str
+    logprobs: tuple[TokenLogprob, ...] = ()
+    prompt_logprobs: tuple[TokenLogprob, ...] = ()
+    prompt_text: str = ""
+
+    @classmethod
+    def of(cls, r: GenerateResult) -> Choice:
+        return cls(r.text, r.finish_reason, r.logprobs, r.prompt_logprobs, r.prompt_text)
+
+
+def total_usage(usages: Sequence[Usage]) -> Usage:
+    """The usage of several jobs answered as one (a batch of prompts), field by field."""
+    if len(usages) == 1:
+        return usages[0]
+    fields = [f for f in Usage.__struct_fields__]
+    return Usage(**{f: sum(getattr(u, f) for u in usages) for f in fields})
+
+
+def choice_body(request: CompletionRequest, index: int, choice: Choice) -> dict[str, Any]:
     if request.is_chat:
+        lp = logprobs_body.chat_body(choice.logprobs) if request.wants_logprobs else None
         return {
-            "id": request_id or f"chatcmpl-{uuid.uuid4().hex}",
-            "object": "chat.completion",
-            "created": created,
-            "model": request.model,
-            "choices": [
-                {
-                    "index": 0,
-                    "message": {"role": "assistant", "content": text},
-                    "logprobs": None,
-                    "finish_reason": finish_reason,
-                }
-            ],
-            "usage": usage_body(usage),
+            "index": index,
+            "message": {"role": "assistant", "content": choice.text},
+            "logprobs": lp,
+            "finish_reason": choice.finish_reason,
         }
+    text = choice.text
+    entries = choice.logprobs
+    if request.echo:
+        text = choice.prompt_text + text
+        entries = (*choice.prompt_logprobs, *entries)
+    lp = logprobs_body.completion_body(entries) if request.wants_logprobs else None
+    return {"index": index, "text": text, "logprobs": lp, "finish_reason": choice.finish_reason}
+
+
+def response_body(
+    request: CompletionRequest, choices: Sequence[Choice], usage: Usage, request_id: str | None = None
+) -> dict[str, Any]:
+    chat = request.is_chat
     return {
-        "id": request_id or f"cmpl-{uuid.uuid4().hex}",
-        "object": "text_completion",
-        "created": created,
+        "id": request_id or f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}",
+        "object": "chat.completion" if chat else "text_completion",
+        "created": int(time.time()),
         "model": request.model,
-        "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}],
+        "choices": [choice_body(request, i, c) for i, c in enumerate(choices)],
         "usage": usage_body(usage),
     }
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
-from broker.sampling import MAX_STOP_STRINGS, MAX_TEMPERATURE, MIN_TEMPERATURE, SEED_MAX
+from broker.sampling import MAX_LOGPROBS, MAX_STOP_STRINGS, MAX_TEMPERATURE, MIN_TEMPERATURE, SEED_MAX
 
 # A session id or cache salt: safe in a URL path segment and a Redis key; no '/', no spaces, and
 # a letter or digit first (clients rewrite the path segments "." and "..": never addressable).
@@ -18,14 +18,13 @@ MAX_TOKENS_CAP = 1 << 20  # far above any context; the worker checks against the
 TOKEN_ID_LIMIT = 1 << 31  # the worker checks against the true vocabulary (a 400 there too)
 MAX_MODEL_CHARS = 256
 MAX_MESSAGES = 4096
+MAX_PROMPTS = 128  # prompts in one /v1/completions (each its own job, under the tenant's job cap)
 
 # OpenAI request fields accepted and ignored (docs/api.md, the request fields).
 IGNORED_FIELDS = (
     "frequency_penalty",
     "presence_penalty",
     "logit_bias",
-    "logprobs",
-    "top_logprobs",
     "user",
     "metadata",
     "store",
@@ -41,7 +40,6 @@ IGNORED_FIELDS = (
     "prediction",
     "reasoning_effort",
     "web_search_options",
-    "echo",
     "best_of",
     "suffix",
     "messages[].name",
@@ -49,6 +47,7 @@ IGNORED_FIELDS = (
 
 Id = Annotated[str, Field(pattern=ID_PATTERN)]
 TokenId = Annotated[int, Field(ge=0, lt=TOKEN_ID_LIMIT)]
+TopK = Annotated[int, Field(ge=0, le=MAX_LOGPROBS)]
 NonEmpty = Annotated[str, Field(min_length=1)]
 Penalty = Annotated[float, Field(ge=-2.0, le=2.0, allow_inf_nan=False)]
 
@@ -109,13 +108,23 @@ class ChatBody(_Common):
 
     messages: Annotated[list[Message], Field(min_length=1, max_length=MAX_MESSAGES)]
     max_completion_tokens: Annotated[int, Field(ge=1, le=MAX_TOKENS_CAP)] | None = None
+    logprobs: bool | None = None
+    top_logprobs: TopK | None = None  # needs logprobs: true, as OpenAI's
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _top_logprobs(cls, k: int | None, info: ValidationInfo) -> int | None:
+        if k is not None and info.data.get("logprobs") is not True:
+            raise ValueError("needs logprobs: true")
+        return k
 
 
+TokenIds = Annotated[list[TokenId], Field(min_length=1)]
 Prompt = (
     NonEmpty
-    | Annotated[list[TokenId], Field(min_length=1)]
-    | Annotated[list[NonEmpty], Field(min_length=1, max_length=1)]  # a batch of one
-    | Annotated[list[Annotated[list[TokenId], Field(min_length=1)]], Field(min_length=1, max_length=1)]
+    | TokenIds
+    | Annotated[list[NonEmpty], Field(min_length=1, max_length=MAX_PROMPTS)]
+    | Annotated[list[TokenIds], Field(min_length=1, max_length=MAX_PROMPTS)]
 )
 
 
@@ -123,13 +132,18 @@ class CompletionBody(_Common):
     """POST /v1/completions."""
 
     prompt: Prompt
+    # 0 with echo: the prompt alone, with its logprobs (what lm-eval's loglikelihood asks)
+    max_tokens: Annotated[int, Field(ge=0, le=MAX_TOKENS_CAP)] | None = None
+    logprobs: TopK | None = None
+    echo: bool | None = None
 
     @property
-    def prompt_value(self) -> str | tuple[int, ...]:
+    def prompt_values(self) -> list[str | tuple[int, ...]]:
+        """Each prompt of the body: one, or a batch of several."""
         p: Any = self.prompt
-        if isinstance(p, list) and isinstance(p[0], (str, list)):
-            p = p[0]  # a batch of one
-        return p if isinstance(p, str) else tuple(p)
+        if isinstance(p, str) or (p and isinstance(p[0], int)):
+            p = [p]
+        return [q if isinstance(q, str) else tuple(q) for q in p]
 
 
 class JobBody(_Strict):

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
+from api.schema import logprobs as logprobs_body
 from api.schema.openai import CompletionRequest, usage_body
-from broker.messages import Usage
+from broker.messages import TokenLogprob, Usage
 
 DONE = b"data: [DONE]\n\n"
 HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -25,6 +27,7 @@ class ChunkWriter:
         self.response_id = response_id
         self.created = created
         self._role_sent = False
+        self._offset = 0  # completions' text_offset of the next token
 
     def _chunk(self, choices: list[dict[str, Any]]) -> dict[str, Any]:
         chunk: dict[str, Any] = {
@@ -38,11 +41,19 @@ class ChunkWriter:
             chunk["usage"] = None
         return chunk
 
-    def text(self, text: str, finish_reason: str | None = None, worker: str | None = None) -> bytes:
-        """A text chunk; the last one (with finish_reason) also names the worker, as an extension
-        field `x_kvferry` that OpenAI clients ignore."""
+    def text(
+        self,
+        text: str,
+        finish_reason: str | None = None,
+        worker: str | None = None,
+        logprobs: Sequence[TokenLogprob] = (),
+    ) -> bytes:
+        """A text chunk, with its tokens' logprobs when the request asked; the last one (with
+        finish_reason) also names the worker, as an extension field `x_kvferry` that OpenAI
+        clients ignore."""
         if not self.request.is_chat:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+            lp = self._completion_logprobs(logprobs) if self.request.wants_logprobs else None
+            choice = {"index": 0, "text": text, "logprobs": lp, "finish_reason": finish_reason}
             return frame(self._with_worker(self._chunk([choice]), worker))
         delta: dict[str, Any] = {}
         if not self._role_sent:
@@ -50,8 +61,18 @@ class ChunkWriter:
             self._role_sent = True
         if text or finish_reason is None:
             delta["content"] = text
-        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+        chat_lp = logprobs_body.chat_body(logprobs) if self.request.wants_logprobs and logprobs else None
+        choice = {"index": 0, "delta": delta, "logprobs": chat_lp, "finish_reason": finish_reason}
         return frame(self._with_worker(self._chunk([choice]), worker))
+
+    def echo(self, prompt_text: str, prompt_logprobs: Sequence[TokenLogprob]) -> bytes:
+        """Completions' echo: the prompt (and its logprobs) as the stream's first chunk."""
+        return self.text(prompt_text, logprobs=prompt_logprobs)
+
+    def _completion_logprobs(self, entries: Sequence[TokenLogprob]) -> dict[str, Any]:
+        body = logprobs_body.completion_body(entries, self._offset)
+        self._offset += sum(len(e.text) for e in entries)
+        return body
 
     @staticmethod
     def _with_worker(chunk: dict[str, Any], worker: str | None) -> dict[str, Any]:

@@ -19,7 +19,7 @@ from broker import keys
 from broker.codec import decode_event, encode_event
 from broker.defaults import DEFAULTS
 from broker.jobs.lease import StaleLeaseError
-from broker.messages import JobDone, JobFailed, StreamEvent, TokenDelta
+from broker.messages import JobDone, JobFailed, StreamEvent, TokenDelta, TokenLogprob
 
 STREAM_TTL_S = DEFAULTS.job_ttl_s  # as long as results and job metadata live
 EVENT_FIELD = b"e"
@@ -95,6 +95,8 @@ class StreamProgress:
     done: JobDone | None
     failed: JobFailed | None = None
     epoch: int = 0  # of the last event
+    logprobs: tuple[TokenLogprob, ...] = ()  # of token_ids, when the job asked for them
+    prompt_logprobs: tuple[TokenLogprob, ...] = ()  # as the delta that started the output had them
 
     @property
     def final(self) -> bool:
@@ -114,14 +116,23 @@ class TokenCursor:
             return event
         start = event.start if event.start >= 0 else self.tokens
         text_start = event.text_start if event.text_start >= 0 else self.chars
-        ids = event.token_ids[max(0, self.tokens - start) :]
+        shown = max(0, self.tokens - start)
+        ids = event.token_ids[shown:]
         text = event.text[max(0, self.chars - text_start) :]
         if not ids and not text:
             return None
+        first = self.tokens == 0 and start == 0  # the prompt's echo rides on the output's start
         self.tokens = max(self.tokens, start + len(event.token_ids))
         self.chars = max(self.chars, text_start + len(event.text))
         return msgspec.structs.replace(
-            event, token_ids=ids, text=text, start=self.tokens - len(ids), text_start=self.chars - len(text)
+            event,
+            token_ids=ids,
+            text=text,
+            start=self.tokens - len(ids),
+            text_start=self.chars - len(text),
+            logprobs=event.logprobs[shown:],
+            prompt_logprobs=event.prompt_logprobs if first else (),
+            prompt_text=event.prompt_text if first else "",
         )
 
 
@@ -179,6 +190,8 @@ def progress_of(entries: Any) -> StreamProgress:
     """progress() of a stream's entries, as XRANGE returned them (read in a caller's pipeline)."""
     cursor = TokenCursor()
     tokens: list[int] = []
+    logprobs: list[TokenLogprob] = []
+    prompt_logprobs: tuple[TokenLogprob, ...] = ()
     done, failed, epoch = None, None, 0
     for _, fields in entries:
         event = cursor.accept(decode_event(fields[EVENT_FIELD]))
@@ -187,11 +200,13 @@ def progress_of(entries: Any) -> StreamProgress:
         epoch = event.epoch
         if isinstance(event, TokenDelta):
             tokens.extend(event.token_ids)
+            logprobs.extend(event.logprobs)
+            prompt_logprobs = prompt_logprobs or event.prompt_logprobs
         elif isinstance(event, JobDone):
             done = done or event
         elif failed is None and done is None:
             failed = event
-    return StreamProgress(tuple(tokens), cursor.chars, done, failed, epoch)
+    return StreamProgress(tuple(tokens), cursor.chars, done, failed, epoch, tuple(logprobs), prompt_logprobs)
 
 
 def follow(

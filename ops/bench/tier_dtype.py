@@ -45,10 +45,10 @@ def _first_logprobs(engine: LLMEngine) -> dict[str, torch.Tensor]:
     seen: dict[str, torch.Tensor] = {}
     inner = engine.sampler.sample_isolated
 
-    def record(logits: torch.Tensor, requests: list[Any]) -> Any:
-        for row, seq in zip(logits, requests, strict=True):
+    def record(logits: torch.Tensor, seqs: list[Any]) -> Any:
+        for row, seq in zip(logits, seqs, strict=True):
             seen.setdefault(seq.request_id, row.float().log_softmax(-1).cpu())
-        return inner(logits, requests)
+        return inner(logits, seqs)
 
     engine.sampler.sample_isolated = record  # type: ignore[method-assign]
     return seen

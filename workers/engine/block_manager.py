@@ -56,6 +56,8 @@ class BlockManager:
         max_blocks = (seq.num_tokens - 1) // self.block_size
         tokens = seq.token_ids[: max_blocks * self.block_size]
         hashes = hash_blocks(tokens, self.block_size, (), parent=self.root(seq.cache_salt))
+        if seq.needs_prompt_logits:  # its blocks are computed, and committed for others to hit
+            return [], hashes
         hits = self.pool.match_prefix(hashes, tokens)
         return hits, hashes
 
@@ -113,7 +115,7 @@ class BlockManager:
     def _take_tail(self, seq: EngineRequest, hashes: list[BlockHash], known: int) -> tuple[Block, int] | None:
         """A kept tail continuing the known blocks, whose tokens seq's next ones (bar the last,
         always computed) start with; seq owns it from here on."""
-        if not self.pool.enable_caching or not self.tails or known > len(hashes):
+        if not self.pool.enable_caching or not self.tails or known > len(hashes) or seq.needs_prompt_logits:
             return None
         bs = self.block_size
         return self.tails.take(

@@ -15,6 +15,7 @@ from kvstore.pool.block_pool import BlockPool
 from kvstore.pool.kv_cache import KVCache
 from kvstore.tiers.stored_block import StoredBlock
 from kvstore.tiers.warm import WarmTier
+from workers.engine import logprobs
 from workers.engine.block_manager import BlockManager
 from workers.engine.config import EngineConfig
 from workers.engine.errors import RequestFailedError
@@ -27,6 +28,7 @@ from workers.engine.postprocess import Postprocessor
 from workers.engine.report import EngineReport
 from workers.engine.requests.checks import check_request
 from workers.engine.requests.detokenizer import Detokenizer
+from workers.engine.requests.logprob import Logprob
 from workers.engine.requests.output import RequestOutput
 from workers.engine.requests.sequence import EngineRequest, FinishReason, RequestStatus
 from workers.engine.sampler import Sampler
@@ -186,18 +188,28 @@ class LLMEngine:
         self._ready.clear()
         if not step.scheduled:
             return outputs
-        tokens = self._run(step)
-        return [*outputs, *self._postprocess(step, tokens)]
+        return [*outputs, *self._postprocess(step, self._run(step))]
 
-    def _run(self, step: SchedulerOutput) -> list[int | Exception]:
-        """Tier loads, the forward, sampling: one token (or its request's error) per sampling seq."""
+    def _run(self, step: SchedulerOutput) -> tuple[list[int | Exception], list[Logprob | None]]:
+        """Tier loads, the forward, sampling: one token (or its request's error) per sampling seq,
+        with its logprob where asked; prompt logprobs go to their sequences."""
         if step.loads:
             self.kv_cache.write_blocks([(load.block_id, load.stored.kv) for load in step.loads])
-        logits = self.runner.run(list(step.scheduled))
+        out = self.runner.run(list(step.scheduled))
+        if out.prompt:
+            for item in step.scheduled:
+                got = out.prompt.get(id(item.seq))
+                if got is not None:
+                    logprobs.fill_prompt(item.seq, got[0], got[1], self.runner.logits)
         seqs = [s.seq for s in step.scheduled if s.samples]
-        return self.sampler.sample_isolated(logits, seqs) if seqs else []
+        if not seqs:
+            return [], []
+        tokens = self.sampler.sample_isolated(out.sample, seqs)
+        return tokens, logprobs.sampled(out.sample, seqs, tokens)
 
-    def _postprocess(self, step: SchedulerOutput, tokens: list[int | Exception]) -> list[RequestOutput]:
+    def _postprocess(
+        self, step: SchedulerOutput, sampled: tuple[list[int | Exception], list[Logprob | None]]
+    ) -> list[RequestOutput]:
         sampling = [s for s in step.scheduled if s.samples]  # before the progress below moves on
         self.counters.account(step)
         for item in step.scheduled:
@@ -205,22 +217,28 @@ class LLMEngine:
             item.seq.num_computed_tokens += item.num_new_tokens
             self.block_manager.commit(item.seq, prev)
         outputs = []
-        for item, token in zip(sampling, tokens, strict=True):
+        for item, token, lp in zip(sampling, *sampled, strict=True):
             if isinstance(token, Exception):
                 outputs.append(self._fail(item.seq, RequestFailedError.wrap(token, "sampling")))
+                continue
+            if item.seq.max_tokens == 0:  # the prompt alone was asked for (echo): nothing sampled
+                outputs.append(self._finish(item.seq, "length", []))
                 continue
             try:
                 reason = self.post.append(item.seq, token)
             except InvalidRequestError as err:  # detokenising failed
                 outputs.append(self._fail(item.seq, err))
                 continue
+            delta_lp = (lp,) if lp is not None else ()
             if reason is not None:
-                outputs.append(self._finish(item.seq, reason, [token]))
+                outputs.append(self._finish(item.seq, reason, [token], delta_lp))
             else:
-                outputs.append(self.post.output(item.seq, [token]))
+                outputs.append(self.post.output(item.seq, [token], delta_logprobs=delta_lp))
         return outputs
 
-    def _finish(self, seq: EngineRequest, reason: FinishReason, delta: list[int]) -> RequestOutput:
+    def _finish(
+        self, seq: EngineRequest, reason: FinishReason, delta: list[int], delta_lp: tuple[Logprob, ...] = ()
+    ) -> RequestOutput:
         seq.finish_reason = reason
         hashes = tuple(seq.block_hashes)  # before finish() frees the blocks and forgets them
         if self.tiers is not None and reason in ("stop", "length") and hashes:
@@ -228,7 +246,7 @@ class LLMEngine:
         self.scheduler.finish(seq)
         self.sampler.forget(seq.request_id)
         del self._seqs[seq.request_id]
-        return self.post.output(seq, delta, block_hashes=hashes)
+        return self.post.output(seq, delta, block_hashes=hashes, delta_logprobs=delta_lp)
 
     def _release(self, seq: EngineRequest, reason: FinishReason) -> None:
         """Free seq's blocks and forget it, persisting nothing (it failed, or the engine did)."""

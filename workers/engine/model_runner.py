@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import torch
 from transformers import PreTrainedModel
 
@@ -17,6 +19,17 @@ from workers.engine.kernels.paged_attention import (
     PrefillSegment,
 )
 from workers.engine.scheduler import ScheduledSeq
+
+
+@dataclass(frozen=True, slots=True)
+class StepLogits:
+    """sample: fp32 logits [sampling seqs, vocab], in batch order of the sequences whose `samples`
+    is True. prompt: for each sequence whose prompt logits are asked for (needs_prompt_logits),
+    its first position in this step and the hidden states [positions, hidden] of the prompt
+    positions that predict a prompt token (the model's logits() turns them into logits)."""
+
+    sample: torch.Tensor
+    prompt: dict[int, tuple[int, torch.Tensor]] = field(default_factory=dict)  # id(seq) -> (pos, hidden)
 
 
 class ModelRunner:
@@ -59,9 +72,14 @@ class ModelRunner:
         return slots[start - base : end - base]
 
     @torch.inference_mode()
-    def run(self, batch: list[ScheduledSeq]) -> torch.Tensor:
-        """Forward every scheduled token; returns fp32 logits [sampling seqs, vocab], in batch order
-        of the sequences whose `samples` is True."""
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """fp32 logits [rows, vocab] of hidden states [rows, hidden]."""
+        return self.model.lm_head(hidden).float()
+
+    @torch.inference_mode()
+    def run(self, batch: list[ScheduledSeq]) -> StepLogits:
+        """Forward every scheduled token; the logits that pick tokens, and the prompt positions'
+        hidden states where a sequence asks for its prompt's logprobs."""
         # Rows: prefill chunks (>1 token) first, then single-token steps, batched together.
         prefills = [s for s in batch if s.num_new_tokens > 1]
         # Longest context first, so that decodes of similar length sit in adjacent rows (buckets).
@@ -73,11 +91,15 @@ class ModelRunner:
         input_ids: list[int] = []
         positions: list[int] = []
         sample_rows: dict[int, int] = {}  # id(seq) -> row
+        prompt_rows: dict[int, tuple[int, int, int]] = {}  # id(seq) -> (first row, count, position)
         for item in ordered:
             seq, n = item.seq, item.num_new_tokens
             start, end = seq.num_computed_tokens, seq.num_computed_tokens + n
             if item.samples:
                 sample_rows[id(seq)] = len(input_ids) + n - 1
+            predicting = min(end, seq.num_prompt_tokens - 1) - start  # positions before the last prompt token
+            if seq.needs_prompt_logits and predicting > 0:
+                prompt_rows[id(seq)] = (len(input_ids), predicting, start)
             input_ids.extend(seq.token_slice(start, end))
             positions.extend(range(start, end))
         ids = torch.tensor(input_ids, device=self.device)
@@ -96,10 +118,11 @@ class ModelRunner:
                 use_cache=False,
                 **{paged_attention.METADATA_KWARG: meta},
             ).last_hidden_state[0]  # [T, hidden]
+        prompt = {key: (pos, hidden[row : row + n]) for key, (row, n, pos) in prompt_rows.items()}
         rows = [sample_rows[id(s.seq)] for s in batch if s.samples]
         if not rows:
-            return hidden.new_empty(0, 0, dtype=torch.float32)
-        return self.model.lm_head(hidden[rows]).float()  # [N, vocab]
+            return StepLogits(hidden.new_empty(0, 0, dtype=torch.float32), prompt)
+        return StepLogits(self.model.lm_head(hidden[rows]).float(), prompt)  # [N, vocab]
 
     def _row_tables(self, ordered: list[ScheduledSeq]) -> torch.Tensor:
         """[rows, W] each row's block table (its sequence's, up to its chunk's end), padded with

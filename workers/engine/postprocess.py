@@ -7,6 +7,7 @@ from collections.abc import Collection, Sequence
 from kvstore.chain import BlockHash
 from workers.engine.errors import RequestFailedError
 from workers.engine.requests.detokenizer import Detokenizer
+from workers.engine.requests.logprob import Logprob
 from workers.engine.requests.output import RequestOutput
 from workers.engine.requests.sequence import EngineRequest, FinishReason
 
@@ -57,8 +58,13 @@ class Postprocessor:
         delta_text: str | None = None,
         error: str | None = None,
         block_hashes: tuple[BlockHash, ...] = (),
+        delta_logprobs: tuple[Logprob, ...] = (),
     ) -> RequestOutput:
         text_start = seq.num_streamed_chars
+        prompt_logprobs: tuple[Logprob, ...] = ()
+        wanted = seq.params.prompt_logprobs is not None and not seq.prompt_logprobs_sent
+        if wanted and (not seq.needs_prompt_logits or seq.is_finished):
+            prompt_logprobs, seq.prompt_logprobs_sent = tuple(seq.prompt_logprobs), True
         return RequestOutput(
             request_id=seq.request_id,
             delta_token_ids=tuple(delta),
@@ -79,6 +85,8 @@ class Postprocessor:
             redis_tokens=seq.num_redis_tokens,
             error=error,
             block_hashes=block_hashes,
+            delta_logprobs=delta_logprobs,
+            prompt_logprobs=prompt_logprobs,
         )
 
     def _detokenize(self, seq: EngineRequest) -> str | None:

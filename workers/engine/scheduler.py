@@ -105,9 +105,14 @@ class Scheduler:
                 break
             seq = self.waiting[0]
             hits, hashes = self.blocks.match_prefix(seq)
-            loaded = self.tiers.lookup(hashes[len(hits) :], seq.token_ids, len(hits)) if self.tiers else []
+            computes_all = seq.needs_prompt_logits  # no hit, no load, nothing to wait for
+            loaded = (
+                self.tiers.lookup(hashes[len(hits) :], seq.token_ids, len(hits))
+                if self.tiers and not computes_all
+                else []
+            )
             known = len(hits) + len(loaded)
-            if len(hashes) > known and hashes[known] in pending:
+            if len(hashes) > known and hashes[known] in pending and not computes_all:
                 # Its next block is being computed right now by another prefill: wait a step and
                 # share it, instead of computing the same prefix twice in parallel.
                 deferred.append(self.waiting.popleft())

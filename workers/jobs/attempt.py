@@ -20,12 +20,14 @@ from broker.messages import (
     JobFailed,
     StreamEvent,
     TokenDelta,
+    TokenLogprob,
     Usage,
 )
 from workers.engine.errors import EngineFailedError
 from workers.engine.requests.output import RequestOutput
 from workers.jobs.engine_service import EngineService
 from workers.jobs.lease_keeper import HeldLease
+from workers.jobs.logprob_text import LogprobText
 from workers.jobs.prompt import prompt_token_ids
 from workers.loop.engine_loop import EngineLoop
 from workers.loop.handle import RequestHandle
@@ -69,6 +71,9 @@ class JobAttempt:
         self.timed_out = threading.Event()
         # unix times of this attempt's stages; they ride with the final event (keys.job_stages)
         self.stages: dict[str, float] = dict(stages or {})
+        self.logprobs: list[TokenLogprob] = []  # of the output, this attempt's and the stream's before it
+        self.prompt_logprobs: tuple[TokenLogprob, ...] = ()
+        self.prompt_text = ""
 
     def publish_failed(self, error_type: str, message: str, status: int, param: str | None = None) -> None:
         event = JobFailed(error_type, message, status, param, epoch=self.epoch)
@@ -86,8 +91,14 @@ class JobAttempt:
         wait_healthy(loop)
         stored = service.sessions.stored_tokens(job)
         ids = prompt_token_ids(job, loop.tokenizer, stored)
-        service.prefetch(ids, job.kv_salt)
+        if job.params.prompt_logprobs is None:  # else the prompt is computed whole
+            service.prefetch(ids, job.kv_salt)
         resumed = len(before.token_ids)
+        self.logprobs = list(before.logprobs)
+        self.prompt_logprobs = before.prompt_logprobs
+        if job.echo:
+            self.prompt_text = job.prompt or loop.tokenizer.decode(ids, skip_special_tokens=False)
+        texts = LogprobText(loop.tokenizer)
         handle = loop.submit(
             ids,
             job.params,
@@ -110,7 +121,7 @@ class JobAttempt:
         try:
             if cancelled:
                 handle.cancel()
-            final, first_token_at, last = self._stream(handle, resumed, before.text_chars)
+            final, first_token_at, last = self._stream(handle, resumed, before.text_chars, ids, texts)
         except BaseException:
             # Whatever stopped this attempt (Redis, a lost lease), the request must not run on in
             # the engine: its blocks would stay taken, and a copy delivered here later would find
@@ -156,6 +167,9 @@ class JobAttempt:
             queue_wait_s=max(0.0, self.started - submitted),
             ttft_s=(first_token_at or now) - submitted,
             latency_s=now - submitted,
+            logprobs=tuple(self.logprobs) if job.params.logprobs is not None else (),
+            prompt_logprobs=self.prompt_logprobs,
+            prompt_text=self.prompt_text,
         )
         if final.finish_reason in ("stop", "length"):
             try:
@@ -167,14 +181,16 @@ class JobAttempt:
         return result
 
     def _stream(
-        self, handle: RequestHandle, start: int, text_start: int
+        self, handle: RequestHandle, start: int, text_start: int, prompt_ids: list[int], names: LogprobText
     ) -> tuple[RequestOutput, float | None, list[StreamEvent]]:
         """Publish the handle's deltas; returns its final output, when the first token came, and
-        the last delta, unpublished: it goes out with the final event."""
+        the last delta, unpublished: it goes out with the final event. The prompt's echo (text and
+        logprobs) rides on the delta that starts the output."""
         first_token_at = None
         final = None
         texts: list[str] = []
         token_ids: list[int] = []
+        lps: list[TokenLogprob] = []
         last_publish = 0.0
         last: list[StreamEvent] = []
         for out in handle:
@@ -188,14 +204,28 @@ class JobAttempt:
                 text_start = out.text_start if out.text_start >= 0 else text_start
             texts.append(out.delta_text)
             token_ids.extend(out.delta_token_ids)
+            lps.extend(names.entries(out.delta_logprobs))
+            if out.prompt_logprobs:
+                self.prompt_logprobs = names.prompt(prompt_ids, out.prompt_logprobs)
             now = time.monotonic()
             # The first token goes out at once; later ones ride together within STREAM_FLUSH_S
             # (one XADD per step per job costs the worker, Redis, the api and the client alike).
             if (token_ids or any(texts)) and (out.finished or now - last_publish >= STREAM_FLUSH_S):
                 text = "".join(texts)
-                event = TokenDelta(text, tuple(token_ids), start, text_start, self.epoch)
+                echo = start == 0
+                event = TokenDelta(
+                    text,
+                    tuple(token_ids),
+                    start,
+                    text_start,
+                    self.epoch,
+                    tuple(lps),
+                    self.prompt_logprobs if echo else (),
+                    self.prompt_text if echo else "",
+                )
+                self.logprobs.extend(lps)
                 start, text_start = start + len(token_ids), text_start + len(text)
-                texts, token_ids, last_publish = [], [], now
+                texts, token_ids, lps, last_publish = [], [], [], now
                 if out.finished:  # the final event takes it along (the handle ends here)
                     last = [event]
                     final = out

@@ -66,6 +66,8 @@ def test_non_positive_max_tokens_is_rejected(max_tokens: int) -> None:
     with pytest.raises(InvalidRequestError) as raised:
         SamplingParams(max_tokens=max_tokens)
     assert raised.value.param == "max_tokens"
+    if max_tokens == 0:  # the prompt alone, for its logprobs (echo)
+        SamplingParams(max_tokens=0, prompt_logprobs=0)
 
 
 def test_duplicate_request_id_is_rejected_without_harming_the_first(tiny: TinyModel) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvstore.chain import BlockHash
+from workers.engine.requests.logprob import Logprob
 from workers.engine.requests.sequence import FinishReason
 
 
@@ -29,6 +30,9 @@ class RequestOutput:
     # A finished request's chained block hashes, as the engine computed them block by block (its
     # full, computed blocks): the session keeper extends them instead of hashing the turn again.
     block_hashes: tuple[BlockHash, ...] = ()
+    delta_logprobs: tuple[Logprob, ...] = ()  # of delta_token_ids, when the request asked
+    # The prompt's (from its second token on), once, on the first output after they are complete.
+    prompt_logprobs: tuple[Logprob, ...] = ()
 
     @property
     def computed_prompt_tokens(self) -> int:

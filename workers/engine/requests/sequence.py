@@ -8,6 +8,7 @@ from typing import Literal
 
 from broker.sampling import SamplingParams
 from kvstore.chain import BlockHash
+from workers.engine.requests.logprob import Logprob
 
 FinishReason = Literal["stop", "length", "abort", "error"]
 
@@ -41,6 +42,10 @@ class EngineRequest:
     stop_reason: str | int | None = None
     output_text: str = ""
     num_streamed_chars: int = 0
+    # The prompt's log-probabilities (params.prompt_logprobs), from its second token on, filled as
+    # its prefill computes them; sent once, with the first output after they are complete.
+    prompt_logprobs: list[Logprob] = field(default_factory=list)
+    prompt_logprobs_sent: bool = False
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -66,6 +71,13 @@ class EngineRequest:
     @property
     def is_finished(self) -> bool:
         return self.status is RequestStatus.FINISHED
+
+    @property
+    def needs_prompt_logits(self) -> bool:
+        """Its prompt's logprobs are asked for and not all computed: a cache holds K/V, not
+        logits, so such a prompt is computed whole, never taken from a cache."""
+        wanted = self.params.prompt_logprobs is not None
+        return wanted and len(self.prompt_logprobs) < self.num_prompt_tokens - 1
 
     @property
     def num_uncomputed_tokens(self) -> int:
