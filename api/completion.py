@@ -13,18 +13,18 @@ import anyio
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from redis import RedisError
 
+from api.choice_stream import ChoiceStream
 from api.context import ApiContext
 from api.errors import error_response, failed_response
 from api.jobs import tenant_jobs
 from api.jobs.errors import ClientGoneError, JobTimeoutError
 from api.jobs.meta import JobMeta
 from api.jobs.outcome import is_final
-from api.jobs.view import failed_body
 from api.schema import sse
 from api.schema.openai import Choice, CompletionRequest, error_body, response_body
 from api.stage_clock import StageClock
 from broker.errors import CodecError
-from broker.messages import JobDone, JobFailed, StreamEvent, TokenDelta, TokenLogprob, Usage
+from broker.messages import JobDone, JobFailed, StreamEvent, TokenDelta, Usage
 
 log = logging.getLogger(__name__)
 JOB_ID_HEADER = "X-Job-Id"
@@ -145,15 +145,6 @@ async def _stream(
     return StreamingResponse(body, media_type="text/event-stream", headers=sse.HEADERS)
 
 
-def _echo_of(event: StreamEvent) -> tuple[str, tuple[TokenLogprob, ...]] | None:
-    """The prompt's text and logprobs, on the delta that starts the output or in the result."""
-    if isinstance(event, TokenDelta) and (event.prompt_text or event.prompt_logprobs):
-        return event.prompt_text, event.prompt_logprobs
-    if isinstance(event, JobDone):
-        return event.result.prompt_text, event.result.prompt_logprobs
-    return None
-
-
 async def _sse(
     ctx: ApiContext,
     meta: JobMeta,
@@ -162,36 +153,18 @@ async def _sse(
     first: StreamEvent,
     events: AsyncGenerator[StreamEvent, None],
 ) -> AsyncIterator[bytes]:
-    finished = False
-    sent: list[str] = []  # the text streamed so far; the final text may hold a last few characters
-    echoed = not request.echo
+    stream = ChoiceStream(request, writer)
     try:
-        if request.is_chat:
-            yield writer.text("")  # the role chunk
+        for chunk in stream.start():
+            yield chunk
         event: StreamEvent | None = first
         while event is not None:
-            if not echoed and (echo := _echo_of(event)) is not None:
-                echoed = True
-                yield writer.echo(*echo)
-            if isinstance(event, TokenDelta) and (event.text or (request.wants_logprobs and event.logprobs)):
-                sent.append(event.text)
-                yield writer.text(event.text, logprobs=event.logprobs)
-            elif isinstance(event, JobDone):
-                finished = True
-                r = event.result
-                streamed = "".join(sent)
-                tail = r.text[len(streamed) :] if r.text.startswith(streamed) else ""
-                if tail:
-                    yield writer.text(tail)
-                yield writer.text("", r.finish_reason, worker=r.worker)
-                if request.include_usage:
-                    yield writer.usage(r.usage)
+            for chunk in stream.chunks(event, request.include_usage):
+                yield chunk
+            if stream.finished:
                 yield sse.DONE
-            elif isinstance(event, JobFailed):
-                finished = True
-                yield sse.error_frame(failed_body(event))
-                yield sse.DONE
-            event = None if finished else await anext(events, None)
+                break
+            event = await anext(events, None)
     except JobTimeoutError as exc:
         yield sse.error_frame(error_body(f"{exc}; it was cancelled", "server_error", code="timeout"))
         yield sse.DONE
@@ -209,5 +182,5 @@ async def _sse(
     finally:
         with anyio.CancelScope(shield=True):  # runs even when the response task is cancelled
             await events.aclose()
-            if not finished:
+            if not stream.finished:
                 await abandon(ctx, meta)

@@ -1,77 +1,188 @@
-"""A /v1/completions body with several prompts: one job per prompt, queued together (the router
-sends prompts that share a prefix where it is held, and a worker computes a prefix that several
-of them share once: the scheduler admits a prompt whose next block another one is computing
-after that block is in the pool), answered as one response with a choice per prompt, in order."""
+"""A completion answered by several jobs: a /v1/completions body with several prompts, or n (and
+best_of) choices of a prompt. A job per prompt and choice, queued together: a prompt's choices
+go where its first went, so that its blocks are computed once (the scheduler admits a prompt
+whose next block another is computing once that block is in the pool) and only each choice's
+partial last block is its own. One response: a choice per prompt and choice, prompt-major, as
+OpenAI's; streamed, the jobs' chunks interleave, each with its choice's index."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import anyio
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from api import intake
+from api.choice_stream import ChoiceStream
 from api.completion import JOB_ID_HEADER, WORKER_HEADER, abandon, ended, gave_up
 from api.context import ApiContext
 from api.errors import failed_response
 from api.jobs.errors import ClientGoneError, JobTimeoutError
 from api.jobs.meta import JobMeta
-from api.schema.openai import Choice, CompletionRequest, response_body, total_usage
-from broker.messages import JobDone, JobFailed, StreamEvent
+from api.router import Route
+from api.schema import sse
+from api.schema.openai import Choice, CompletionRequest, best_of, error_body, response_body
+from api.schema.usage import fan_in_usage
+from broker.messages import GenerateResult, JobDone, JobFailed, StreamEvent
+
+Alive = Callable[[], Awaitable[bool]]
 
 
-async def submit_all(ctx: ApiContext, requests: list[CompletionRequest], tenant: str) -> list[JobMeta]:
-    """Every prompt's job, or none: a refusal part way (the tenant's job cap) cancels the rest."""
-    metas: list[JobMeta] = []
+async def submit_all(
+    ctx: ApiContext, groups: list[list[CompletionRequest]], tenant: str
+) -> list[list[JobMeta]]:
+    """Every job, or none: a refusal part way (the tenant's job cap) cancels those queued."""
+    metas: list[list[JobMeta]] = []
     try:
-        for request in requests:
-            metas.append(await intake.submit(ctx, request, tenant))
+        for group in groups:
+            queued: list[JobMeta] = []
+            metas.append(queued)
+            route: Route | None = None
+            for request in group:
+                meta = await intake.submit(ctx, request, tenant, route=route)
+                route = route or Route(meta.queue, f"with its first choice: {meta.reason}")
+                queued.append(meta)
     except BaseException:
         with anyio.CancelScope(shield=True):
-            for meta in metas:
+            for meta in (m for group in metas for m in group):
                 await abandon(ctx, meta)
         raise
     return metas
 
 
 async def answer_all(
-    ctx: ApiContext,
-    metas: list[JobMeta],
-    requests: list[CompletionRequest],
-    alive: Callable[[], Awaitable[bool]],
+    ctx: ApiContext, request: CompletionRequest, groups: list[list[JobMeta]], alive: Alive
 ) -> Response:
+    metas = [m for group in groups for m in group]
+    if request.stream:
+        response = await _stream(ctx, request, groups, alive)
+    else:
+        response = await _whole(ctx, request, groups, metas, alive)
+    response.headers[JOB_ID_HEADER] = ",".join(m.job_id for m in metas)
+    return response
+
+
+async def _finals(ctx: ApiContext, metas: list[JobMeta], alive: Alive) -> list[StreamEvent]:
     finals: list[StreamEvent | None] = [None] * len(metas)
 
     async def wait(i: int) -> None:
         finals[i] = await ctx.jobs.wait_final(metas[i].job_id, ctx.config.job_timeout_s, alive)
 
-    stopped: JobTimeoutError | ClientGoneError | None = None
     try:
         async with anyio.create_task_group() as group:
             for i in range(len(metas)):
                 group.start_soon(wait, i)
-    except* (JobTimeoutError, ClientGoneError) as group_exc:
-        first = group_exc.exceptions[0]
-        assert isinstance(first, (JobTimeoutError, ClientGoneError))
-        stopped = first
-    if stopped is not None:  # nobody will read the answers: every job is cancelled
+    except BaseExceptionGroup as group_exc:  # the first failure, as one job's wait raises it
+        first: BaseException = group_exc
+        while isinstance(first, BaseExceptionGroup):
+            first = first.exceptions[0]
+        raise first from None
+    return [f for f in finals if f is not None]
+
+
+async def _stopped(ctx: ApiContext, metas: list[JobMeta], exc: JobTimeoutError | ClientGoneError) -> Response:
+    """Nobody will read the answers: every job is cancelled."""
+    with anyio.CancelScope(shield=True):
+        for meta in metas[1:]:
+            await abandon(ctx, meta)
+    return await gave_up(ctx, metas[0], exc)
+
+
+async def _whole(
+    ctx: ApiContext,
+    request: CompletionRequest,
+    groups: list[list[JobMeta]],
+    metas: list[JobMeta],
+    alive: Alive,
+) -> Response:
+    try:
+        finals = await _finals(ctx, metas, alive)
+    except (JobTimeoutError, ClientGoneError) as exc:
+        return await _stopped(ctx, metas, exc)
+    except BaseException:  # the queue service failed under a wait: no job runs on for nobody
         with anyio.CancelScope(shield=True):
-            for meta in metas[1:]:
+            for meta in metas:
                 await abandon(ctx, meta)
-        return await gave_up(ctx, metas[0], stopped)
-    label = "completion"
+        raise
     for meta, event in zip(metas, finals, strict=True):
-        assert event is not None
-        await ended(ctx, meta, label, event)
+        await ended(ctx, meta, "completion", event)
     failed = next((e for e in finals if isinstance(e, JobFailed)), None)
-    response: Response
     if failed is not None:
-        response = failed_response(failed)
-    else:
-        results = [e.result for e in finals if isinstance(e, JobDone)]
-        usage = total_usage([r.usage for r in results])
-        body = response_body(requests[0], [Choice.of(r) for r in results], usage, metas[0].response_id)
-        workers = ",".join(dict.fromkeys(r.worker for r in results))
-        response = JSONResponse(body, headers={WORKER_HEADER: workers})
-    response.headers[JOB_ID_HEADER] = ",".join(m.job_id for m in metas)
-    return response
+        return failed_response(failed)
+    results = [e.result for e in finals if isinstance(e, JobDone)]
+    per_prompt, at = [], 0
+    for group in groups:
+        per_prompt.append(results[at : at + len(group)])
+        at += len(group)
+    choices = [c for group in per_prompt for c in best_of(request, [Choice.of(r) for r in group])]
+    usage = fan_in_usage([[r.usage for r in group] for group in per_prompt])
+    body = response_body(request, choices, usage, groups[0][0].response_id)
+    workers = ",".join(dict.fromkeys(r.worker for r in results))
+    return JSONResponse(body, headers={WORKER_HEADER: workers})
+
+
+async def _stream(
+    ctx: ApiContext, request: CompletionRequest, groups: list[list[JobMeta]], alive: Alive
+) -> Response:
+    metas = [m for group in groups for m in group]
+    queue: asyncio.Queue[tuple[int, StreamEvent | BaseException]] = asyncio.Queue()
+
+    async def follow(i: int) -> None:
+        try:
+            async for event in ctx.jobs.follow(metas[i].job_id, ctx.config.job_timeout_s, alive):
+                await queue.put((i, event))
+        except Exception as exc:
+            await queue.put((i, exc))
+
+    tasks = [asyncio.create_task(follow(i)) for i in range(len(metas))]
+    body = _sse(ctx, request, metas, queue, tasks)
+    return StreamingResponse(body, media_type="text/event-stream", headers=sse.HEADERS)
+
+
+async def _sse(
+    ctx: ApiContext,
+    request: CompletionRequest,
+    metas: list[JobMeta],
+    queue: asyncio.Queue[tuple[int, StreamEvent | BaseException]],
+    tasks: list[asyncio.Task[None]],
+) -> AsyncIterator[bytes]:
+    created = int(metas[0].created)
+    streams = [
+        ChoiceStream(request, sse.ChunkWriter(request, metas[0].response_id, created, index=i))
+        for i in range(len(metas))
+    ]
+    results: list[GenerateResult | None] = [None] * len(metas)
+    try:
+        for stream in streams:
+            for chunk in stream.start():
+                yield chunk
+        while not all(s.finished for s in streams):
+            i, event = await queue.get()
+            if isinstance(event, BaseException):
+                streams[i].finished = True
+                message = f"choice {i}: {type(event).__name__}: {event}"
+                yield sse.error_frame(error_body(message, "server_error"))
+                continue
+            for chunk in streams[i].chunks(event, include_usage=False):
+                yield chunk
+            if isinstance(event, (JobDone, JobFailed)):
+                await ended(ctx, metas[i], "completion", event)
+                results[i] = event.result if isinstance(event, JobDone) else None
+        done = [r for r in results if r is not None]
+        if request.include_usage and len(done) == len(results):
+            k = request.choices_per_prompt
+            usages = [[r.usage for r in done[at : at + k]] for at in range(0, len(done), k)]
+            yield streams[0].writer.usage(fan_in_usage(usages))
+        yield sse.DONE
+    finally:
+        with anyio.CancelScope(shield=True):
+            for task in tasks:
+                task.cancel()
+            for task in tasks:
+                with contextlib.suppress(BaseException):
+                    await task
+            for meta, stream in zip(metas, streams, strict=True):
+                if not stream.finished:
+                    await abandon(ctx, meta)

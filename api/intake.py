@@ -16,7 +16,7 @@ from api.context import ApiContext
 from api.errors import ApiError
 from api.jobs import tenant_jobs
 from api.jobs.meta import JobMeta
-from api.router import choose_queue
+from api.router import Route, choose_queue
 from api.schema import json_guard
 from api.schema.openai import CompletionRequest, parse_request
 from api.schema.requests import ID_PATTERN
@@ -51,12 +51,19 @@ def parse(ctx: ApiContext, endpoint: str, body: Any, session_header: str | None)
         if not _ID.match(session_header):
             raise InvalidRequestError(f"the X-Session-Id header must match {ID_PATTERN}", "session_id")
         request = dataclasses.replace(request, session_id=session_header)
+    if request.session_id is not None and request.fans_out:
+        raise InvalidRequestError("a session continues one conversation: n = 1 and one prompt", "n")
     return request
 
 
 async def submit(
-    ctx: ApiContext, request: CompletionRequest, tenant: str, clock: StageClock | None = None
+    ctx: ApiContext,
+    request: CompletionRequest,
+    tenant: str,
+    clock: StageClock | None = None,
+    route: Route | None = None,
 ) -> JobMeta:
+    """route: a sibling's (the choices of one prompt run where its blocks are), else chosen here."""
     jobs, config = ctx.jobs, ctx.config
     job_id = str(uuid.uuid4())
     job = request.to_job(tenant)
@@ -71,7 +78,7 @@ async def submit(
             headers={"Retry-After": str(RETRY_AFTER_S)},
         )
     try:
-        route = await choose_queue(
+        route = route or await choose_queue(
             jobs.redis, job, config.routing, config.route_max_waiting, prefetch_hints=config.prefetch_hints
         )
         if clock is not None:

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from api.schema import json_guard
-from api.schema.openai import Choice, CompletionRequest, parse_request, response_body
+from api.schema.openai import Choice, CompletionRequest, best_of, parse_request, response_body
+from api.schema.usage import fan_in_usage
 from broker.errors import InvalidRequestError, PromptTooLongError, UnknownModelError
 from broker.messages import Usage
 from workers.engine.llm_engine import LLMEngine
@@ -73,17 +74,20 @@ def _error_record(line: BatchLine) -> dict[str, Any]:
 
 @dataclass
 class _Running:
-    """A line in the engine: its prompt, and the logprobs its outputs carried so far."""
+    """One engine request of a line (a prompt's candidate choice): its prompt, and the logprobs
+    its outputs carried so far."""
 
-    index: int
+    line: int
+    group: int
     prompt_ids: list[int]
-    logprobs: list[Logprob]
+    logprobs: list[Logprob] = field(default_factory=list)
     prompt_logprobs: tuple[Logprob, ...] = ()
+    out: RequestOutput | None = None
 
 
-def _choice(line: BatchLine, run: _Running, out: RequestOutput, names: LogprobText) -> Choice:
-    assert line.request is not None and out.finish_reason is not None
-    request = line.request
+def _choice(request: CompletionRequest, run: _Running, names: LogprobText) -> Choice:
+    out = run.out
+    assert out is not None and out.finish_reason is not None
     prompt_text = ""
     if request.echo:
         prompt = request.prompt
@@ -97,9 +101,17 @@ def _choice(line: BatchLine, run: _Running, out: RequestOutput, names: LogprobTe
     )
 
 
-def _ok_record(line: BatchLine, out: RequestOutput, choice: Choice) -> dict[str, Any]:
-    assert line.request is not None and out.finish_reason is not None
-    usage = Usage(out.prompt_tokens, out.completion_tokens, out.cached_tokens)
+def _ok_record(line: BatchLine, runs: list[_Running], names: LogprobText) -> dict[str, Any]:
+    """A line's answer: a choice per prompt and choice (the n best of best_of), one usage."""
+    request = line.request
+    assert request is not None
+    groups: list[list[_Running]] = []
+    for run in runs:
+        if run.group == len(groups):
+            groups.append([])
+        groups[run.group].append(run)
+    choices = [c for group in groups for c in best_of(request, [_choice(request, r, names) for r in group])]
+    usage = fan_in_usage([[_usage(r.out) for r in group] for group in groups])
     request_id = uuid.uuid4().hex
     return {
         "id": f"batch_req_{request_id}",
@@ -107,10 +119,15 @@ def _ok_record(line: BatchLine, out: RequestOutput, choice: Choice) -> dict[str,
         "response": {
             "status_code": 200,
             "request_id": request_id,
-            "body": response_body(line.request, [choice], usage),
+            "body": response_body(request, choices, usage),
         },
         "error": None,
     }
+
+
+def _usage(out: RequestOutput | None) -> Usage:
+    assert out is not None
+    return Usage(out.prompt_tokens, out.completion_tokens, out.cached_tokens)
 
 
 @dataclass
@@ -134,42 +151,51 @@ class BatchFigures:
 
 
 def run_batch(engine: LLMEngine, lines: list[BatchLine]) -> tuple[list[dict[str, Any]], BatchFigures]:
-    """Submit every valid line at once, step the engine until all finish; records in input order."""
+    """Submit every valid line at once (a request per prompt and candidate choice), step the
+    engine until all finish; records in input order."""
     records: list[dict[str, Any] | None] = [None] * len(lines)
-    pending: dict[str, _Running] = {}
+    runs: dict[str, _Running] = {}
+    per_line: dict[int, list[_Running]] = {}
     names = LogprobText(engine.tokenizer)
     for i, line in enumerate(lines):
         if line.request is None:
             records[i] = _error_record(line)
             continue
-        if line.request.more_prompts:
-            message = "a batch line holds one prompt: write a line per prompt"
-            records[i] = _error_record(
-                BatchLine(line.line_no, line.custom_id, error_code="invalid_request", error_message=message)
-            )
-            continue
+        added: list[str] = []
         try:
-            ids = prompt_token_ids(line.request.to_job(), engine.tokenizer)
-            rid = f"batch-{i}"
-            engine.add_request(rid, ids, line.request.params)
-            pending[rid] = _Running(i, ids, [])
+            for g, group in enumerate(line.request.split()):
+                for c, request in enumerate(group):
+                    ids = prompt_token_ids(request.to_job(), engine.tokenizer)
+                    rid = f"batch-{i}-{g}-{c}"
+                    engine.add_request(rid, ids, request.params)
+                    added.append(rid)
+                    runs[rid] = _Running(i, g, ids)
         except InvalidRequestError as exc:
+            for rid in added:  # all of a line, or none of it
+                engine.abort_request(rid)
+                del runs[rid]
             code = "context_length_exceeded" if isinstance(exc, PromptTooLongError) else "invalid_request"
             records[i] = _error_record(
                 BatchLine(line.line_no, line.custom_id, error_code=code, error_message=exc.message)
             )
+            continue
+        per_line[i] = [runs[rid] for rid in added]
     figures = BatchFigures()
+    left = {i: len(rs) for i, rs in per_line.items()}
     while engine.has_unfinished():
         for out in engine.step():
-            run = pending[out.request_id]
+            run = runs.get(out.request_id)
+            if run is None:  # an aborted line's request
+                continue
             run.logprobs.extend(out.delta_logprobs)
             run.prompt_logprobs = run.prompt_logprobs or out.prompt_logprobs
             if out.finished:
-                del pending[out.request_id]
-                line = lines[run.index]
-                records[run.index] = _ok_record(line, out, _choice(line, run, out, names))
+                run.out = out
+                left[run.line] -= 1
+                if not left[run.line]:
+                    records[run.line] = _ok_record(lines[run.line], per_line[run.line], names)
         figures.sample(engine)
-    assert not pending and all(r is not None for r in records)
+    assert all(r is not None for r in records)
     return [r for r in records if r is not None], figures
 
 

@@ -54,8 +54,9 @@ async def submit_job(request: Request, ctx: Ctx, tenant: Tenant) -> JSONResponse
     if endpoint not in ENDPOINTS:
         raise ApiError(400, f"'endpoint' must be one of {list(ENDPOINTS)}", param="endpoint")
     parsed = intake.parse(ctx, endpoint, doc.get("body"), request.headers.get(intake.SESSION_HEADER))
-    if parsed.more_prompts:
-        raise ApiError(400, "a job holds one prompt: submit a job per prompt", param="body.prompt")
+    if parsed.fans_out:
+        message = "a job holds one prompt and one choice: submit a job per prompt and choice"
+        raise ApiError(400, message, param="body.n" if parsed.choices_per_prompt > 1 else "body.prompt")
     meta = await intake.submit(ctx, parsed, tenant)
     job = {
         "id": meta.job_id,

@@ -29,9 +29,9 @@ async def _complete(endpoint: str, request: Request, ctx: Ctx, tenant: str) -> R
     async def alive() -> bool:
         return not await request.is_disconnected()
 
-    if parsed.more_prompts:
-        requests = parsed.split()
-        return await answer_all(ctx, await submit_all(ctx, requests, tenant), requests, alive)
+    if parsed.fans_out:
+        groups = parsed.split()
+        return await answer_all(ctx, parsed, await submit_all(ctx, groups, tenant), alive)
     meta = await intake.submit(ctx, parsed, tenant, clock)
     return await answer(ctx, meta, parsed, alive, clock)
 

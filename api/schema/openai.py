@@ -11,13 +11,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
+import msgspec
 from pydantic import BaseModel, ValidationError
 
 from api.schema import logprobs as logprobs_body
 from api.schema.requests import ChatBody, CompletionBody
 from broker.errors import InvalidRequestError
 from broker.messages import ChatMessage, GenerateJob, GenerateResult, TokenLogprob, Usage
-from broker.sampling import MAX_STOP_STRINGS, SamplingParams
+from broker.sampling import MAX_STOP_STRINGS, SEED_MAX, SamplingParams
 
 Endpoint = Literal["/v1/chat/completions", "/v1/completions"]
 ENDPOINTS: tuple[Endpoint, ...] = ("/v1/chat/completions", "/v1/completions")
@@ -37,6 +38,17 @@ class CompletionRequest:
     cache_salt: str = ""  # as vLLM's: requests with different salts never share KV blocks
     echo: bool = False  # completions: the prompt comes back before the completion
     more_prompts: tuple[str | tuple[int, ...], ...] = ()  # completions: the batch's other prompts
+    n: int = 1  # choices per prompt
+    best_of: int = 1  # candidates per prompt (>= n); the n with the highest logprob sum come back
+
+    @property
+    def choices_per_prompt(self) -> int:
+        return max(self.n, self.best_of)
+
+    @property
+    def fans_out(self) -> bool:
+        """Several jobs answer it: several prompts, or several choices of one."""
+        return bool(self.more_prompts) or self.choices_per_prompt > 1
 
     @property
     def is_chat(self) -> bool:
@@ -46,10 +58,23 @@ class CompletionRequest:
     def wants_logprobs(self) -> bool:
         return self.params.logprobs is not None
 
-    def split(self) -> list[CompletionRequest]:
-        """One request per prompt of a batch (a choice each, in order)."""
-        prompts = (self.prompt, *self.more_prompts)
-        return [dataclasses.replace(self, prompt=p, more_prompts=()) for p in prompts]
+    def split(self) -> list[list[CompletionRequest]]:
+        """For each prompt of a batch, one request per candidate choice: candidate i draws from
+        its own generator, seeded with seed + i (mod 2**64) when the request names a seed; best_of
+        candidates report their logprobs, which rank them."""
+        out: list[list[CompletionRequest]] = []
+        for prompt in (self.prompt, *self.more_prompts):
+            group = []
+            for i in range(self.choices_per_prompt):
+                params = self.params
+                if params.seed is not None:
+                    params = msgspec.structs.replace(params, seed=(params.seed + i) % (SEED_MAX + 1))
+                if self.best_of > self.n and params.logprobs is None:
+                    params = msgspec.structs.replace(params, logprobs=0)
+                one = dataclasses.replace(self, prompt=prompt, more_prompts=(), n=1, best_of=1, params=params)
+                group.append(one)
+            out.append(group)
+        return out
 
     def to_job(self, tenant: str = "") -> GenerateJob:
         return GenerateJob(
@@ -147,14 +172,18 @@ def parse_request(endpoint: str, body: Any, chat_max_tokens: int | None = None) 
         )
         prompt: str | tuple[int, ...] = ""
         more: tuple[str | tuple[int, ...], ...] = ()
+        best_of = 1
         params = _params(b, chat_max_tokens)
     else:
         b = validate(CompletionBody, body)
         prompts = b.prompt_values
         messages, prompt, more = (), prompts[0], tuple(prompts[1:])
-        if more and b.stream:
+        best_of = b.best_of or 1
+        if best_of < (b.n or 1):
+            raise InvalidRequestError(f"best_of ({best_of}) must be at least n ({b.n})", "best_of")
+        if best_of > (b.n or 1) and b.stream:
             raise InvalidRequestError(
-                "stream takes one prompt; send several prompts without stream", "stream"
+                "best_of above n cannot stream: the best are known at the end only", "best_of"
             )
         params = _params(b, 16)
     options = b.stream_options
@@ -170,6 +199,8 @@ def parse_request(endpoint: str, body: Any, chat_max_tokens: int | None = None) 
         cache_salt=b.cache_salt or "",
         echo=bool(getattr(b, "echo", None)),
         more_prompts=more,
+        n=b.n or 1,
+        best_of=max(best_of, b.n or 1),
     )
 
 
@@ -207,12 +238,13 @@ class Choice:
         return cls(r.text, r.finish_reason, r.logprobs, r.prompt_logprobs, r.prompt_text)
 
 
-def total_usage(usages: Sequence[Usage]) -> Usage:
-    """The usage of several jobs answered as one (a batch of prompts), field by field."""
-    if len(usages) == 1:
-        return usages[0]
-    fields = [f for f in Usage.__struct_fields__]
-    return Usage(**{f: sum(getattr(u, f) for u in usages) for f in fields})
+def best_of(request: CompletionRequest, candidates: Sequence[Choice]) -> list[Choice]:
+    """A prompt's n choices: all its candidates, or the n likeliest of best_of (by the sum of
+    their tokens' logprobs, as OpenAI's best_of), likeliest first."""
+    if request.best_of <= request.n:
+        return list(candidates)
+    ranked = sorted(candidates, key=lambda c: -sum(lp.logprob or 0.0 for lp in c.logprobs))
+    return ranked[: request.n]
 
 
 def choice_body(request: CompletionRequest, index: int, choice: Choice) -> dict[str, Any]:

@@ -19,6 +19,7 @@ TOKEN_ID_LIMIT = 1 << 31  # the worker checks against the true vocabulary (a 400
 MAX_MODEL_CHARS = 256
 MAX_MESSAGES = 4096
 MAX_PROMPTS = 128  # prompts in one /v1/completions (each its own job, under the tenant's job cap)
+MAX_CHOICES = 64  # n and best_of: choices (jobs) per prompt
 
 # OpenAI request fields accepted and ignored (docs/api.md, the request fields).
 IGNORED_FIELDS = (
@@ -84,7 +85,7 @@ class _Common(_Strict):
     top_k: Annotated[int, Field(ge=-1, lt=TOKEN_ID_LIMIT)] | None = None  # -1 and 0 disable it
     seed: Annotated[int, Field(ge=0, le=SEED_MAX)] | None = None
     stop: NonEmpty | Annotated[list[NonEmpty], Field(max_length=MAX_STOP_STRINGS)] | None = None
-    n: Annotated[int, Field(ge=1, le=1)] | None = None
+    n: Annotated[int, Field(ge=1, le=MAX_CHOICES)] | None = None
     stream: bool | None = None
     stream_options: StreamOptions | None = None
     ignore_eos: bool | None = None
@@ -136,6 +137,7 @@ class CompletionBody(_Common):
     max_tokens: Annotated[int, Field(ge=0, le=MAX_TOKENS_CAP)] | None = None
     logprobs: TopK | None = None
     echo: bool | None = None
+    best_of: Annotated[int, Field(ge=1, le=MAX_CHOICES)] | None = None  # >= n: the n likeliest come back
 
     @property
     def prompt_values(self) -> list[str | tuple[int, ...]]:

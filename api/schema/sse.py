@@ -22,8 +22,9 @@ class ChunkWriter:
     """Builds one response's chunks: the first chat chunk carries the role, the last one the
     finish_reason; with include_usage every chunk has "usage": null and a final one the usage."""
 
-    def __init__(self, request: CompletionRequest, response_id: str, created: int) -> None:
+    def __init__(self, request: CompletionRequest, response_id: str, created: int, index: int = 0) -> None:
         self.request = request
+        self.index = index  # the choice's, when several jobs answer one request
         self.response_id = response_id
         self.created = created
         self._role_sent = False
@@ -53,7 +54,7 @@ class ChunkWriter:
         clients ignore."""
         if not self.request.is_chat:
             lp = self._completion_logprobs(logprobs) if self.request.wants_logprobs else None
-            choice = {"index": 0, "text": text, "logprobs": lp, "finish_reason": finish_reason}
+            choice = {"index": self.index, "text": text, "logprobs": lp, "finish_reason": finish_reason}
             return frame(self._with_worker(self._chunk([choice]), worker))
         delta: dict[str, Any] = {}
         if not self._role_sent:
@@ -62,7 +63,7 @@ class ChunkWriter:
         if text or finish_reason is None:
             delta["content"] = text
         chat_lp = logprobs_body.chat_body(logprobs) if self.request.wants_logprobs and logprobs else None
-        choice = {"index": 0, "delta": delta, "logprobs": chat_lp, "finish_reason": finish_reason}
+        choice = {"index": self.index, "delta": delta, "logprobs": chat_lp, "finish_reason": finish_reason}
         return frame(self._with_worker(self._chunk([choice]), worker))
 
     def echo(self, prompt_text: str, prompt_logprobs: Sequence[TokenLogprob]) -> bytes:

@@ -190,7 +190,7 @@ class _RefusingEngine:
         self.refusals = refusals
 
     def add_request(self, request_id: str, ids: list[int], params: object) -> None:
-        raise self.refusals[int(request_id.removeprefix("batch-"))]
+        raise self.refusals[int(request_id.split("-")[1])]  # batch-<line>-<prompt>-<choice>
 
     def has_unfinished(self) -> bool:
         return False
