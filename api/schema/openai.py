@@ -178,7 +178,7 @@ def parse_request(endpoint: str, body: Any, chat_max_tokens: int | None = None) 
         b = validate(CompletionBody, body)
         prompts = b.prompt_values
         messages, prompt, more = (), prompts[0], tuple(prompts[1:])
-        best_of = b.best_of or 1
+        best_of = b.best_of or b.n or 1  # OpenAI's default: n
         if best_of < (b.n or 1):
             raise InvalidRequestError(f"best_of ({best_of}) must be at least n ({b.n})", "best_of")
         if best_of > (b.n or 1) and b.stream:
