@@ -7,6 +7,7 @@ import math
 import msgspec
 
 from broker.errors import InvalidRequestError
+from broker.penalty_params import check_penalties
 
 # torch.Generator.manual_seed takes any integer that fits in 64 bits: [0, 2**64) here (it would
 # also wrap negatives, but a seed is documented as unsigned so -1 does not alias 2**64 - 1).
@@ -47,6 +48,14 @@ class SamplingParams(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # of each prompt token (None: none; the prompt's KV is then computed, never taken from a cache).
     logprobs: int | None = None
     prompt_logprobs: int | None = None
+    # vLLM's semantics, each off by default; bounded in broker/penalty_params.py.
+    frequency_penalty: float = 0.0  # over output tokens: minus penalty * count
+    presence_penalty: float = 0.0  # over output tokens: minus penalty once seen
+    repetition_penalty: float = 1.0  # over prompt and output tokens seen (HF's); 1 disables it
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias added to its logit)
+    min_p: float = 0.0  # drop tokens less likely than min_p times the top one, after temperature
+    min_tokens: int = 0  # EOS and stop_token_ids held back (and no stop) until this many are out
+    stop_token_ids: tuple[int, ...] = ()  # end with "stop", the token included in the output
 
     def __post_init__(self) -> None:
         # 0 only computes the prompt, for its logprobs (echo): the engine samples nothing then
@@ -86,6 +95,7 @@ class SamplingParams(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
                 raise InvalidRequestError(
                     f"{name} must be an integer in [0, {MAX_LOGPROBS}], got {k!r}", name
                 )
+        check_penalties(self)
 
     @property
     def greedy(self) -> bool:

@@ -18,6 +18,7 @@ from api.schema import logprobs as logprobs_body
 from api.schema.requests import ChatBody, CompletionBody
 from broker.errors import InvalidRequestError
 from broker.messages import ChatMessage, GenerateJob, GenerateResult, TokenLogprob, Usage
+from broker.penalty_params import MAX_LOGIT_BIAS
 from broker.sampling import MAX_STOP_STRINGS, SEED_MAX, SamplingParams
 
 Endpoint = Literal["/v1/chat/completions", "/v1/completions"]
@@ -111,6 +112,7 @@ _EXPECTED = {
     "prompt": "must be a non-empty string or a non-empty list of token ids in [0, 2**31)",
     "stop": f"must be a non-empty string or a list of at most {MAX_STOP_STRINGS} non-empty strings",
     "content": "must be a string or a list of text parts ({type: text, text: ...})",
+    "logit_bias": f"must map at most {MAX_LOGIT_BIAS} token ids (decimal strings) to numbers in [-100, 100]",
 }
 
 
@@ -156,6 +158,13 @@ def _params(b: ChatBody | CompletionBody, default_max_tokens: int | None) -> Sam
         ignore_eos=bool(b.ignore_eos),
         logprobs=logprobs,
         prompt_logprobs=prompt_logprobs,
+        frequency_penalty=b.frequency_penalty or 0.0,
+        presence_penalty=b.presence_penalty or 0.0,
+        repetition_penalty=1.0 if b.repetition_penalty is None else b.repetition_penalty,
+        logit_bias=tuple((int(token), bias) for token, bias in (b.logit_bias or {}).items()),
+        min_p=b.min_p or 0.0,
+        min_tokens=b.min_tokens or 0,
+        stop_token_ids=tuple(b.stop_token_ids or ()),
     )
 
 

@@ -9,6 +9,13 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
+from broker.penalty_params import (
+    LOGIT_BIAS_MAX,
+    MAX_LOGIT_BIAS,
+    MAX_REPETITION_PENALTY,
+    MAX_STOP_TOKEN_IDS,
+    PENALTY_MAX,
+)
 from broker.sampling import MAX_LOGPROBS, MAX_STOP_STRINGS, MAX_TEMPERATURE, MIN_TEMPERATURE, SEED_MAX
 
 # A session id or cache salt: safe in a URL path segment and a Redis key; no '/', no spaces, and
@@ -23,9 +30,6 @@ MAX_CHOICES = 64  # n and best_of: choices (jobs) per prompt
 
 # OpenAI request fields accepted and ignored (docs/api.md, the request fields).
 IGNORED_FIELDS = (
-    "frequency_penalty",
-    "presence_penalty",
-    "logit_bias",
     "user",
     "metadata",
     "store",
@@ -50,7 +54,10 @@ Id = Annotated[str, Field(pattern=ID_PATTERN)]
 TokenId = Annotated[int, Field(ge=0, lt=TOKEN_ID_LIMIT)]
 TopK = Annotated[int, Field(ge=0, le=MAX_LOGPROBS)]
 NonEmpty = Annotated[str, Field(min_length=1)]
-Penalty = Annotated[float, Field(ge=-2.0, le=2.0, allow_inf_nan=False)]
+Penalty = Annotated[float, Field(ge=-PENALTY_MAX, le=PENALTY_MAX, allow_inf_nan=False)]
+# logit_bias keys are token ids written as decimal strings (OpenAI's): no sign, no leading zero.
+LogitBiasKey = Annotated[str, Field(pattern=r"^(0|[1-9][0-9]{0,9})$")]
+LogitBias = Annotated[float, Field(ge=-LOGIT_BIAS_MAX, le=LOGIT_BIAS_MAX, allow_inf_nan=False)]
 
 
 class _Strict(BaseModel):
@@ -91,8 +98,15 @@ class _Common(_Strict):
     ignore_eos: bool | None = None
     session_id: Id | None = None
     cache_salt: Id | None = None
-    frequency_penalty: Penalty | None = None  # accepted, ignored
-    presence_penalty: Penalty | None = None  # accepted, ignored
+    frequency_penalty: Penalty | None = None
+    presence_penalty: Penalty | None = None
+    repetition_penalty: (
+        Annotated[float, Field(gt=0.0, le=MAX_REPETITION_PENALTY, allow_inf_nan=False)] | None
+    ) = None
+    logit_bias: Annotated[dict[LogitBiasKey, LogitBias], Field(max_length=MAX_LOGIT_BIAS)] | None = None
+    min_p: Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)] | None = None
+    min_tokens: Annotated[int, Field(ge=0, le=MAX_TOKENS_CAP)] | None = None
+    stop_token_ids: Annotated[list[TokenId], Field(max_length=MAX_STOP_TOKEN_IDS)] | None = None
     user: Annotated[str, Field(max_length=256)] | None = None  # accepted, ignored
 
     @field_validator("temperature")
@@ -102,6 +116,13 @@ class _Common(_Strict):
             # below it logits / temperature overflow: the job would fail mid-step
             raise ValueError(f"must be 0 (greedy) or at least {MIN_TEMPERATURE}")
         return t
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _logit_bias(cls, bias: dict[str, float] | None) -> dict[str, float] | None:
+        if bias is not None and any(int(token) >= TOKEN_ID_LIMIT for token in bias):
+            raise ValueError("token ids must be below 2**31")  # the worker checks the vocabulary
+        return bias
 
 
 class ChatBody(_Common):

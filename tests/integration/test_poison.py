@@ -1,4 +1,4 @@
-"""A poison job (seed 2**64, temperature 1e-300) sent with send_task, bypassing the api's checks,
+"""Poison jobs (seed 2**64, temperature 1e-300, ...) sent with send_task, bypassing the api's checks,
 next to 6 streaming jobs on the same worker: only the poison fails, with a 400 in its stream; the 6
 finish token-exact and each token arrives once."""
 
@@ -47,7 +47,12 @@ def test_poison_fails_alone(
         for p in prompts
     ]
     poisons = []
-    for field, value in (("seed", 2**64), ("temperature", 1e-300)):
+    for field, value in (
+        ("seed", 2**64),
+        ("temperature", 1e-300),
+        ("repetition_penalty", 0),
+        ("logit_bias", [[49152, 1.0]]),  # past the vocabulary: the worker's admission refuses it
+    ):
         payload = encode_job(GenerateJob(MODEL, prompt_token_ids=tuple(prompts[0]), params=params))
         payload["params"][field] = value  # what the api would refuse; a raw producer can send it
         poisons.append((field, _send(celery_app, payload, w1.queue)))

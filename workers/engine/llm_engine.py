@@ -79,7 +79,7 @@ class LLMEngine:
         # Counted once, after the runner packed the linears: stats() runs right after a job's last
         # step, while its task thread waits for the GIL to publish the result.
         self.weights_bytes = self.loaded.weights_bytes
-        self.sampler = Sampler(device)
+        self.sampler = Sampler(device, self.loaded.eos_token_ids)
         self.detokenizer = Detokenizer(self.tokenizer)
         self.max_model_len = min(config.max_model_len or self.loaded.max_model_len, self.loaded.max_model_len)
         self.vocab_size = int(self.loaded.model.config.vocab_size)

@@ -27,9 +27,9 @@ class Postprocessor:
         seq.output_token_ids.append(token)
         self.generation_tokens += 1
         reason: FinishReason | None = None
-        if not seq.params.ignore_eos and token in self.eos_token_ids:
+        if self._stops(seq, token):
             reason, seq.stop_reason = "stop", token
-        stop = self._detokenize(seq)
+        stop = self._detokenize(seq, stop_token=reason is not None)
         if reason is None and stop is not None:
             reason, seq.stop_reason = "stop", stop
         if reason is None and self._at_length(seq):
@@ -41,10 +41,17 @@ class Postprocessor:
     ) -> FinishReason | None:
         """Take output another process had made (and streamed_chars of its text already sent); why
         it is already complete (the next step would not have run), if it is."""
-        seq.output_token_ids = list(output_token_ids)
-        stop = self._detokenize(seq)
+        restored = list(output_token_ids)
+        min_tokens = seq.params.min_tokens
+        if 0 < min_tokens < len(restored):  # stop strings count after min_tokens, as they did
+            seq.output_token_ids = restored[:min_tokens]
+            self._detokenize(seq)
+        seq.output_token_ids = restored
+        ended = bool(restored) and self._stops(seq, restored[-1])
+        stop = self._detokenize(seq, stop_token=ended)
         seq.num_streamed_chars = min(streamed_chars, len(seq.output_text))
-        if not seq.params.ignore_eos and any(t in self.eos_token_ids for t in seq.output_token_ids):
+        if ended:
+            seq.stop_reason = restored[-1]
             return "stop"
         if stop is not None:
             seq.stop_reason = stop
@@ -89,9 +96,17 @@ class Postprocessor:
             prompt_logprobs=prompt_logprobs,
         )
 
-    def _detokenize(self, seq: EngineRequest) -> str | None:
+    def _stops(self, seq: EngineRequest, token: int) -> bool:
+        """Whether token, seq's last, ends it: an EOS (unless ignore_eos) or one of its
+        stop_token_ids, once more than min_tokens are out (the processors held them back before)."""
+        p = seq.params
+        if len(seq.output_token_ids) <= p.min_tokens:
+            return False
+        return token in p.stop_token_ids or (not p.ignore_eos and token in self.eos_token_ids)
+
+    def _detokenize(self, seq: EngineRequest, stop_token: bool = False) -> str | None:
         try:
-            return self.detokenizer.update(seq)
+            return self.detokenizer.update(seq, stop_token)
         except Exception as exc:
             err = RequestFailedError.wrap(exc, "detokenize")
             if err is exc:

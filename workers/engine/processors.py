@@ -4,12 +4,19 @@ reads raw logprobs from the logits it was given (as vLLM's default, before any p
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 import torch
 
+from workers.engine import penalties
 from workers.engine.requests.sequence import EngineRequest
 
 
-def apply(logits: torch.Tensor, seqs: list[EngineRequest]) -> torch.Tensor:
+def apply(
+    logits: torch.Tensor, seqs: list[EngineRequest], eos_token_ids: Collection[int] = ()
+) -> torch.Tensor:
     """logits [N, vocab], one row per seq; returns the processed logits (a new tensor when any
-    row changes, else `logits` itself). Never modifies `logits` in place."""
+    row changes, else `logits` itself). Never modifies `logits` in place. eos_token_ids: what
+    min_tokens holds back besides each request's stop_token_ids (unless it ignores EOS)."""
+    logits = penalties.apply(logits, seqs, eos_token_ids)
     return logits

@@ -1,8 +1,9 @@
-"""Sampler: greedy, temperature, top-k, top-p, per-request seeds. One bad row fails alone."""
+"""Sampler: greedy, temperature, min-p, top-k, top-p, per-request seeds. One bad row fails alone."""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Collection
 
 import torch
 
@@ -16,8 +17,9 @@ log = logging.getLogger(__name__)
 
 
 class Sampler:
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, eos_token_ids: Collection[int] = ()) -> None:
         self.device = device
+        self.eos_token_ids = eos_token_ids  # min_tokens holds them back
         self._generators: dict[str, torch.Generator] = {}
 
     def forget(self, request_id: str) -> None:
@@ -43,7 +45,7 @@ class Sampler:
         drawing from its own generator once."""
         # Each op here runs over every row's 49k entries, a cost each step pays on CPU: none is run
         # for nothing.
-        logits = processors.apply(logits, seqs)
+        logits = processors.apply(logits, seqs, self.eos_token_ids)
         requests = [(s.request_id, s.params) for s in seqs]
         greedy = logits.argmax(dim=-1).tolist() if any(p.greedy for _, p in requests) else []
         plain = [row for row, (_, params) in enumerate(requests) if _plain(params)]
@@ -109,6 +111,8 @@ class Sampler:
     def _sample_row(self, logits: torch.Tensor, request_id: str, params: SamplingParams) -> int:
         generator = self._generator(request_id, params.seed)  # first: a bad seed fails before any work
         x = logits / params.temperature
+        if params.min_p > 0.0:  # after temperature, before top-k and top-p, as vLLM
+            x = min_p_filter(x, params.min_p)
         if params.top_k > 0 and params.top_k < x.numel():
             kth = torch.topk(x, params.top_k).values[-1]
             x = x.masked_fill(x < kth, float("-inf"))
@@ -127,8 +131,21 @@ class Sampler:
 
 
 def _plain(params: SamplingParams) -> bool:
-    """Sampled with a temperature alone: no seed, no top-k or top-p cut."""
-    return not params.greedy and params.seed is None and params.top_k <= 0 and params.top_p >= 1.0
+    """Sampled with a temperature alone: no seed, no min-p, top-k or top-p cut."""
+    return (
+        not params.greedy
+        and params.seed is None
+        and params.top_k <= 0
+        and params.top_p >= 1.0
+        and params.min_p <= 0.0
+    )
+
+
+def min_p_filter(x: torch.Tensor, min_p: float) -> torch.Tensor:
+    """x [..., vocab] (temperature applied) with the tokens whose probability is below min_p times
+    the top token's at -inf (vLLM's min_p; the top token always stays)."""
+    probs = torch.softmax(x, dim=-1)
+    return x.masked_fill(probs < probs.amax(dim=-1, keepdim=True) * min_p, float("-inf"))
 
 
 def _inverse_cdf(probs: torch.Tensor) -> torch.Tensor:

@@ -106,10 +106,10 @@ def test_detokenizer_failure_fails_only_its_request(tiny: TinyModel) -> None:
     def patch(engine: LLMEngine) -> None:
         update = engine.detokenizer.update
 
-        def flaky(seq: Any) -> str | None:
+        def flaky(seq: Any, stop_token: bool = False) -> str | None:
             if seq.request_id == "poison" and len(seq.output_token_ids) == 3:
                 raise UnicodeDecodeError("utf-8", b"\xff", 0, 1, "injected")
-            return update(seq)
+            return update(seq, stop_token)
 
         engine.detokenizer.update = flaky  # type: ignore[method-assign]
 

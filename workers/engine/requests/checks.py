@@ -31,6 +31,8 @@ def check_request(
     if not prompt_token_ids:
         raise InvalidRequestError("the prompt is empty", "prompt")
     _check_ids(prompt_token_ids, vocab_size, "prompt", "prompt")
+    _check_ids([token for token, _ in params.logit_bias], vocab_size, "logit_bias", "logit_bias")
+    _check_ids(params.stop_token_ids, vocab_size, "stop_token_ids", "stop_token_ids")
     n = len(prompt_token_ids)
     room = max_model_len - n
     if room < 1:

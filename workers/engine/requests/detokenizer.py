@@ -11,16 +11,19 @@ class Detokenizer:
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
 
-    def update(self, seq: EngineRequest) -> str | None:
+    def update(self, seq: EngineRequest, stop_token: bool = False) -> str | None:
         """Refresh seq.output_text (cut before a stop string); returns the stop string hit, if any.
 
         An incomplete UTF-8 character at the end (U+FFFD) is left out until it completes, but the
         text before it is not: a request resumed with such a token last (a redelivered job)
         would otherwise have no text yet, and stream the client's characters to it again.
+        stop_token: seq ends with the EOS or stop token id that ended it, whose text is left out
+        (vLLM's). Stop strings count only in the text after the first min_tokens tokens (vLLM's).
         """
-        text = self.tokenizer.decode(seq.output_token_ids, skip_special_tokens=True).rstrip("\ufffd")
+        ids = seq.output_token_ids[:-1] if stop_token else seq.output_token_ids
+        text = self.tokenizer.decode(ids, skip_special_tokens=True).rstrip("\ufffd")
         stop_hit = None
-        if seq.params.stop:
+        if seq.params.stop and not stop_token and len(ids) > seq.params.min_tokens:
             longest = max(len(s) for s in seq.params.stop)
             search_from = max(0, len(seq.output_text) - longest + 1)
             best = -1
