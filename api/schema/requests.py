@@ -1,13 +1,16 @@
 """The request bodies the edge accepts, as pydantic models: every field typed (strictly: "false"
 is not a boolean, 1.0 is not an integer) and bounded. They also describe the bodies in the
-OpenAPI schema. Fields OpenAI defines that kvferry does not implement are ignored, except those
-below that are bounded so that a bad value is still a 400 (see IGNORED_FIELDS)."""
+OpenAPI schema. Nothing is silently ignored: a field is supported exactly when a model here
+declares it; any other (an OpenAI field kvferry does not implement, a typo) is a 400
+`unsupported_parameter` naming it (api/schema/openai.py). The few fields that change nothing
+are declared on `_NoOp`, each with the reason it is safe to accept."""
 
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic_core import PydanticCustomError
 
 from broker.sampling import MAX_STOP_STRINGS, MAX_TEMPERATURE, MIN_TEMPERATURE, SEED_MAX
 
@@ -18,43 +21,15 @@ MAX_TOKENS_CAP = 1 << 20  # far above any context; the worker checks against the
 TOKEN_ID_LIMIT = 1 << 31  # the worker checks against the true vocabulary (a 400 there too)
 MAX_MODEL_CHARS = 256
 MAX_MESSAGES = 4096
-
-# OpenAI request fields accepted and ignored (docs/api.md, the request fields).
-IGNORED_FIELDS = (
-    "frequency_penalty",
-    "presence_penalty",
-    "logit_bias",
-    "logprobs",
-    "top_logprobs",
-    "user",
-    "metadata",
-    "store",
-    "service_tier",
-    "response_format",
-    "tools",
-    "tool_choice",
-    "parallel_tool_calls",
-    "functions",
-    "function_call",
-    "modalities",
-    "audio",
-    "prediction",
-    "reasoning_effort",
-    "web_search_options",
-    "echo",
-    "best_of",
-    "suffix",
-    "messages[].name",
-)
+UNSUPPORTED = "unsupported_parameter"  # the error type (and OpenAI code) of a field kvferry lacks
 
 Id = Annotated[str, Field(pattern=ID_PATTERN)]
 TokenId = Annotated[int, Field(ge=0, lt=TOKEN_ID_LIMIT)]
 NonEmpty = Annotated[str, Field(min_length=1)]
-Penalty = Annotated[float, Field(ge=-2.0, le=2.0, allow_inf_nan=False)]
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(strict=True, extra="ignore", frozen=True)
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
 
 
 class TextPart(_Strict):
@@ -77,7 +52,47 @@ class StreamOptions(_Strict):
     include_usage: bool | None = None
 
 
-class _Common(_Strict):
+def unsupported(message: str) -> PydanticCustomError:
+    """A validation error that answers 400 `unsupported_parameter` (a value kvferry would have to
+    act on, but cannot); the message follows the field's name."""
+    return PydanticCustomError(UNSUPPORTED, message)
+
+
+class _NoOp(_Strict):
+    """The allow-list: OpenAI fields accepted although they change nothing, because honouring
+    them needs nothing of kvferry. Each is bounded, so a malformed one is still a 400."""
+
+    # An end-user id OpenAI uses for abuse monitoring; kvferry's tenant is the API key.
+    user: Annotated[str, Field(max_length=256)] | None = None
+    # Tags for stored completions; with store false they go nowhere. OpenAI's limits.
+    metadata: (
+        Annotated[
+            dict[Annotated[str, Field(max_length=64)], Annotated[str, Field(max_length=512)]],
+            Field(max_length=16),
+        ]
+        | None
+    ) = None
+    # kvferry stores no completion: false (OpenAI's default) is what it does anyway.
+    store: bool | None = None
+    # One tier here: "auto" and "default" both name it; the others promise what kvferry lacks.
+    service_tier: Literal["auto", "default", "flex", "scale", "priority"] | None = None
+
+    @field_validator("store")
+    @classmethod
+    def _store(cls, store: bool | None) -> bool | None:
+        if store:
+            raise unsupported("kvferry does not store completions; only false is accepted")
+        return store
+
+    @field_validator("service_tier")
+    @classmethod
+    def _service_tier(cls, tier: str | None) -> str | None:
+        if tier not in (None, "auto", "default"):
+            raise unsupported(f"kvferry has one service tier; {tier!r} is not supported (auto or default)")
+        return tier
+
+
+class _Common(_NoOp):
     model: Annotated[str, Field(min_length=1, max_length=MAX_MODEL_CHARS)]
     max_tokens: Annotated[int, Field(ge=1, le=MAX_TOKENS_CAP)] | None = None
     temperature: Annotated[float, Field(ge=0.0, le=MAX_TEMPERATURE, allow_inf_nan=False)] | None = None
@@ -91,9 +106,6 @@ class _Common(_Strict):
     ignore_eos: bool | None = None
     session_id: Id | None = None
     cache_salt: Id | None = None
-    frequency_penalty: Penalty | None = None  # accepted, ignored
-    presence_penalty: Penalty | None = None  # accepted, ignored
-    user: Annotated[str, Field(max_length=256)] | None = None  # accepted, ignored
 
     @field_validator("temperature")
     @classmethod
