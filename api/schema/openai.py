@@ -55,6 +55,13 @@ class CompletionRequest:
         )
 
 
+MAX_PARAM_CHARS = 64  # an unknown key is the client's own text: echo a bounded piece of it
+
+
+def _bounded(text: str) -> str:
+    return text if len(text) <= MAX_PARAM_CHARS else text[:MAX_PARAM_CHARS] + "…"
+
+
 _TAGS = frozenset({"str", "int", "float", "bool", "list", "dict"})  # pydantic's union member tags
 
 
@@ -65,7 +72,7 @@ def _where(loc: tuple[int | str, ...]) -> str:
         if isinstance(part, int):
             out += f"[{part}]"
         elif part.replace("_", "").isalpha() and part.islower() and part not in _TAGS:
-            out += ("." if out else "") + part
+            out += ("." if out else "") + _bounded(part)  # a dict's key is the client's text
     return out or "body"
 
 
@@ -77,13 +84,9 @@ _EXPECTED = {
 }
 
 
-MAX_PARAM_CHARS = 64  # an unknown key is the client's own text: echo a bounded piece of it
-
-
 def unsupported_parameter(param: str, message: str | None = None) -> InvalidRequestError:
     """The 400 for a field kvferry does not implement (or a value of one it cannot honour)."""
-    if len(param) > MAX_PARAM_CHARS:
-        param = param[:MAX_PARAM_CHARS] + "…"
+    param = _bounded(param)
     message = message or f"Unsupported parameter: {param!r} is not supported by kvferry"
     return InvalidRequestError(message, param, UNSUPPORTED)
 
