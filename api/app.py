@@ -13,13 +13,15 @@ from api.context import ApiContext
 from api.errors import install_error_handlers
 from api.jobs.client import JobClient
 from api.metrics import ApiMetrics, RequestCounter
-from api.routes import jobs, openai, ops, sessions
+from api.routes import jobs, openai, ops, sessions, tokenize
 from api.schema import openapi_doc
 from api.tenants import KeyRing
 from api.tier_metrics import TierReader
+from api.tokenizer import Tokenizer
 
 
-def create_app(config: ApiConfig) -> FastAPI:
+def create_app(config: ApiConfig, tokenizer: Tokenizer | None = None) -> FastAPI:
+    """tokenizer: the served model's, for /tokenize and /detokenize (None: they answer 503)."""
     job_client = JobClient(config.broker, job_ttl_s=config.job_ttl_s)
     ctx = ApiContext(
         config=config,
@@ -28,6 +30,7 @@ def create_app(config: ApiConfig) -> FastAPI:
         started=int(time.time()),
         keys=KeyRing(config.api_key, config.api_keys, config.api_keys_file),
         tier=TierReader(job_client.redis),
+        tokenizer=tokenizer,
     )
 
     @asynccontextmanager
@@ -43,6 +46,7 @@ def create_app(config: ApiConfig) -> FastAPI:
     app.include_router(jobs.router)
     app.include_router(ops.router)
     app.include_router(sessions.router)
+    app.include_router(tokenize.router)
     openapi_doc.install(app)
     return app
 

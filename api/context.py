@@ -12,6 +12,7 @@ from api.jobs.client import JobClient
 from api.metrics import ApiMetrics
 from api.tenants import KeyRing
 from api.tier_metrics import TierReader
+from api.tokenizer import Tokenizer
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,6 +23,7 @@ class ApiContext:
     started: int  # unix time the app was built ("created" of /v1/models entries)
     keys: KeyRing
     tier: TierReader
+    tokenizer: Tokenizer | None = None  # /tokenize and /detokenize; None: they answer 503
 
 
 async def context(request: Request) -> ApiContext:

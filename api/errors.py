@@ -70,7 +70,7 @@ async def _invalid_request(_: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, InvalidRequestError)
     if isinstance(exc, UnknownModelError):
         return error_response(404, exc.message, "invalid_request_error", "model", "model_not_found")
-    return error_response(400, exc.message, "invalid_request_error", exc.param)
+    return error_response(400, exc.message, "invalid_request_error", exc.param, exc.code)
 
 
 async def _validation(_: Request, exc: Exception) -> JSONResponse:

@@ -14,12 +14,14 @@ class CodecError(KvferryError, ValueError):
 
 
 class InvalidRequestError(KvferryError, ValueError):
-    """The request itself is wrong (HTTP 400). `param` names the offending field."""
+    """The request itself is wrong (HTTP 400). `param` names the offending field; `code` is
+    OpenAI's error code when one applies (say "unsupported_parameter")."""
 
-    def __init__(self, message: str, param: str | None = None) -> None:
+    def __init__(self, message: str, param: str | None = None, code: str | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.param = param
+        self.code = code
 
 
 class PromptTooLongError(InvalidRequestError):

@@ -59,7 +59,8 @@ def parse_line(line_no: int, text: str, served_model: str) -> BatchLine:
     except UnknownModelError as exc:
         return BatchLine(line_no, custom_id, error_code="model_not_found", error_message=exc.message)
     except InvalidRequestError as exc:
-        return BatchLine(line_no, custom_id, error_code="invalid_request", error_message=exc.message)
+        code = exc.code or "invalid_request"  # its own when it has one: unsupported_parameter
+        return BatchLine(line_no, custom_id, error_code=code, error_message=exc.message)
     return BatchLine(line_no, custom_id, request)
 
 

@@ -15,7 +15,7 @@ from api.errors import ApiError
 from api.jobs import tenant_jobs
 from api.jobs.meta import JobMeta
 from api.jobs.view import FINAL_STATUSES, job_view
-from api.schema.openai import ENDPOINTS
+from api.schema.openai import ENDPOINTS, unsupported_parameter
 from api.schema.openapi_doc import body_of
 from api.schema.requests import JobBody
 from broker.messages import Usage
@@ -50,6 +50,9 @@ async def submit_job(request: Request, ctx: Ctx, tenant: Tenant) -> JSONResponse
     doc = await intake.read_json(request, ctx.config.max_body_bytes)
     if not isinstance(doc, dict):
         raise ApiError(400, 'expected {"endpoint": ..., "body": {...}}', param="body")
+    unknown = sorted(doc.keys() - JobBody.model_fields.keys())
+    if unknown:
+        raise unsupported_parameter(unknown[0])
     endpoint = doc.get("endpoint")
     if endpoint not in ENDPOINTS:
         raise ApiError(400, f"'endpoint' must be one of {list(ENDPOINTS)}", param="endpoint")

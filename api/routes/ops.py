@@ -1,9 +1,12 @@
-"""Operational routes, open without a tenant's key: /healthz, and /metrics (which takes its own
-token when KVFERRY_METRICS_TOKEN is set: it names every tenant and its usage)."""
+"""Operational routes, open without a tenant's key: /healthz, vLLM's /health and /version, and
+/metrics (which takes its own token when KVFERRY_METRICS_TOKEN is set: it names every tenant and
+its usage)."""
 
 from __future__ import annotations
 
 import hmac
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as package_version
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
@@ -12,19 +15,53 @@ from redis import RedisError
 
 from api import fleet
 from api.context import Ctx
-from api.errors import ApiError
+from api.errors import ApiError, error_response
 
 router = APIRouter()
 
 
-@router.get("/healthz")
-async def healthz(ctx: Ctx) -> JSONResponse:
+def _version() -> str:
+    try:
+        return package_version("kvferry")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown"
+
+
+VERSION = _version()
+
+
+async def _live_workers(ctx: Ctx) -> int | None:
+    """Workers with a live heartbeat; None when Redis does not answer."""
     try:
         await ctx.jobs.redis.ping()
-        live = sum(1 for w in await fleet.workers(ctx.jobs.redis) if w.live)
+        return sum(1 for w in await fleet.workers(ctx.jobs.redis) if w.live)
     except RedisError:
+        return None
+
+
+@router.get("/healthz")
+async def healthz(ctx: Ctx) -> JSONResponse:
+    live = await _live_workers(ctx)
+    if live is None:
         return JSONResponse({"status": "unavailable", "redis": False, "workers": 0}, status_code=503)
     return JSONResponse({"status": "ok", "redis": True, "workers": live})
+
+
+@router.get("/health")
+async def health(ctx: Ctx) -> JSONResponse:
+    """vLLM's readiness probe: 200 only when a request could be served now (/healthz, by
+    contrast, answers 200 with no worker: the api itself is up)."""
+    live = await _live_workers(ctx)
+    if live is None:
+        return error_response(503, "the queue service (Redis) is unreachable", "service_unavailable_error")
+    if live == 0:
+        return error_response(503, "no worker is live", "service_unavailable_error")
+    return JSONResponse({})
+
+
+@router.get("/version")
+async def version() -> dict[str, str]:
+    return {"version": VERSION}
 
 
 def _metrics_allowed(request: Request, token: str | None) -> bool:

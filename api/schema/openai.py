@@ -1,6 +1,7 @@
 """OpenAI request bodies in, OpenAI response bodies out: plain functions shared by the HTTP API
 and the offline batch runner. Bodies are validated by the pydantic models of api/schema/requests.py;
-a bad one raises InvalidRequestError whose param names the (top-level) field."""
+a bad one raises InvalidRequestError whose param names the (top-level) field, or, for a field
+kvferry does not implement, the whole path to it (code unsupported_parameter)."""
 
 from __future__ import annotations
 
@@ -13,9 +14,10 @@ from typing import Any, Literal, TypeVar
 
 import msgspec
 from pydantic import BaseModel, ValidationError
+from pydantic_core import ErrorDetails
 
 from api.schema import logprobs as logprobs_body
-from api.schema.requests import ChatBody, CompletionBody
+from api.schema.requests import UNSUPPORTED, ChatBody, CompletionBody, Message
 from broker.errors import InvalidRequestError
 from broker.messages import ChatMessage, GenerateJob, GenerateResult, TokenLogprob, Usage
 from broker.penalty_params import MAX_LOGIT_BIAS
@@ -93,6 +95,13 @@ class CompletionRequest:
         )
 
 
+MAX_PARAM_CHARS = 64  # an unknown key is the client's own text: echo a bounded piece of it
+
+
+def _bounded(text: str) -> str:
+    return text if len(text) <= MAX_PARAM_CHARS else text[:MAX_PARAM_CHARS] + "…"
+
+
 _TAGS = frozenset({"str", "int", "float", "bool", "list", "dict"})  # pydantic's union member tags
 
 
@@ -103,7 +112,7 @@ def _where(loc: tuple[int | str, ...]) -> str:
         if isinstance(part, int):
             out += f"[{part}]"
         elif part.replace("_", "").isalpha() and part.islower() and part not in _TAGS:
-            out += ("." if out else "") + part
+            out += ("." if out else "") + _bounded(part)  # a dict's key is the client's text
     return out or "body"
 
 
@@ -116,8 +125,32 @@ _EXPECTED = {
 }
 
 
+def unsupported_parameter(param: str, message: str | None = None) -> InvalidRequestError:
+    """The 400 for a field kvferry does not implement (or a value of one it cannot honour)."""
+    param = _bounded(param)
+    message = message or f"Unsupported parameter: {param!r} is not supported by kvferry"
+    return InvalidRequestError(message, param, UNSUPPORTED)
+
+
+def _unsupported(error: ErrorDetails) -> InvalidRequestError:
+    loc = tuple(error["loc"])
+    if error["type"] == "extra_forbidden":  # the last part is the key as sent: no tag to drop
+        head = _where(loc[:-1])
+        key = str(loc[-1])
+        return unsupported_parameter(key if head == "body" else f"{head}.{key}")
+    where = _where(loc)
+    return unsupported_parameter(where, f"{where}: {error['msg']}")
+
+
 def _invalid(exc: ValidationError) -> InvalidRequestError:
-    first = exc.errors(include_url=False)[0]
+    errors = exc.errors(include_url=False)
+    # An unsupported field first: inside a union its member's type error (a list is no str)
+    # comes first but says less. A union of models should be discriminated
+    # (Field(discriminator=...)), so that only the chosen member's errors are reported.
+    lacking = [e for e in errors if e["type"] in ("extra_forbidden", UNSUPPORTED)]
+    if lacking:
+        return _unsupported(lacking[0])
+    first = errors[0]
     loc = tuple(first["loc"])
     param = str(loc[0]) if loc else "body"
     where = _where(loc)
@@ -125,6 +158,11 @@ def _invalid(exc: ValidationError) -> InvalidRequestError:
     if field in _EXPECTED and first["type"] not in ("literal_error", "missing"):
         return InvalidRequestError(f"{where}: {_EXPECTED[field]}", param)
     return InvalidRequestError(f"{where}: {first['msg']}", param)
+
+
+def chat_messages(messages: Sequence[Message]) -> tuple[dict[str, str], ...]:
+    """Messages as the chat template takes them (the worker's, and /tokenize's)."""
+    return tuple({"role": "system" if m.role == "developer" else m.role, "content": m.text} for m in messages)
 
 
 def validate(model: type[M], body: Any) -> M:
@@ -176,9 +214,7 @@ def parse_request(endpoint: str, body: Any, chat_max_tokens: int | None = None) 
     b: ChatBody | CompletionBody
     if endpoint == "/v1/chat/completions":
         b = validate(ChatBody, body)
-        messages = tuple(
-            {"role": "system" if m.role == "developer" else m.role, "content": m.text} for m in b.messages
-        )
+        messages = chat_messages(b.messages)
         prompt: str | tuple[int, ...] = ""
         more: tuple[str | tuple[int, ...], ...] = ()
         best_of = 1

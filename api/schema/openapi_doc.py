@@ -1,6 +1,7 @@
-"""The OpenAPI document: the completion routes read their raw body (to bound its size and depth
-before parsing), so FastAPI cannot see their models; they are declared here instead, from the
-same pydantic models that validate the bodies (api/schema/requests.py)."""
+"""The OpenAPI document: the completion and tokenize routes read their raw body (to bound its
+size and depth before parsing), so FastAPI cannot see their models; they are declared here
+instead, from the same pydantic models that validate the bodies (api/schema/requests.py,
+api/schema/tokenize.py)."""
 
 from __future__ import annotations
 
@@ -12,14 +13,23 @@ from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
 from api.schema.requests import ChatBody, CompletionBody, JobBody
+from api.schema.tokenize import DetokenizeBody, TokenizeChatBody, TokenizeCompletionBody
 
 REF = "#/components/schemas/{model}"
-MODELS: tuple[type[BaseModel], ...] = (ChatBody, CompletionBody, JobBody)
+MODELS: tuple[type[BaseModel], ...] = (
+    ChatBody,
+    CompletionBody,
+    JobBody,
+    TokenizeCompletionBody,
+    TokenizeChatBody,
+    DetokenizeBody,
+)
 
 
-def body_of(model: type[BaseModel]) -> dict[str, Any]:
-    """`openapi_extra` for a route whose JSON body is `model`."""
-    schema = {"$ref": REF.format(model=model.__name__)}
+def body_of(*models: type[BaseModel]) -> dict[str, Any]:
+    """`openapi_extra` for a route whose JSON body is one of `models`."""
+    refs = [{"$ref": REF.format(model=m.__name__)} for m in models]
+    schema = refs[0] if len(refs) == 1 else {"anyOf": refs}
     return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
 
 

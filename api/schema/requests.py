@@ -1,13 +1,16 @@
 """The request bodies the edge accepts, as pydantic models: every field typed (strictly: "false"
 is not a boolean, 1.0 is not an integer) and bounded. They also describe the bodies in the
-OpenAPI schema. Fields OpenAI defines that kvferry does not implement are ignored, except those
-below that are bounded so that a bad value is still a 400 (see IGNORED_FIELDS)."""
+OpenAPI schema. Nothing is silently ignored: a field is supported exactly when a model here
+declares it; any other (an OpenAI field kvferry does not implement, a typo) is a 400
+`unsupported_parameter` naming it (api/schema/openai.py). The few fields that change nothing
+are declared on `_NoOp`, each with the reason it is safe to accept."""
 
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic_core import PydanticCustomError
 
 from broker.penalty_params import (
     LOGIT_BIAS_MAX,
@@ -27,28 +30,7 @@ MAX_MODEL_CHARS = 256
 MAX_MESSAGES = 4096
 MAX_PROMPTS = 128  # prompts in one /v1/completions (each its own job, under the tenant's job cap)
 MAX_CHOICES = 64  # n and best_of: choices (jobs) per prompt
-
-# OpenAI request fields accepted and ignored (docs/api.md, the request fields).
-IGNORED_FIELDS = (
-    "user",
-    "metadata",
-    "store",
-    "service_tier",
-    "response_format",
-    "tools",
-    "tool_choice",
-    "parallel_tool_calls",
-    "functions",
-    "function_call",
-    "modalities",
-    "audio",
-    "prediction",
-    "reasoning_effort",
-    "web_search_options",
-    "best_of",
-    "suffix",
-    "messages[].name",
-)
+UNSUPPORTED = "unsupported_parameter"  # the error type (and OpenAI code) of a field kvferry lacks
 
 Id = Annotated[str, Field(pattern=ID_PATTERN)]
 TokenId = Annotated[int, Field(ge=0, lt=TOKEN_ID_LIMIT)]
@@ -61,7 +43,7 @@ LogitBias = Annotated[float, Field(ge=-LOGIT_BIAS_MAX, le=LOGIT_BIAS_MAX, allow_
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(strict=True, extra="ignore", frozen=True)
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
 
 
 class TextPart(_Strict):
@@ -84,7 +66,47 @@ class StreamOptions(_Strict):
     include_usage: bool | None = None
 
 
-class _Common(_Strict):
+def unsupported(message: str) -> PydanticCustomError:
+    """A validation error that answers 400 `unsupported_parameter` (a value kvferry would have to
+    act on, but cannot); the message follows the field's name."""
+    return PydanticCustomError(UNSUPPORTED, message)
+
+
+class _NoOp(_Strict):
+    """The allow-list: OpenAI fields accepted although they change nothing, because honouring
+    them needs nothing of kvferry. Each is bounded, so a malformed one is still a 400."""
+
+    # An end-user id OpenAI uses for abuse monitoring; kvferry's tenant is the API key.
+    user: Annotated[str, Field(max_length=256)] | None = None
+    # Tags for stored completions; with store false they go nowhere. OpenAI's limits.
+    metadata: (
+        Annotated[
+            dict[Annotated[str, Field(max_length=64)], Annotated[str, Field(max_length=512)]],
+            Field(max_length=16),
+        ]
+        | None
+    ) = None
+    # kvferry stores no completion: false (OpenAI's default) is what it does anyway.
+    store: bool | None = None
+    # One tier here: "auto" and "default" both name it; the others promise what kvferry lacks.
+    service_tier: Literal["auto", "default", "flex", "scale", "priority"] | None = None
+
+    @field_validator("store")
+    @classmethod
+    def _store(cls, store: bool | None) -> bool | None:
+        if store:
+            raise unsupported("kvferry does not store completions; only false is accepted")
+        return store
+
+    @field_validator("service_tier")
+    @classmethod
+    def _service_tier(cls, tier: str | None) -> str | None:
+        if tier not in (None, "auto", "default"):
+            raise unsupported(f"kvferry has one service tier; {tier!r} is not supported (auto or default)")
+        return tier
+
+
+class _Common(_NoOp):
     model: Annotated[str, Field(min_length=1, max_length=MAX_MODEL_CHARS)]
     max_tokens: Annotated[int, Field(ge=1, le=MAX_TOKENS_CAP)] | None = None
     temperature: Annotated[float, Field(ge=0.0, le=MAX_TEMPERATURE, allow_inf_nan=False)] | None = None
@@ -107,7 +129,6 @@ class _Common(_Strict):
     min_p: Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)] | None = None
     min_tokens: Annotated[int, Field(ge=0, le=MAX_TOKENS_CAP)] | None = None
     stop_token_ids: Annotated[list[TokenId], Field(max_length=MAX_STOP_TOKEN_IDS)] | None = None
-    user: Annotated[str, Field(max_length=256)] | None = None  # accepted, ignored
 
     @field_validator("temperature")
     @classmethod

@@ -18,9 +18,12 @@ from fastapi import FastAPI
 
 from api.app import create_app
 from api.config import ApiConfig
+from api.tokenizer import Tokenizer
 from broker.celery_app import BrokerConfig, make_celery
 from ops.redis_server import RedisServer, free_port
+from ops.tokenizer import HFTokenizer
 from tests.api.fake_worker import FakeWorker
+from workers.engine.model.loader import LoadedModel
 
 MODEL = "smollm2"
 
@@ -84,15 +87,16 @@ class ServerThread:
 
 @pytest.fixture(scope="session")
 def serve(redis_url: str) -> Iterator[Callable[..., Served]]:
-    """serve(**ApiConfig fields) -> a running api; each distinct config is started once."""
+    """serve(tokenizer=None, **ApiConfig fields) -> a running api; each distinct config is
+    started once."""
     running: dict[tuple[tuple[str, object], ...], Served] = {}
     stack: list[ServerThread] = []
 
-    def start(**fields: object) -> Served:
-        key = tuple(sorted(fields.items()))
+    def start(tokenizer: Tokenizer | None = None, **fields: object) -> Served:
+        key = tuple(sorted({**fields, "tokenizer": id(tokenizer)}.items()))
         if key not in running:
             config = ApiConfig(**{"redis_url": redis_url, "served_models": (MODEL,), **fields})  # type: ignore[arg-type]
-            app = create_app(config)
+            app = create_app(config, tokenizer)
             server = ServerThread(app)
             running[key] = Served(app, server.__enter__())
             stack.append(server)
@@ -101,6 +105,12 @@ def serve(redis_url: str) -> Iterator[Callable[..., Served]]:
     yield start
     for server in reversed(stack):
         server.__exit__()
+
+
+@pytest.fixture(scope="session")
+def api_tokenizer(smollm2: LoadedModel) -> HFTokenizer:
+    """The real SmolLM2 tokenizer, as `kvferry api` hands it to the app."""
+    return HFTokenizer(smollm2.tokenizer, smollm2.max_model_len)
 
 
 @pytest.fixture

@@ -99,13 +99,13 @@ def test_session_header_is_held_to_the_charset(api: Served, rds: redis.Redis) ->
 
 
 def test_accepted_edges(api: Served, worker: FakeWorker) -> None:
-    """The bounds themselves are fine; ignored OpenAI fields are ignored."""
+    """The bounds themselves are fine, and so are the allow-listed no-op fields."""
     cases = [
         (CHAT, chat(seed=2**64 - 1, temperature=0.01, top_k=-1, top_p=1, session_id="a.b:c-d_1")),
-        (CHAT, chat(frequency_penalty=-2, presence_penalty=2, user="u", logprobs=False, tools=[])),
+        (CHAT, chat(user="u", store=False, service_tier="auto")),
         (CHAT, chat(cache_salt="salt-1", stop="x", max_completion_tokens=5, temperature=0)),
         (TEXT, text([[0, 2**31 - 1]], stop=["a", "b", "c", "d"])),
-        (TEXT, text(["one prompt"], echo=False, best_of=1)),
+        (TEXT, text(["one prompt"], metadata={"k": "v"})),
     ]
     with api.client() as c:
         for path, body in cases:

@@ -70,3 +70,17 @@ def test_errors_raise_the_client_exceptions(client: openai.OpenAI, worker: FakeW
 
 def test_models(client: openai.OpenAI) -> None:
     assert [m.id for m in client.models.list()] == [MODEL]
+
+
+def test_an_unsupported_parameter_is_a_bad_request(client: openai.OpenAI, worker: FakeWorker) -> None:
+    """The client sends what it is given; a field kvferry lacks is refused, never dropped."""
+    with pytest.raises(openai.BadRequestError) as raised:
+        client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "hi"}], frequency_penalty=0.5
+        )
+    assert raised.value.code == "unsupported_parameter" and raised.value.param == "frequency_penalty"
+    assert not worker.seen
+    out = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "hi"}], user="u", store=False, metadata={"k": "v"}
+    )
+    assert out.choices[0].message.content == "Hello, world"

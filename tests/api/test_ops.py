@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import time
+from collections.abc import Callable
 
 import redis
 from fastapi.testclient import TestClient
@@ -56,6 +58,31 @@ def test_healthz_without_redis_is_503() -> None:
         r = c.get("/healthz")
     assert r.status_code == 503
     assert r.json() == {"status": "unavailable", "redis": False, "workers": 0}
+
+
+def test_health_is_ready_only_with_redis_and_a_live_worker(api: Served, rds: redis.Redis) -> None:
+    with api.client() as c:
+        none_yet = c.get("/health")
+        heartbeat(rds, "w1", FIGURES)
+        ready = c.get("/health")
+    assert none_yet.status_code == 503
+    assert none_yet.json()["error"]["type"] == "service_unavailable_error"
+    assert "worker" in none_yet.json()["error"]["message"]
+    assert ready.status_code == 200 and ready.json() == {}
+
+
+def test_health_without_redis_is_503() -> None:
+    app = create_app(ApiConfig(redis_url=f"redis://127.0.0.1:{free_port()}/0"))
+    with TestClient(app) as c:
+        r = c.get("/health")
+    assert r.status_code == 503 and "Redis" in r.json()["error"]["message"]
+
+
+def test_version_is_the_package_version(serve: Callable[..., Served]) -> None:
+    api = serve(api_key="k-version")  # open, like /health: no key needed
+    with api.client() as c:
+        r = c.get("/version")
+    assert r.status_code == 200 and r.json() == {"version": importlib.metadata.version("kvferry")}
 
 
 def test_metrics_families(fresh_api: Served, rds: redis.Redis, worker: FakeWorker) -> None:

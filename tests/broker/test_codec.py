@@ -113,8 +113,10 @@ def _job_wire(**changes: Any) -> dict[str, Any]:
         _job_wire(priority=3),  # unknown top-level field
         _job_wire(params={**_job_wire()["params"], "beam_width": 4}),  # unknown nested field
         _job_wire(messages=[{"role": "user", "content": "x", "name": "bob"}]),  # unknown, in a list
+        _job_wire(logprobs=True),  # an OpenAI field a worker does not implement
+        _job_wire(params={**_job_wire()["params"], "frequency_penalty": 0.5}),
     ],
-    ids=["top", "params", "message"],
+    ids=["top", "params", "message", "openai top", "openai params"],
 )
 def test_unknown_fields_raise(wire: dict[str, Any]) -> None:
     with pytest.raises(CodecError):

@@ -1,6 +1,7 @@
 """Poison jobs (seed 2**64, temperature 1e-300, ...) sent with send_task, bypassing the api's checks,
 next to 6 streaming jobs on the same worker: only the poison fails, with a 400 in its stream; the 6
-finish token-exact and each token arrives once."""
+finish token-exact and each token arrives once. A job naming a field kvferry does not implement is
+refused the same way, never run without it."""
 
 from __future__ import annotations
 
@@ -67,3 +68,19 @@ def test_poison_fails_alone(
         streamed = [t for e in events if isinstance(e, TokenDelta) for t in e.token_ids]
         assert streamed == list(result.token_ids)  # each token once, in order
         assert isinstance(events[-1], JobDone) and result.worker == w1.name
+
+
+def test_unknown_fields_are_refused_not_ignored(
+    two_workers: tuple[WorkerProcess, WorkerProcess], celery_app: Any, redis_client: redis.Redis
+) -> None:
+    job = GenerateJob(MODEL, prompt_token_ids=(100, 101, 102), params=SamplingParams(max_tokens=4))
+    top = {**encode_job(job), "logprobs": True}
+    nested = encode_job(job)
+    nested["params"]["frequency_penalty"] = 0.5
+    for payload, field in ((top, "logprobs"), (nested, "frequency_penalty")):
+        handle = _send(celery_app, payload, two_workers[0].queue)
+        events = list(job_events.follow(redis_client, handle.id, timeout_s=60))
+        assert [type(e) for e in events] == [JobFailed], events  # nothing ran
+        failed = events[-1]
+        assert isinstance(failed, JobFailed) and failed.status_code == 400
+        assert field in failed.message, failed.message

@@ -216,3 +216,12 @@ def test_refusals_are_classified_by_type_not_by_wording() -> None:
     codes = [r["error"]["code"] for r in records]
     assert codes == ["context_length_exceeded", "invalid_request", "invalid_request"]
     assert [r["error"]["message"] for r in records] == [str(e) for e in refusals]
+
+
+def test_an_unsupported_parameter_is_named_by_its_code() -> None:
+    from ops.run_batch import parse_line
+
+    body = {"model": "tiny", "prompt": "x", "logprobs": 2}
+    line = parse_line(1, _line("c", "/v1/completions", body), "tiny")
+    assert line.request is None and line.error_code == "unsupported_parameter"
+    assert line.error_message is not None and "logprobs" in line.error_message

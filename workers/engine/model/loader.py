@@ -50,10 +50,14 @@ def smollm2_gguf_path() -> Path:
     return Path(spec.origin).parent / _SMOLLM2_FILE
 
 
+def _converted_dir(gguf: Path, cache_dir: Path) -> Path:
+    return cache_dir / f"{gguf.stem}-{file_fingerprint(gguf, cache_dir)[:16]}"
+
+
 def _convert_gguf(gguf: Path, cache_dir: Path) -> Path:
     """Dequantise a GGUF once into a safetensors directory: later loads read it and skip the
     dequantising (docs/benchmarks.md)."""
-    target = cache_dir / f"{gguf.stem}-{file_fingerprint(gguf, cache_dir)[:16]}"
+    target = _converted_dir(gguf, cache_dir)
     if (target / "config.json").exists():
         return target
     from safetensors.torch import save_model
@@ -89,6 +93,18 @@ def resolve_model_dir(name: str, cache_dir: Path) -> Path:
     raise UnknownModelError(
         f"unknown model {name!r}: expected 'smollm2', a local HF model directory or a .gguf file"
     )
+
+
+def tokenizer_source(name: str, cache_dir: Path) -> tuple[Path, str | None]:
+    """Where `name`'s tokenizer and config load from without loading (or converting) weights:
+    (directory, gguf file name or None). A GGUF a worker already converted loads from the
+    converted directory, exactly as the workers do."""
+    path = Path(name).expanduser()
+    if name == SMOLLM2 or (path.is_file() and path.suffix == ".gguf"):
+        gguf = smollm2_gguf_path() if name == SMOLLM2 else path.resolve()
+        converted = _converted_dir(gguf, cache_dir)
+        return (converted, None) if (converted / "config.json").exists() else (gguf.parent, gguf.name)
+    return resolve_model_dir(name, cache_dir), None
 
 
 def eos_ids(model: PreTrainedModel, tokenizer: Any) -> frozenset[int]:
