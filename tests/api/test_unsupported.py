@@ -18,13 +18,8 @@ TEXT = "/v1/completions"
 MSGS = [{"role": "user", "content": "hi"}]
 
 # What the api accepted and ignored before, less the allow-list (user, metadata, store: false,
-# service_tier auto/default), with a value a client would send.
+# service_tier auto/default) and what is implemented now, with a value a client would send.
 FORMERLY_IGNORED: dict[str, Any] = {
-    "frequency_penalty": 0.5,
-    "presence_penalty": 0.5,
-    "logit_bias": {"50256": -100},
-    "logprobs": True,
-    "top_logprobs": 2,
     "response_format": {"type": "json_object"},
     "tools": [{"type": "function", "function": {"name": "f"}}],
     "tool_choice": "auto",
@@ -37,7 +32,7 @@ FORMERLY_IGNORED: dict[str, Any] = {
     "reasoning_effort": "low",
     "web_search_options": {},
 }
-COMPLETIONS_ONLY: dict[str, Any] = {"echo": True, "best_of": 2, "suffix": "x"}
+COMPLETIONS_ONLY: dict[str, Any] = {"suffix": "x"}
 
 
 def chat(**extra: Any) -> dict[str, Any]:

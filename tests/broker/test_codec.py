@@ -114,7 +114,7 @@ def _job_wire(**changes: Any) -> dict[str, Any]:
         _job_wire(params={**_job_wire()["params"], "beam_width": 4}),  # unknown nested field
         _job_wire(messages=[{"role": "user", "content": "x", "name": "bob"}]),  # unknown, in a list
         _job_wire(logprobs=True),  # an OpenAI field a worker does not implement
-        _job_wire(params={**_job_wire()["params"], "frequency_penalty": 0.5}),
+        _job_wire(params={**_job_wire()["params"], "best_of": 2}),  # the api's, not a job's
     ],
     ids=["top", "params", "message", "openai top", "openai params"],
 )

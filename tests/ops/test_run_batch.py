@@ -221,7 +221,7 @@ def test_refusals_are_classified_by_type_not_by_wording() -> None:
 def test_an_unsupported_parameter_is_named_by_its_code() -> None:
     from ops.run_batch import parse_line
 
-    body = {"model": "tiny", "prompt": "x", "logprobs": 2}
+    body = {"model": "tiny", "prompt": "x", "suffix": "y"}
     line = parse_line(1, _line("c", "/v1/completions", body), "tiny")
     assert line.request is None and line.error_code == "unsupported_parameter"
-    assert line.error_message is not None and "logprobs" in line.error_message
+    assert line.error_message is not None and "suffix" in line.error_message
