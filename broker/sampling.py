@@ -7,6 +7,7 @@ import math
 import msgspec
 
 from broker.errors import InvalidRequestError
+from broker.structured import StructuredOutputs
 
 # torch.Generator.manual_seed takes any integer that fits in 64 bits: [0, 2**64) here (it would
 # also wrap negatives, but a seed is documented as unsigned so -1 does not alias 2**64 - 1).
@@ -30,7 +31,8 @@ class SamplingParams(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """How to pick tokens. temperature 0 means greedy (token-exact with HF `generate`).
 
     temperature: 0, or in [MIN_TEMPERATURE, MAX_TEMPERATURE]. top_k: -1 or 0 disable it.
-    top_p in (0, 1]. seed in [0, SEED_MAX]. Every float is finite. Violations raise
+    top_p in (0, 1]. seed in [0, SEED_MAX]. Every float is finite. structured_outputs: a
+    constraint the output follows (checked by its own rules). Violations raise
     InvalidRequestError whose `param` names the field, whether constructed or decoded (msgspec
     runs __post_init__ on both; broker/codec.py unwraps the error it wraps that in).
     """
@@ -42,6 +44,8 @@ class SamplingParams(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     seed: int | None = None
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
+    # a grammar the output must follow (JSON schema, regex, choice...): broker/structured.py
+    structured_outputs: StructuredOutputs | None = None
 
     def __post_init__(self) -> None:
         if self.max_tokens is not None and (not _is_int(self.max_tokens) or self.max_tokens <= 0):
@@ -71,6 +75,9 @@ class SamplingParams(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             raise InvalidRequestError(f"at most {MAX_STOP_STRINGS} stop strings", "stop")
         if not isinstance(self.ignore_eos, bool):
             raise InvalidRequestError("ignore_eos must be a boolean", "ignore_eos")
+        so = self.structured_outputs
+        if so is not None and not isinstance(so, StructuredOutputs):
+            raise InvalidRequestError("structured_outputs must be a StructuredOutputs", "structured_outputs")
 
     @property
     def greedy(self) -> bool:

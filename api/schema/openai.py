@@ -12,6 +12,7 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from api.schema.requests import ChatBody, CompletionBody
+from api.schema.structured import structured_outputs
 from broker.errors import InvalidRequestError
 from broker.messages import ChatMessage, GenerateJob, Usage
 from broker.sampling import MAX_STOP_STRINGS, SamplingParams
@@ -108,6 +109,7 @@ def _params(b: ChatBody | CompletionBody, default_max_tokens: int | None) -> Sam
         seed=b.seed,
         stop=stop,
         ignore_eos=bool(b.ignore_eos),
+        structured_outputs=structured_outputs(b),
     )
 
 

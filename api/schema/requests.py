@@ -10,6 +10,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from broker.sampling import MAX_STOP_STRINGS, MAX_TEMPERATURE, MIN_TEMPERATURE, SEED_MAX
+from broker.structured import MAX_CHOICES
 
 # A session id or cache salt: safe in a URL path segment and a Redis key; no '/', no spaces, and
 # a letter or digit first (clients rewrite the path segments "." and "..": never addressable).
@@ -30,7 +31,6 @@ IGNORED_FIELDS = (
     "metadata",
     "store",
     "service_tier",
-    "response_format",
     "tools",
     "tool_choice",
     "parallel_tool_calls",
@@ -77,7 +77,48 @@ class StreamOptions(_Strict):
     include_usage: bool | None = None
 
 
-class _Common(_Strict):
+# -- structured outputs (api/schema/structured.py turns these into broker/structured.py's spec) --
+
+JsonSchema = dict[str, Any]
+Choices = Annotated[list[str], Field(min_length=1, max_length=MAX_CHOICES)]
+
+
+class JsonSchemaFormat(_Strict):
+    """response_format.json_schema, as OpenAI's (`strict` is accepted: the output always
+    follows the schema)."""
+
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
+    description: str | None = None
+    schema_: JsonSchema = Field(alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Strict):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None  # required with type json_schema
+
+
+class StructuredOutputsBody(_Strict):
+    """vLLM's structured_outputs: exactly one of these."""
+
+    json_: JsonSchema | str | None = Field(default=None, alias="json")
+    json_object: bool | None = None
+    regex: str | None = None
+    choice: Choices | None = None
+    grammar: str | None = None
+
+
+class StructuredFields(_Strict):
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputsBody | None = None
+    # vLLM's older names for structured_outputs' fields
+    guided_json: JsonSchema | str | None = None
+    guided_regex: str | None = None
+    guided_choice: Choices | None = None
+    guided_grammar: str | None = None
+
+
+class _Common(StructuredFields):
     model: Annotated[str, Field(min_length=1, max_length=MAX_MODEL_CHARS)]
     max_tokens: Annotated[int, Field(ge=1, le=MAX_TOKENS_CAP)] | None = None
     temperature: Annotated[float, Field(ge=0.0, le=MAX_TEMPERATURE, allow_inf_nan=False)] | None = None

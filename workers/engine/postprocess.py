@@ -22,15 +22,18 @@ class Postprocessor:
 
     def append(self, seq: EngineRequest, token: int) -> FinishReason | None:
         """Append one sampled token; why seq ends with it, if it does. Raises RequestFailedError
-        when detokenising fails (that request alone fails)."""
+        when detokenising fails or its grammar refuses the token (that request alone fails)."""
         seq.output_token_ids.append(token)
         self.generation_tokens += 1
+        complete = seq.grammar is not None and seq.grammar.accept(token)  # raises if it refuses it
         reason: FinishReason | None = None
         if not seq.params.ignore_eos and token in self.eos_token_ids:
             reason, seq.stop_reason = "stop", token
         stop = self._detokenize(seq)
         if reason is None and stop is not None:
             reason, seq.stop_reason = "stop", stop
+        if reason is None and complete:  # the grammar allows nothing more
+            reason = "stop"
         if reason is None and self._at_length(seq):
             reason = "length"
         return reason
@@ -41,12 +44,15 @@ class Postprocessor:
         """Take output another process had made (and streamed_chars of its text already sent); why
         it is already complete (the next step would not have run), if it is."""
         seq.output_token_ids = list(output_token_ids)
+        complete = seq.grammar is not None and seq.grammar.replay(output_token_ids)
         stop = self._detokenize(seq)
         seq.num_streamed_chars = min(streamed_chars, len(seq.output_text))
         if not seq.params.ignore_eos and any(t in self.eos_token_ids for t in seq.output_token_ids):
             return "stop"
         if stop is not None:
             seq.stop_reason = stop
+            return "stop"
+        if complete:
             return "stop"
         return "length" if self._at_length(seq) else None
 

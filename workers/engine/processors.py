@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import torch
 
+from workers.engine.grammar import masks
 from workers.engine.requests.sequence import EngineRequest
 
 
 def apply(logits: torch.Tensor, seqs: list[EngineRequest]) -> torch.Tensor:
     """logits [N, vocab], one row per seq; returns the processed logits (a new tensor when any
     row changes, else `logits` itself). Never modifies `logits` in place."""
-    return logits
+    # the grammar masks last: no bias or penalty may bring back a token they rule out
+    return masks.apply(logits, [s.grammar for s in seqs])

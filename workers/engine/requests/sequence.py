@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from broker.sampling import SamplingParams
 from kvstore.chain import BlockHash
+
+if TYPE_CHECKING:
+    from workers.engine.grammar.matcher import GrammarMatcher
 
 FinishReason = Literal["stop", "length", "abort", "error"]
 
@@ -41,6 +44,7 @@ class EngineRequest:
     stop_reason: str | int | None = None
     output_text: str = ""
     num_streamed_chars: int = 0
+    grammar: GrammarMatcher | None = None  # params.structured_outputs' matcher: masks and advances
 
     @property
     def num_prompt_tokens(self) -> int:
