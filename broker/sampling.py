@@ -8,6 +8,7 @@ import msgspec
 
 from broker.errors import InvalidRequestError
 from broker.penalty_params import check_penalties
+from broker.structured import StructuredOutputs
 
 # torch.Generator.manual_seed takes any integer that fits in 64 bits: [0, 2**64) here (it would
 # also wrap negatives, but a seed is documented as unsigned so -1 does not alias 2**64 - 1).
@@ -32,7 +33,8 @@ class SamplingParams(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """How to pick tokens. temperature 0 means greedy (token-exact with HF `generate`).
 
     temperature: 0, or in [MIN_TEMPERATURE, MAX_TEMPERATURE]. top_k: -1 or 0 disable it.
-    top_p in (0, 1]. seed in [0, SEED_MAX]. Every float is finite. Violations raise
+    top_p in (0, 1]. seed in [0, SEED_MAX]. Every float is finite. structured_outputs: a
+    constraint the output follows (checked by its own rules). Violations raise
     InvalidRequestError whose `param` names the field, whether constructed or decoded (msgspec
     runs __post_init__ on both; broker/codec.py unwraps the error it wraps that in).
     """
@@ -56,6 +58,8 @@ class SamplingParams(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     min_p: float = 0.0  # drop tokens less likely than min_p times the top one, after temperature
     min_tokens: int = 0  # EOS and stop_token_ids held back (and no stop) until this many are out
     stop_token_ids: tuple[int, ...] = ()  # end with "stop", the token included in the output
+    # a grammar the output must follow (JSON schema, regex, choice...): broker/structured.py
+    structured_outputs: StructuredOutputs | None = None
 
     def __post_init__(self) -> None:
         # 0 only computes the prompt, for its logprobs (echo): the engine samples nothing then
@@ -96,6 +100,9 @@ class SamplingParams(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
                     f"{name} must be an integer in [0, {MAX_LOGPROBS}], got {k!r}", name
                 )
         check_penalties(self)
+        so = self.structured_outputs
+        if so is not None and not isinstance(so, StructuredOutputs):
+            raise InvalidRequestError("structured_outputs must be a StructuredOutputs", "structured_outputs")
 
     @property
     def greedy(self) -> bool:

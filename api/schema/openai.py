@@ -18,6 +18,7 @@ from pydantic_core import ErrorDetails
 
 from api.schema import logprobs as logprobs_body
 from api.schema.requests import UNSUPPORTED, ChatBody, CompletionBody, Message
+from api.schema.structured import structured_outputs
 from broker.errors import InvalidRequestError
 from broker.messages import ChatMessage, GenerateJob, GenerateResult, TokenLogprob, Usage
 from broker.penalty_params import MAX_LOGIT_BIAS
@@ -203,6 +204,7 @@ def _params(b: ChatBody | CompletionBody, default_max_tokens: int | None) -> Sam
         min_p=b.min_p or 0.0,
         min_tokens=b.min_tokens or 0,
         stop_token_ids=tuple(b.stop_token_ids or ()),
+        structured_outputs=structured_outputs(b),
     )
 
 

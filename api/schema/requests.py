@@ -20,6 +20,7 @@ from broker.penalty_params import (
     PENALTY_MAX,
 )
 from broker.sampling import MAX_LOGPROBS, MAX_STOP_STRINGS, MAX_TEMPERATURE, MIN_TEMPERATURE, SEED_MAX
+from broker.structured import MAX_CHOICES
 
 # A session id or cache salt: safe in a URL path segment and a Redis key; no '/', no spaces, and
 # a letter or digit first (clients rewrite the path segments "." and "..": never addressable).
@@ -29,7 +30,7 @@ TOKEN_ID_LIMIT = 1 << 31  # the worker checks against the true vocabulary (a 400
 MAX_MODEL_CHARS = 256
 MAX_MESSAGES = 4096
 MAX_PROMPTS = 128  # prompts in one /v1/completions (each its own job, under the tenant's job cap)
-MAX_CHOICES = 64  # n and best_of: choices (jobs) per prompt
+MAX_N = 64  # n and best_of: choices (jobs) per prompt
 UNSUPPORTED = "unsupported_parameter"  # the error type (and OpenAI code) of a field kvferry lacks
 
 Id = Annotated[str, Field(pattern=ID_PATTERN)]
@@ -64,6 +65,47 @@ class Message(_Strict):
 
 class StreamOptions(_Strict):
     include_usage: bool | None = None
+
+
+# -- structured outputs (api/schema/structured.py turns these into broker/structured.py's spec) --
+
+JsonSchema = dict[str, Any]
+Choices = Annotated[list[str], Field(min_length=1, max_length=MAX_CHOICES)]
+
+
+class JsonSchemaFormat(_Strict):
+    """response_format.json_schema, as OpenAI's (`strict` is accepted: the output always
+    follows the schema)."""
+
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
+    description: str | None = None
+    schema_: JsonSchema = Field(alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Strict):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None  # required with type json_schema
+
+
+class StructuredOutputsBody(_Strict):
+    """vLLM's structured_outputs: exactly one of these."""
+
+    json_: JsonSchema | str | None = Field(default=None, alias="json")
+    json_object: bool | None = None
+    regex: str | None = None
+    choice: Choices | None = None
+    grammar: str | None = None
+
+
+class StructuredFields(_Strict):
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputsBody | None = None
+    # vLLM's older names for structured_outputs' fields
+    guided_json: JsonSchema | str | None = None
+    guided_regex: str | None = None
+    guided_choice: Choices | None = None
+    guided_grammar: str | None = None
 
 
 def unsupported(message: str) -> PydanticCustomError:
@@ -106,7 +148,7 @@ class _NoOp(_Strict):
         return tier
 
 
-class _Common(_NoOp):
+class _Common(_NoOp, StructuredFields):
     model: Annotated[str, Field(min_length=1, max_length=MAX_MODEL_CHARS)]
     max_tokens: Annotated[int, Field(ge=1, le=MAX_TOKENS_CAP)] | None = None
     temperature: Annotated[float, Field(ge=0.0, le=MAX_TEMPERATURE, allow_inf_nan=False)] | None = None
@@ -114,7 +156,7 @@ class _Common(_NoOp):
     top_k: Annotated[int, Field(ge=-1, lt=TOKEN_ID_LIMIT)] | None = None  # -1 and 0 disable it
     seed: Annotated[int, Field(ge=0, le=SEED_MAX)] | None = None
     stop: NonEmpty | Annotated[list[NonEmpty], Field(max_length=MAX_STOP_STRINGS)] | None = None
-    n: Annotated[int, Field(ge=1, le=MAX_CHOICES)] | None = None
+    n: Annotated[int, Field(ge=1, le=MAX_N)] | None = None
     stream: bool | None = None
     stream_options: StreamOptions | None = None
     ignore_eos: bool | None = None
@@ -179,7 +221,7 @@ class CompletionBody(_Common):
     max_tokens: Annotated[int, Field(ge=0, le=MAX_TOKENS_CAP)] | None = None
     logprobs: TopK | None = None
     echo: bool | None = None
-    best_of: Annotated[int, Field(ge=1, le=MAX_CHOICES)] | None = None  # >= n: the n likeliest come back
+    best_of: Annotated[int, Field(ge=1, le=MAX_N)] | None = None  # >= n: the n likeliest come back
 
     @property
     def prompt_values(self) -> list[str | tuple[int, ...]]:

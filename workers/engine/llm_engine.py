@@ -20,6 +20,8 @@ from workers.engine.block_manager import BlockManager
 from workers.engine.config import EngineConfig
 from workers.engine.errors import RequestFailedError
 from workers.engine.faults import StepFaults
+from workers.engine.grammar.compiler import GrammarCompiler
+from workers.engine.grammar.matcher import CompiledGrammar
 from workers.engine.kernels import block_writer
 from workers.engine.model.kv_layout import kv_layout
 from workers.engine.model.loader import LoadedModel, load_model
@@ -81,6 +83,7 @@ class LLMEngine:
         self.weights_bytes = self.loaded.weights_bytes
         self.sampler = Sampler(device, self.loaded.eos_token_ids)
         self.detokenizer = Detokenizer(self.tokenizer)
+        self.grammars = GrammarCompiler(self.tokenizer, self.loaded.eos_token_ids)  # thread-safe
         self.max_model_len = min(config.max_model_len or self.loaded.max_model_len, self.loaded.max_model_len)
         self.vocab_size = int(self.loaded.model.config.vocab_size)
         self.post = Postprocessor(self.detokenizer, self.loaded.eos_token_ids, self.max_model_len)
@@ -117,13 +120,16 @@ class LLMEngine:
         output_token_ids: list[int] | None = None,
         streamed_chars: int = 0,
         keep_tail: bool = False,
+        grammar: CompiledGrammar | None = None,
     ) -> None:
         """Queue a request. Raises InvalidRequestError (nothing queued) when it cannot run.
 
         output_token_ids resumes a request that another process had started (a redelivered job):
         those tokens count as output already made, and the first streamed_chars of their text as
         already sent to the client. keep_tail: a session turn, whose next turn starts with its
-        partial last block: the pool keeps that block once it finishes (KeptTails).
+        partial last block: the pool keeps that block once it finishes (KeptTails). grammar:
+        params.structured_outputs compiled by self.grammars (compiled here, on the engine's
+        thread, when not given).
         """
         if request_id in self._seqs:
             raise InvalidRequestError(f"request id {request_id!r} is already running", "request_id")
@@ -138,6 +144,9 @@ class LLMEngine:
             default_max_tokens=self.config.default_max_tokens,
         )
         seq = EngineRequest(request_id, list(prompt_token_ids), params, max_tokens, cache_salt)
+        if params.structured_outputs is not None:
+            compiled = grammar or self.grammars.compile(params.structured_outputs)
+            seq.grammar = compiled.matcher() if compiled is not None else None
         if output_token_ids:
             reason = self.post.resume(seq, output_token_ids, streamed_chars)
             if reason is not None:  # its worker died after the last token, before the result

@@ -23,15 +23,18 @@ class Postprocessor:
 
     def append(self, seq: EngineRequest, token: int) -> FinishReason | None:
         """Append one sampled token; why seq ends with it, if it does. Raises RequestFailedError
-        when detokenising fails (that request alone fails)."""
+        when detokenising fails or its grammar refuses the token (that request alone fails)."""
         seq.output_token_ids.append(token)
         self.generation_tokens += 1
+        complete = seq.grammar is not None and seq.grammar.accept(token)  # raises if it refuses it
         reason: FinishReason | None = None
         if self._stops(seq, token):
             reason, seq.stop_reason = "stop", token
         stop = self._detokenize(seq, stop_token=reason is not None)
         if reason is None and stop is not None:
             reason, seq.stop_reason = "stop", stop
+        if reason is None and complete:  # the grammar allows nothing more
+            reason = "stop"
         if reason is None and self._at_length(seq):
             reason = "length"
         return reason
@@ -47,6 +50,7 @@ class Postprocessor:
             seq.output_token_ids = restored[:min_tokens]
             self._detokenize(seq)
         seq.output_token_ids = restored
+        complete = seq.grammar is not None and seq.grammar.replay(output_token_ids)
         ended = bool(restored) and self._stops(seq, restored[-1])
         stop = self._detokenize(seq, stop_token=ended)
         seq.num_streamed_chars = min(streamed_chars, len(seq.output_text))
@@ -55,6 +59,8 @@ class Postprocessor:
             return "stop"
         if stop is not None:
             seq.stop_reason = stop
+            return "stop"
+        if complete:
             return "stop"
         return "length" if self._at_length(seq) else None
 

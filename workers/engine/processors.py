@@ -9,6 +9,7 @@ from collections.abc import Collection
 import torch
 
 from workers.engine import penalties
+from workers.engine.grammar import masks
 from workers.engine.requests.sequence import EngineRequest
 
 
@@ -19,4 +20,5 @@ def apply(
     row changes, else `logits` itself). Never modifies `logits` in place. eos_token_ids: what
     min_tokens holds back besides each request's stop_token_ids (unless it ignores EOS)."""
     logits = penalties.apply(logits, seqs, eos_token_ids)
-    return logits
+    # the grammar masks last: no bias or penalty may bring back a token they rule out
+    return masks.apply(logits, [s.grammar for s in seqs])

@@ -91,6 +91,7 @@ class JobAttempt:
         wait_healthy(loop)
         stored = service.sessions.stored_tokens(job)
         ids = prompt_token_ids(job, loop.tokenizer, stored)
+        grammar = loop.grammars.compile(job.params.structured_outputs)  # a bad spec: 400 here
         if job.params.prompt_logprobs is None:  # else the prompt is computed whole
             service.prefetch(ids, job.kv_salt)
         resumed = len(before.token_ids)
@@ -108,6 +109,7 @@ class JobAttempt:
             streamed_chars=before.text_chars,
             reports_first_out=True,  # _stream publishes the first token before the next step runs
             keep_tail=bool(job.session_id),  # its next turn starts with this one's partial last block
+            grammar=grammar,
         )
         self.stages["submitted"] = time.time()
 

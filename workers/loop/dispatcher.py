@@ -49,6 +49,7 @@ class Dispatcher:
                     msg.output_token_ids,
                     msg.streamed_chars,
                     msg.keep_tail,
+                    grammar=msg.grammar,
                 )
             except Exception as exc:  # typed errors go back to the submitter, nothing queued
                 msg.handle._fail(exc)

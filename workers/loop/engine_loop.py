@@ -14,6 +14,7 @@ from typing import TypeVar
 from broker.sampling import SamplingParams
 from kvstore.tiers.stored_block import StoredBlock
 from workers.engine.errors import EngineFailedError
+from workers.engine.grammar.matcher import CompiledGrammar
 from workers.engine.held_blocks import HeldBlocks
 from workers.engine.llm_engine import LLMEngine
 from workers.engine.stats import EngineStats
@@ -45,6 +46,7 @@ class EngineLoop:
         self.block_size = engine.pool.block_size
         self.fingerprint = engine.loaded.fingerprint
         self.held: HeldBlocks | None = engine.tiers.held if engine.tiers is not None else None
+        self.grammars = engine.grammars  # thread-safe: task threads compile before they submit
         self._inbox: queue.Queue[LoopMessage | None] = queue.Queue()
         self._work = Dispatcher(engine)  # the loop thread's: messages, steps, recovery
         self._ids = itertools.count()
@@ -116,10 +118,13 @@ class EngineLoop:
         streamed_chars: int = 0,
         reports_first_out: bool = False,
         keep_tail: bool = False,
+        grammar: CompiledGrammar | None = None,
     ) -> RequestHandle:
         """Queue a request (see LLMEngine.add_request); errors arrive through the handle.
         ``reports_first_out``: the caller calls handle.first_out() once its first token is out
-        (RequestHandle: the loop holds its next step for that). ``keep_tail``: a session turn."""
+        (RequestHandle: the loop holds its next step for that). ``keep_tail``: a session turn.
+        ``grammar``: params.structured_outputs compiled by self.grammars (else the loop's thread
+        compiles it)."""
         rid = request_id or f"req-{uuid.uuid4().hex[:12]}-{next(self._ids)}"
         handle = RequestHandle(rid, self.abort, reports_first_out)
         msg = Submit(
@@ -130,6 +135,7 @@ class EngineLoop:
             list(output_token_ids),
             streamed_chars,
             keep_tail,
+            grammar,
         )
         self.idle.clear()
         if not self._put(msg):

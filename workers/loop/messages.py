@@ -12,6 +12,7 @@ from kvstore.tiers.stored_block import StoredBlock
 from workers.loop.handle import RequestHandle
 
 if TYPE_CHECKING:
+    from workers.engine.grammar.matcher import CompiledGrammar
     from workers.engine.llm_engine import LLMEngine
 
 
@@ -24,6 +25,7 @@ class Submit:
     output_token_ids: list[int]
     streamed_chars: int
     keep_tail: bool = False  # a session turn: keep its partial last block for the next turn
+    grammar: CompiledGrammar | None = None  # params.structured_outputs, compiled by the sender
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from broker.sampling import SamplingParams
 from kvstore.chain import BlockHash
 from workers.engine.requests.logprob import Logprob
+
+if TYPE_CHECKING:
+    from workers.engine.grammar.matcher import GrammarMatcher
 
 FinishReason = Literal["stop", "length", "abort", "error"]
 
@@ -46,6 +49,7 @@ class EngineRequest:
     # its prefill computes them; sent once, with the first output after they are complete.
     prompt_logprobs: list[Logprob] = field(default_factory=list)
     prompt_logprobs_sent: bool = False
+    grammar: GrammarMatcher | None = None  # params.structured_outputs' matcher: masks and advances
 
     @property
     def num_prompt_tokens(self) -> int:
