@@ -76,9 +76,9 @@ def test_an_unsupported_parameter_is_a_bad_request(client: openai.OpenAI, worker
     """The client sends what it is given; a field kvferry lacks is refused, never dropped."""
     with pytest.raises(openai.BadRequestError) as raised:
         client.chat.completions.create(
-            model=MODEL, messages=[{"role": "user", "content": "hi"}], frequency_penalty=0.5
+            model=MODEL, messages=[{"role": "user", "content": "hi"}], reasoning_effort="low"
         )
-    assert raised.value.code == "unsupported_parameter" and raised.value.param == "frequency_penalty"
+    assert raised.value.code == "unsupported_parameter" and raised.value.param == "reasoning_effort"
     assert not worker.seen
     out = client.chat.completions.create(
         model=MODEL, messages=[{"role": "user", "content": "hi"}], user="u", store=False, metadata={"k": "v"}
