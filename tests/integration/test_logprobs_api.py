@@ -133,7 +133,9 @@ def test_chat_logprobs_streamed_and_not_equal_an_hf_forward(
     for chunk in client.chat.completions.create(**args, stream=True):
         if chunk.choices and chunk.choices[0].logprobs and chunk.choices[0].logprobs.content:
             streamed.extend(chunk.choices[0].logprobs.content)
-    assert [(e.token, e.logprob) for e in streamed] == [(e.token, e.logprob) for e in content]
+    # the same tokens; values within float noise (the second may hit the first's cached prompt)
+    assert [e.token for e in streamed] == [e.token for e in content]
+    assert all(abs(s.logprob - e.logprob) <= TOL for s, e in zip(streamed, content, strict=True))
 
 
 def test_streamed_echo_starts_with_the_prompt(api_url: str, two_workers: object) -> None:

@@ -105,3 +105,30 @@ def test_logprobs_of_a_sampled_token_are_of_the_raw_logits(tiny: TinyModel) -> N
 
     ids = prompt + list(outs[-1].token_ids)
     _check([lp for o in outs for lp in o.delta_logprobs], _hf_logprobs(tiny, ids), len(prompt), ids, 1)
+
+
+def test_a_resumed_request_gives_the_logprobs_an_uninterrupted_one_gives(tiny: TinyModel) -> None:
+    """A redelivered job resumes after the tokens its stream holds: the logprobs of the tokens it
+    adds, and its prompt's, are those of a run that was never interrupted."""
+    prompt = random_prompt(random.Random(9), 30)
+    params = SamplingParams(max_tokens=8, logprobs=2, prompt_logprobs=1, **NO_EOS)
+    whole_engine = make_engine(tiny.loaded, num_blocks=16)
+    whole: list[RequestOutput] = []
+    whole_engine.add_request("w", prompt, params)
+    while whole_engine.has_unfinished():
+        whole.extend(whole_engine.step())
+    output_lps, prompt_lps = _streamed(whole)
+
+    engine = make_engine(tiny.loaded, num_blocks=16)
+    resumed: list[RequestOutput] = []
+    engine.add_request("r", prompt, params, output_token_ids=list(whole[-1].token_ids[:3]))
+    while engine.has_unfinished():
+        resumed.extend(engine.step())
+    again, prompt_again = _streamed(resumed)
+
+    assert resumed[-1].token_ids == whole[-1].token_ids
+    assert [e.token_id for e in again] == [e.token_id for e in output_lps[3:]]
+    for got, want in zip([*again, *prompt_again], [*output_lps[3:], *prompt_lps], strict=True):
+        assert got.logprob is not None and want.logprob is not None
+        assert abs(got.logprob - want.logprob) <= TOL
+        assert [t for t, _ in got.top] == [t for t, _ in want.top]
