@@ -76,8 +76,8 @@ def test_unknown_fields_are_refused_not_ignored(
     job = GenerateJob(MODEL, prompt_token_ids=(100, 101, 102), params=SamplingParams(max_tokens=4))
     top = {**encode_job(job), "logprobs": True}
     nested = encode_job(job)
-    nested["params"]["frequency_penalty"] = 0.5
-    for payload, field in ((top, "logprobs"), (nested, "frequency_penalty")):
+    nested["params"]["beam_width"] = 4
+    for payload, field in ((top, "logprobs"), (nested, "beam_width")):
         handle = _send(celery_app, payload, two_workers[0].queue)
         events = list(job_events.follow(redis_client, handle.id, timeout_s=60))
         assert [type(e) for e in events] == [JobFailed], events  # nothing ran
