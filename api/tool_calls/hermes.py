@@ -91,11 +91,13 @@ class HermesStream:
     def _content(self, text: str, out: list[Piece]) -> None:
         if not text:
             return
-        if not text.strip():
-            self._spaces += text  # e.g. the newline between two calls: no content of its own
-            return
-        out.append(ContentPiece(self._spaces + text))
-        self._spaces = ""
+        # trailing whitespace waits for more content: the newline before or between calls is
+        # no content of its own
+        kept = text.rstrip()
+        if kept:
+            out.append(ContentPiece(self._spaces + kept))
+            self._spaces = ""
+        self._spaces += text[len(kept) :]
 
     def _progress(self, out: list[Piece]) -> None:
         if not self._head_end:
