@@ -5,8 +5,8 @@ from __future__ import annotations
 from api.jobs.view import failed_body
 from api.schema import sse
 from api.schema.openai import CompletionRequest
-from api.tool_calls.answer import TOOL_CALLS, ContentPiece, StreamedCalls, call_delta
-from api.tool_calls.parser import Piece
+from api.tool_calls.answer import TOOL_CALLS, StreamedCalls, call_delta
+from api.tool_calls.parser import ContentPiece, Piece
 from broker.messages import JobDone, JobFailed, StreamEvent, TokenDelta, TokenLogprob
 
 
@@ -31,7 +31,7 @@ class ChoiceStream:
         self.echoed = not request.echo
         self.finished = False
         calling = request.tool_calling if request.is_chat else None
-        self.calls = StreamedCalls(calling) if calling is not None else None
+        self.calls = StreamedCalls(calling.tool_parser) if calling is not None else None
 
     def start(self) -> list[bytes]:
         return [self.writer.text("")] if self.request.is_chat else []  # the role chunk

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from api.schema.openai import CompletionRequest, Endpoint
-from api.tool_calls.request import ToolCalling
+from api.schema.tool_choice import ToolCalling
 from broker import codec
 from broker.sampling import SamplingParams
 

@@ -19,8 +19,8 @@ from pydantic_core import ErrorDetails
 from api.schema import logprobs as logprobs_body
 from api.schema.requests import UNSUPPORTED, ChatBody, CompletionBody, Message
 from api.schema.structured import structured_outputs
+from api.schema.tool_choice import ToolCalling, chat_message, tool_calling
 from api.tool_calls.answer import message_body
-from api.tool_calls.request import ToolCalling, chat_message, tool_calling
 from broker.errors import InvalidRequestError
 from broker.messages import ChatMessage, GenerateJob, GenerateResult, TokenLogprob, Usage
 from broker.penalty_params import MAX_LOGIT_BIAS
@@ -314,7 +314,10 @@ def best_of(request: CompletionRequest, candidates: Sequence[Choice]) -> list[Ch
 def choice_body(request: CompletionRequest, index: int, choice: Choice) -> dict[str, Any]:
     if request.is_chat:
         lp = logprobs_body.chat_body(choice.logprobs) if request.wants_logprobs else None
-        message, finish_reason = message_body(request.tool_calling, choice.text, choice.finish_reason)
+        calling = request.tool_calling
+        message, finish_reason = message_body(
+            calling.tool_parser if calling else None, choice.text, choice.finish_reason
+        )
         return {"index": index, "message": message, "logprobs": lp, "finish_reason": finish_reason}
     text = choice.text
     entries = choice.logprobs

@@ -3,21 +3,18 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from api.tool_calls.parser import CallPiece, ContentPiece, Piece, call_id, parse
-
-if TYPE_CHECKING:
-    from api.tool_calls.request import ToolCalling
+from api.tool_calls.parser import CallPiece, Piece, ToolParser, call_id, parse
 
 TOOL_CALLS = "tool_calls"  # the finish_reason of an answer that called a tool
 
 
-def message_body(calling: ToolCalling | None, text: str, finish_reason: str) -> tuple[dict[str, Any], str]:
-    """A chat choice's message and finish_reason."""
-    if calling is None:
+def message_body(parser: ToolParser | None, text: str, finish_reason: str) -> tuple[dict[str, Any], str]:
+    """A chat choice's message and finish_reason (parser: None when no tool may be called)."""
+    if parser is None:
         return {"role": "assistant", "content": text}, finish_reason
-    content, calls = parse(calling.tool_parser, text)
+    content, calls = parse(parser, text)
     if not calls:
         return {"role": "assistant", "content": content}, finish_reason
     tool_calls = [
@@ -38,8 +35,8 @@ def call_delta(piece: CallPiece) -> dict[str, Any]:
 class StreamedCalls:
     """One streamed choice's output through its parser: content text and call deltas."""
 
-    def __init__(self, calling: ToolCalling) -> None:
-        self._stream = calling.tool_parser.stream()
+    def __init__(self, parser: ToolParser) -> None:
+        self._stream = parser.stream()
         self.called = False
 
     def feed(self, text: str) -> list[Piece]:
@@ -51,6 +48,3 @@ class StreamedCalls:
     def _seen(self, pieces: list[Piece]) -> list[Piece]:
         self.called = self.called or any(isinstance(p, CallPiece) for p in pieces)
         return pieces
-
-
-__all__ = ["TOOL_CALLS", "CallPiece", "ContentPiece", "StreamedCalls", "call_delta", "message_body"]

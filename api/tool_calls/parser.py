@@ -73,12 +73,3 @@ def parse(parser: ToolParser, text: str) -> tuple[str | None, list[ParsedCall]]:
         return text, []
     content = "".join(p.text for p in pieces if isinstance(p, ContentPiece)).strip()
     return content or None, stream.calls
-
-
-def parser_for(name: str) -> ToolParser:
-    from api.tool_calls.hermes import HermesParser  # the registry: one line per parser
-
-    parsers: dict[str, ToolParser] = {"hermes": HermesParser()}
-    if name not in parsers:
-        raise ValueError(f"unknown tool_call_parser {name!r} (known: {', '.join(parsers)})")
-    return parsers[name]

@@ -8,11 +8,15 @@ import random
 import llguidance
 import pytest
 
-from api.tool_calls.parser import CallPiece, ContentPiece, ParsedCall, parse, parser_for
+from api.tool_calls.parser import CallPiece, ContentPiece, ParsedCall, parse
+from api.tool_calls.registry import parser_for
 from broker.messages import ToolSpec
 
 HERMES = parser_for("hermes")
-WEATHER = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": [1, {"n": 2}]}}\n</tool_call>'
+WEATHER = (
+    '<tool_call>\n{"name": "get_weather", '
+    '"arguments": {"city": "Paris", "days": [1, {"n": 2}]}}\n</tool_call>'
+)
 TIME = '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>'
 
 

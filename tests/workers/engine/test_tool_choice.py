@@ -13,7 +13,8 @@ import jsonschema
 import pytest
 
 from api.schema.openai import CompletionRequest, parse_request
-from api.tool_calls.parser import parse, parser_for
+from api.tool_calls.parser import parse
+from api.tool_calls.registry import parser_for
 from broker.messages import ChatMessage, GenerateJob, ToolCall, ToolSpec
 from tests.workers._helpers import TinyModel, make_engine
 from workers.jobs.prompt import prompt_token_ids
@@ -112,14 +113,16 @@ def test_smollm2_renders_tools_and_tool_turns_as_hermes_text(tokenizer: Any) -> 
 # A template that knows tools, as Qwen2.5's writes them (cut down): tools listed in the system
 # turn, arguments with `| tojson`, a tool message as a user turn in <tool_response>.
 NATIVE = (
-    "{%- if tools %}<|im_start|>system\n<tools>{% for t in tools %}\n{{ t | tojson }}{% endfor %}\n</tools><|im_end|>\n"
+    "{%- if tools %}<|im_start|>system\n<tools>"
+    "{% for t in tools %}\n{{ t | tojson }}{% endfor %}\n</tools><|im_end|>\n"
     "{%- endif %}"
     "{%- for m in messages %}"
     "{%- if m.role == 'assistant' and m.tool_calls %}<|im_start|>assistant\n{{ m.content }}"
     "{%- for c in m.tool_calls %}<tool_call>\n"
     '{"name": "{{ c.function.name }}", "arguments": {{ c.function.arguments | tojson }}}\n</tool_call>'
     "{%- endfor %}<|im_end|>\n"
-    "{%- elif m.role == 'tool' %}<|im_start|>user\n<tool_response>\n{{ m.content }}\n</tool_response><|im_end|>\n"
+    "{%- elif m.role == 'tool' %}"
+    "<|im_start|>user\n<tool_response>\n{{ m.content }}\n</tool_response><|im_end|>\n"
     "{%- else %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{%- endif %}"
     "{%- endfor %}{%- if add_generation_prompt %}<|im_start|>assistant\n{%- endif %}"
 )

@@ -16,7 +16,8 @@ from typing import Literal
 
 from api.schema.requests import ChatBody, Message
 from api.schema.tools import NamedToolChoice
-from api.tool_calls.parser import ToolParser, parser_for
+from api.tool_calls.parser import ToolParser
+from api.tool_calls.registry import parser_for
 from broker.errors import InvalidRequestError
 from broker.messages import ChatMessage, ToolCall, ToolSpec
 from broker.structured import StructuredOutputs
