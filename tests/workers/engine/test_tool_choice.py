@@ -16,6 +16,7 @@ from api.schema.openai import CompletionRequest, parse_request
 from api.tool_calls.parser import parse
 from api.tool_calls.registry import parser_for
 from broker.messages import ChatMessage, GenerateJob, ToolCall, ToolSpec
+from broker.sessions.tokens import after_turn
 from tests.workers._helpers import TinyModel, make_engine
 from workers.jobs.prompt import prompt_token_ids
 
@@ -149,3 +150,36 @@ def test_a_template_with_tools_gets_openai_shapes(native_tokenizer: Any) -> None
     # arguments reach the template as a dict: tojson writes them once, not as a quoted string
     assert '"arguments": {"city": "Oslo", "days": 1}' in text
     assert "<tool_response>\nsunny, 21C\n</tool_response>" in text
+
+
+def test_a_session_continues_through_tool_turns(tokenizer: Any) -> None:
+    """A turn that sends a call back as tool_calls re-tokenises (the stored reply is its text);
+    the next turn continues that conversation's exact ids, tool messages and all."""
+    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    reply = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo", "days": 1}}\n</tool_call>'
+    prompt1 = prompt_token_ids(GenerateJob("m", "chat", TURNS[:1], tools=SPECS), tokenizer)
+    out1 = [*tokenizer(reply, add_special_tokens=False)["input_ids"], im_end]
+    stored = after_turn(None, "m", (*TURNS[:1], ChatMessage("assistant", reply)), prompt1 + out1)
+
+    turn2 = GenerateJob("m", "chat", TURNS, tools=SPECS)
+    ids2 = prompt_token_ids(turn2, tokenizer, stored)
+    assert ids2 == prompt_token_ids(turn2, tokenizer)
+
+    answer = "It is sunny."
+    out2 = [*tokenizer(answer, add_special_tokens=False)["input_ids"], im_end]
+    stored = after_turn(stored, "m", (*TURNS, ChatMessage("assistant", answer)), ids2 + out2)
+    turn3 = GenerateJob(
+        "m", "chat", (*TURNS, ChatMessage("assistant", answer), ChatMessage("user", "Thanks")), tools=SPECS
+    )
+    head = stored.head_for("m", turn3.messages)
+    assert head == tuple(ids2 + out2)  # the tool turns' digest matches: the exact ids are reused
+    ids3 = prompt_token_ids(turn3, tokenizer, stored)
+    assert ids3[: len(head)] == list(head)
+    assert ids3 == prompt_token_ids(turn3, tokenizer)
+    # a conversation that differs only in a call's arguments is another conversation
+    edited = (
+        TURNS[0],
+        ChatMessage("assistant", "", tool_calls=(ToolCall("call_1", "get_weather", "{}"),)),
+        *TURNS[2:],
+    )
+    assert stored.head_for("m", (*edited, ChatMessage("assistant", answer), ChatMessage("user", "x"))) is None
