@@ -33,7 +33,7 @@ class ToolDef(_Strict):
     function: FunctionDef
 
 
-class FunctionName_(_Strict):
+class FunctionRef(_Strict):
     name: FunctionName
 
 
@@ -41,7 +41,7 @@ class NamedToolChoice(_Strict):
     """tool_choice naming one function: the model calls exactly it."""
 
     type: Literal["function"]
-    function: FunctionName_
+    function: FunctionRef
 
 
 ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice
