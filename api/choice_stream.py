@@ -5,6 +5,8 @@ from __future__ import annotations
 from api.jobs.view import failed_body
 from api.schema import sse
 from api.schema.openai import CompletionRequest
+from api.tool_calls.answer import TOOL_CALLS, StreamedCalls, call_delta
+from api.tool_calls.parser import ContentPiece, Piece
 from broker.messages import JobDone, JobFailed, StreamEvent, TokenDelta, TokenLogprob
 
 
@@ -28,6 +30,8 @@ class ChoiceStream:
         self.sent: list[str] = []  # the text streamed so far
         self.echoed = not request.echo
         self.finished = False
+        calling = request.tool_calling if request.is_chat else None
+        self.calls = StreamedCalls(calling.tool_parser) if calling is not None else None
 
     def start(self) -> list[bytes]:
         return [self.writer.text("")] if self.request.is_chat else []  # the role chunk
@@ -40,18 +44,41 @@ class ChoiceStream:
         wants_logprobs = self.request.wants_logprobs
         if isinstance(event, TokenDelta) and (event.text or (wants_logprobs and event.logprobs)):
             self.sent.append(event.text)
-            out.append(self.writer.text(event.text, logprobs=event.logprobs))
+            out.extend(self._text(event.text, event.logprobs))
         elif isinstance(event, JobDone):
             self.finished = True
             r = event.result
             streamed = "".join(self.sent)
             tail = r.text[len(streamed) :] if r.text.startswith(streamed) else ""
             if tail:
-                out.append(self.writer.text(tail))
-            out.append(self.writer.text("", r.finish_reason, worker=r.worker))
+                out.extend(self._text(tail))
+            finish_reason = r.finish_reason
+            if self.calls is not None:
+                out.extend(self._pieces(self.calls.finish()))
+                finish_reason = TOOL_CALLS if self.calls.called else finish_reason
+            out.append(self.writer.text("", finish_reason, worker=r.worker))
             if include_usage:
                 out.append(self.writer.usage(r.usage))
         elif isinstance(event, JobFailed):
             self.finished = True
             out.append(sse.error_frame(failed_body(event)))
+        return out
+
+    def _text(self, text: str, logprobs: tuple[TokenLogprob, ...] = ()) -> list[bytes]:
+        if self.calls is None:
+            return [self.writer.text(text, logprobs=logprobs)]
+        out = self._pieces(self.calls.feed(text), logprobs)
+        if not out and logprobs and self.request.wants_logprobs:
+            out.append(self.writer.text("", logprobs=logprobs))  # held text: its logprobs go now
+        return out
+
+    def _pieces(self, pieces: list[Piece], logprobs: tuple[TokenLogprob, ...] = ()) -> list[bytes]:
+        """Content as text chunks, calls as tool_calls chunks; the delta's logprobs on the first."""
+        out = []
+        for piece in pieces:
+            if isinstance(piece, ContentPiece):
+                out.append(self.writer.text(piece.text, logprobs=logprobs))
+            else:
+                out.append(self.writer.tool_calls([call_delta(piece)], logprobs=logprobs))
+            logprobs = ()
         return out

@@ -30,6 +30,7 @@ class ApiConfig:
     # A chat's max_tokens when it names none. None (the default): the worker decides, with its
     # Settings.default_max_tokens capped by the room the context leaves.
     default_max_tokens: int | None = None
+    tool_call_parser: str = DEFAULTS.tool_call_parser  # how the model writes tool calls (api/tool_calls/)
 
     def __post_init__(self) -> None:
         if self.routing not in get_args(Routing):

@@ -43,7 +43,7 @@ async def read_json(request: Request, max_bytes: int) -> Any:
 
 def parse(ctx: ApiContext, endpoint: str, body: Any, session_header: str | None) -> CompletionRequest:
     """A body's session_id wins over the X-Session-Id header (held to the same charset)."""
-    request = parse_request(endpoint, body, ctx.config.default_max_tokens)
+    request = parse_request(endpoint, body, ctx.config.default_max_tokens, ctx.config.tool_call_parser)
     served = ctx.config.served_models
     if request.model not in served:
         raise UnknownModelError(f"The model `{request.model}` does not exist (served: {', '.join(served)})")
@@ -94,6 +94,7 @@ async def submit(
             session_id=request.session_id,
             params=request.params,
             echo=request.echo,
+            tool_parser=request.tool_calling.parser if request.tool_calling else "",
         )
         await jobs.submit(meta, job, clock)
     except Exception:

@@ -29,6 +29,7 @@ _UNITS = {"": 1, "k": 1024, "m": MiB, "g": GiB, "t": 1024**4}
 
 Routing = Literal["cache-aware", "round-robin", "shared"]
 TierDtype = Literal["exact", "int8", "fp16", "bf16"]
+ToolCallParser = Literal["hermes"]  # api/tool_calls/parser.py's registry
 
 
 def parse_size(text: str | int) -> int:
@@ -109,6 +110,7 @@ class SettingsFields(BaseModel):
     tenant_max_jobs: int = 0  # unfinished jobs one tenant may have at once (over it: 429); 0 = no cap
     routing: Routing = "cache-aware"  # "round-robin" and "shared" are the benchmark's baselines
     prefetch_hints: bool = True  # a session routed to a new worker: it loads the blocks while queued
+    tool_call_parser: ToolCallParser = "hermes"  # the served model's tool-call format (as vLLM's flag)
     flower_port: int = 5555
 
 

@@ -23,9 +23,28 @@ class StreamEventBase(Message, frozen=True, tag_field="event"):
     """A job stream's event: its type travels under "event", so a reader dispatches on it."""
 
 
+class ToolCall(Message, frozen=True):
+    """A function call an assistant message made (OpenAI's tool_calls[i]); arguments is JSON text."""
+
+    id: str
+    name: str
+    arguments: str
+
+
+class ToolSpec(Message, frozen=True):
+    """A function the model may call (OpenAI's tools[i].function); parameters is a JSON schema as
+    JSON text ("" when the tool takes none)."""
+
+    name: str
+    description: str = ""
+    parameters: str = ""
+
+
 class ChatMessage(Message, frozen=True):
     role: str
-    content: str
+    content: str  # "" for an assistant message that only calls tools (OpenAI's content: null)
+    tool_calls: tuple[ToolCall, ...] = ()  # an assistant's calls
+    tool_call_id: str | None = None  # a tool message: the call it answers
 
 
 class TopLogprob(Message, frozen=True, array_like=True):
@@ -62,6 +81,7 @@ class GenerateJob(Message, frozen=True):
     pin_prefix: bool = False  # keep the prompt's blocks in the Redis tier for good (`kvferry preload`)
     cache_salt: str = ""  # as vLLM's: requests with different salts never share KV blocks
     echo: bool = False  # the result carries the prompt's text (prompt_text), as completions' echo
+    tools: tuple[ToolSpec, ...] = ()  # a chat's tools, rendered by the chat template
 
     @property
     def kv_salt(self) -> str:

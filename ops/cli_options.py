@@ -96,7 +96,12 @@ def service_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def tenant_options(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Flags of the commands that run the API: tenants and their limits."""
+    """Flags of the commands that run the API: tenants and their limits, the tool-call parser."""
+    fn = click.option(
+        "--tool-call-parser",
+        type=click.Choice(["hermes"]),
+        help="how the served model writes tool calls (as vLLM's flag); hermes: <tool_call> JSON",
+    )(fn)
     fn = click.option(
         "--prefetch-hints/--no-prefetch-hints",
         default=None,

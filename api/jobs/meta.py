@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from api.schema.openai import CompletionRequest, Endpoint
+from api.schema.tool_choice import ToolCalling
 from broker import codec
 from broker.sampling import SamplingParams
 
@@ -23,14 +24,21 @@ class JobMeta:
     session_id: str | None = None
     params: SamplingParams = field(default_factory=SamplingParams)
     echo: bool = False  # completions' echo: the answer starts with the prompt
+    tool_parser: str = ""  # a chat whose model may call tools: the parser that reads its calls
 
     def request(self) -> CompletionRequest:
         """The request as far as building its response body needs (its prompt is not kept)."""
         endpoint: Endpoint = (
             "/v1/chat/completions" if self.endpoint == "/v1/chat/completions" else "/v1/completions"
         )
+        calling = ToolCalling("auto", self.tool_parser) if self.tool_parser else None
         return CompletionRequest(
-            endpoint, self.model, self.params, session_id=self.session_id, echo=self.echo
+            endpoint,
+            self.model,
+            self.params,
+            session_id=self.session_id,
+            echo=self.echo,
+            tool_calling=calling,
         )
 
     def to_hash(self) -> dict[str, str]:
@@ -44,6 +52,7 @@ class JobMeta:
             "tenant": self.tenant,
             "session_id": self.session_id or "",
             "echo": "1" if self.echo else "",
+            "tool_parser": self.tool_parser,
         }
 
     @classmethod
@@ -60,6 +69,7 @@ class JobMeta:
             session_id=h.get("session_id") or None,
             params=_params(h.get("params")),
             echo=bool(h.get("echo")),
+            tool_parser=h.get("tool_parser", ""),
         )
 
     @property

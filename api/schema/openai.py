@@ -19,6 +19,8 @@ from pydantic_core import ErrorDetails
 from api.schema import logprobs as logprobs_body
 from api.schema.requests import UNSUPPORTED, ChatBody, CompletionBody, Message
 from api.schema.structured import structured_outputs
+from api.schema.tool_choice import ToolCalling, chat_message, tool_calling
+from api.tool_calls.answer import message_body
 from broker.errors import InvalidRequestError
 from broker.messages import ChatMessage, GenerateJob, GenerateResult, TokenLogprob, Usage
 from broker.penalty_params import MAX_LOGIT_BIAS
@@ -34,7 +36,7 @@ class CompletionRequest:
     endpoint: Endpoint
     model: str
     params: SamplingParams
-    messages: tuple[dict[str, str], ...] = ()  # chat
+    messages: tuple[ChatMessage, ...] = ()  # chat
     prompt: str | tuple[int, ...] = ""  # completions: text or token ids
     session_id: str | None = None
     stream: bool = False
@@ -44,6 +46,7 @@ class CompletionRequest:
     more_prompts: tuple[str | tuple[int, ...], ...] = ()  # completions: the batch's other prompts
     n: int = 1  # choices per prompt
     best_of: int = 1  # candidates per prompt (>= n); the n with the highest logprob sum come back
+    tool_calling: ToolCalling | None = None  # chat with tools the model may call
 
     @property
     def choices_per_prompt(self) -> int:
@@ -84,7 +87,7 @@ class CompletionRequest:
         return GenerateJob(
             model=self.model,
             endpoint="chat" if self.is_chat else "completion",
-            messages=tuple(ChatMessage(m["role"], m["content"]) for m in self.messages),
+            messages=self.messages,
             prompt=self.prompt if isinstance(self.prompt, str) and self.prompt else None,
             prompt_token_ids=self.prompt if isinstance(self.prompt, tuple) else (),
             params=self.params,
@@ -93,6 +96,7 @@ class CompletionRequest:
             submitted_at=time.time(),
             cache_salt=self.cache_salt,
             echo=self.echo,
+            tools=self.tool_calling.tools if self.tool_calling else (),
         )
 
 
@@ -208,23 +212,35 @@ def _params(b: ChatBody | CompletionBody, default_max_tokens: int | None) -> Sam
     )
 
 
-def parse_request(endpoint: str, body: Any, chat_max_tokens: int | None = None) -> CompletionRequest:
+def parse_request(
+    endpoint: str, body: Any, chat_max_tokens: int | None = None, tool_parser: str = "hermes"
+) -> CompletionRequest:
     """An OpenAI body, validated. chat_max_tokens: a chat's max_tokens when it names none
-    (None: until the context is full); a text completion's default is OpenAI's, 16."""
+    (None: until the context is full); a text completion's default is OpenAI's, 16.
+    tool_parser: the tool-call format (api/tool_calls/parser.py) of the served model."""
     if endpoint not in ENDPOINTS:
         raise InvalidRequestError(f"unsupported url {endpoint!r}; expected one of {list(ENDPOINTS)}", "url")
     b: ChatBody | CompletionBody
     if endpoint == "/v1/chat/completions":
         b = validate(ChatBody, body)
-        messages = chat_messages(b.messages)
+        messages = tuple(chat_message(m) for m in b.messages)
         prompt: str | tuple[int, ...] = ""
         more: tuple[str | tuple[int, ...], ...] = ()
         best_of = 1
         params = _params(b, chat_max_tokens)
+        tools = tool_calling(b, tool_parser)
+        if tools is not None and (forced := tools.constraint()) is not None:
+            if params.structured_outputs is not None:
+                raise InvalidRequestError(
+                    f"tool_choice {tools.mode} constrains the output: it excludes "
+                    f"{params.structured_outputs.source}",
+                    "tool_choice",
+                )
+            params = msgspec.structs.replace(params, structured_outputs=forced)
     else:
         b = validate(CompletionBody, body)
         prompts = b.prompt_values
-        messages, prompt, more = (), prompts[0], tuple(prompts[1:])
+        messages, prompt, more, tools = (), prompts[0], tuple(prompts[1:]), None
         best_of = b.best_of or b.n or 1  # OpenAI's default: n
         if best_of < (b.n or 1):
             raise InvalidRequestError(f"best_of ({best_of}) must be at least n ({b.n})", "best_of")
@@ -248,6 +264,7 @@ def parse_request(endpoint: str, body: Any, chat_max_tokens: int | None = None) 
         more_prompts=more,
         n=b.n or 1,
         best_of=max(best_of, b.n or 1),
+        tool_calling=tools,
     )
 
 
@@ -297,12 +314,11 @@ def best_of(request: CompletionRequest, candidates: Sequence[Choice]) -> list[Ch
 def choice_body(request: CompletionRequest, index: int, choice: Choice) -> dict[str, Any]:
     if request.is_chat:
         lp = logprobs_body.chat_body(choice.logprobs) if request.wants_logprobs else None
-        return {
-            "index": index,
-            "message": {"role": "assistant", "content": choice.text},
-            "logprobs": lp,
-            "finish_reason": choice.finish_reason,
-        }
+        calling = request.tool_calling
+        message, finish_reason = message_body(
+            calling.tool_parser if calling else None, choice.text, choice.finish_reason
+        )
+        return {"index": index, "message": message, "logprobs": lp, "finish_reason": finish_reason}
     text = choice.text
     entries = choice.logprobs
     if request.echo:

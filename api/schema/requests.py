@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
+from api.schema.tools import CallId, ToolCalls, ToolChoice, Tools
 from broker.penalty_params import (
     LOGIT_BIAS_MAX,
     MAX_LOGIT_BIAS,
@@ -54,10 +55,29 @@ class TextPart(_Strict):
 
 class Message(_Strict):
     role: Literal["system", "user", "assistant", "developer", "tool"]
-    content: str | list[TextPart]
+    # null (or absent) only in an assistant message that calls tools, as OpenAI's
+    content: str | list[TextPart] | None = None
+    tool_calls: ToolCalls | None = None  # assistant only
+    tool_call_id: CallId | None = None  # tool only: the call it answers
+
+    @model_validator(mode="after")
+    def _tool_fields(self) -> Message:
+        if self.tool_calls is not None and self.role != "assistant":
+            raise PydanticCustomError("tool_calls", "tool_calls: only an assistant message makes calls")
+        if self.tool_call_id is not None and self.role != "tool":
+            raise PydanticCustomError("tool_call_id", "tool_call_id: only a tool message answers a call")
+        if self.role == "tool" and self.tool_call_id is None:
+            raise PydanticCustomError(
+                "tool_call_id", "tool_call_id: a tool message names the call it answers"
+            )
+        if self.content is None and self.tool_calls is None:
+            raise PydanticCustomError("content", "content: required (null only with tool_calls)")
+        return self
 
     @property
     def text(self) -> str:
+        if self.content is None:
+            return ""
         if isinstance(self.content, str):
             return self.content
         return "".join(p.text for p in self.content)
@@ -195,6 +215,9 @@ class ChatBody(_Common):
     max_completion_tokens: Annotated[int, Field(ge=1, le=MAX_TOKENS_CAP)] | None = None
     logprobs: bool | None = None
     top_logprobs: TopK | None = None  # needs logprobs: true, as OpenAI's
+    tools: Tools | None = None
+    tool_choice: ToolChoice | None = None  # default: auto with tools, none without
+    parallel_tool_calls: bool | None = None  # default true, as OpenAI's
 
     @field_validator("top_logprobs")
     @classmethod

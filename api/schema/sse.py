@@ -66,6 +66,17 @@ class ChunkWriter:
         choice = {"index": self.index, "delta": delta, "logprobs": chat_lp, "finish_reason": finish_reason}
         return frame(self._with_worker(self._chunk([choice]), worker))
 
+    def tool_calls(self, calls: list[dict[str, Any]], logprobs: Sequence[TokenLogprob] = ()) -> bytes:
+        """A chat chunk of `delta.tool_calls` entries (api/tool_calls/answer.py's call_delta)."""
+        delta: dict[str, Any] = {}
+        if not self._role_sent:
+            delta["role"] = "assistant"
+            self._role_sent = True
+        delta["tool_calls"] = calls
+        chat_lp = logprobs_body.chat_body(logprobs) if self.request.wants_logprobs and logprobs else None
+        choice = {"index": self.index, "delta": delta, "logprobs": chat_lp, "finish_reason": None}
+        return frame(self._chunk([choice]))
+
     def echo(self, prompt_text: str, prompt_logprobs: Sequence[TokenLogprob]) -> bytes:
         """Completions' echo: the prompt (and its logprobs) as the stream's first chunk."""
         return self.text(prompt_text, logprobs=prompt_logprobs)

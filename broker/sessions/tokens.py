@@ -79,7 +79,13 @@ def conversation_digest(model: str, messages: Sequence[ChatMessage]) -> bytes:
     h = hashlib.blake2b(digest_size=16)
     h.update(model.encode())
     for m in messages:
-        for part in (m.role.encode(), m.content.encode("utf-8", "surrogatepass")):
+        parts = [m.role, m.content]
+        # tool fields only when present: a plain conversation's digest stays what it was
+        for call in m.tool_calls:
+            parts += ["\x00call", call.id, call.name, call.arguments]
+        if m.tool_call_id is not None:
+            parts += ["\x00answers", m.tool_call_id]
+        for part in (p.encode("utf-8", "surrogatepass") for p in parts):
             h.update(len(part).to_bytes(8, "little"))
             h.update(part)
     return h.digest()

@@ -21,6 +21,13 @@ from broker.messages import GenerateJob, GenerateResult, JobDone, JobFailed, Tok
 
 WORKER = "fake@test"
 DEFAULT_PIECES = ("Hello", ",", " world")
+TOOL_CALL_PIECES = (
+    "Checking.\n<tool",
+    '_call>\n{"name": "get_',
+    'weather", "arguments": {"ci',
+    'ty": "Paris"}}\n</tool_call>\n<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_',
+    "call>",
+)
 USAGE = Usage(prompt_tokens=7, completion_tokens=3, cached_tokens=4)
 
 
@@ -118,6 +125,10 @@ class FakeWorker:
             self.celery.backend.mark_as_failure(job_id, RuntimeError("worker lost"))
         elif "SILENT" in text:
             return
+        elif "TOOL_CALL" in text:  # Hermes-format calls, cut mid-markup (tests/api/test_tools.py)
+            for i, piece in enumerate(TOOL_CALL_PIECES):
+                self._publish(job_id, TokenDelta(piece, (i,)))
+            self._done(job_id, job, "".join(TOOL_CALL_PIECES), "stop", len(TOOL_CALL_PIECES))
         elif "LAG" in text:  # the last character only shows up in the final result
             self._publish(job_id, TokenDelta("caf", (1,)))
             self._done(job_id, job, "café", "length", 2)

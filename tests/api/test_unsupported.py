@@ -20,9 +20,6 @@ MSGS = [{"role": "user", "content": "hi"}]
 # What the api accepted and ignored before, less the allow-list (user, metadata, store: false,
 # service_tier auto/default) and what is implemented now, with a value a client would send.
 FORMERLY_IGNORED: dict[str, Any] = {
-    "tools": [{"type": "function", "function": {"name": "f"}}],
-    "tool_choice": "auto",
-    "parallel_tool_calls": False,
     "functions": [{"name": "f"}],
     "function_call": "auto",
     "modalities": ["text"],

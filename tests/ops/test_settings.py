@@ -78,6 +78,7 @@ DOCUMENTED = {
     "API_HOST": "127.0.0.1",
     "API_PORT": 8000,
     "FLOWER_PORT": 5555,
+    "TOOL_CALL_PARSER": "hermes",
     "CACHE_DIR": Path.home() / ".cache" / "kvferry",
 }
 

@@ -13,6 +13,7 @@ from typing import Any
 from broker.errors import InvalidRequestError
 from broker.messages import GenerateJob
 from broker.sessions.tokens import SessionTokens
+from workers.jobs.chat_render import template_inputs
 
 
 def prompt_token_ids(job: GenerateJob, tokenizer: Any, stored: SessionTokens | None = None) -> list[int]:
@@ -23,16 +24,18 @@ def prompt_token_ids(job: GenerateJob, tokenizer: Any, stored: SessionTokens | N
             raise InvalidRequestError("'messages' must be a non-empty list", "messages")
         if getattr(tokenizer, "chat_template", None) is None:
             raise InvalidRequestError("this model has no chat template: use /v1/completions", "messages")
-        messages = [{"role": m.role, "content": m.content} for m in job.messages]
+        messages, extra = template_inputs(job, tokenizer)
         try:
             head = stored.head_for(job.model, job.messages) if stored is not None else None
             if head is not None:
-                text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+                text = tokenizer.apply_chat_template(
+                    messages, add_generation_prompt=True, tokenize=False, **extra
+                )
                 reused = continuation_ids(tokenizer, head, text)
                 if reused is not None:
                     return reused
             ids = tokenizer.apply_chat_template(
-                messages, add_generation_prompt=True, tokenize=True, return_dict=False
+                messages, add_generation_prompt=True, tokenize=True, return_dict=False, **extra
             )
         except Exception as exc:  # template errors (e.g. role order) are the request's fault
             raise InvalidRequestError(f"cannot apply the chat template: {exc}", "messages") from exc
