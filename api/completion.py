@@ -21,7 +21,8 @@ from api.jobs.errors import ClientGoneError, JobTimeoutError
 from api.jobs.meta import JobMeta
 from api.jobs.outcome import is_final
 from api.schema import sse
-from api.schema.openai import Choice, CompletionRequest, error_body, response_body
+from api.schema.openai import CompletionRequest
+from api.schema.responses import Choice, error_body, response_body
 from api.stage_clock import StageClock
 from broker.errors import CodecError
 from broker.messages import JobDone, JobFailed, StreamEvent, TokenDelta, Usage

@@ -23,7 +23,8 @@ from api.jobs.errors import ClientGoneError, JobTimeoutError
 from api.jobs.meta import JobMeta
 from api.router import Route
 from api.schema import sse
-from api.schema.openai import Choice, CompletionRequest, best_of, error_body, response_body
+from api.schema.openai import CompletionRequest
+from api.schema.responses import Choice, best_of, error_body, response_body
 from api.schema.usage import fan_in_usage
 from broker.messages import GenerateResult, JobDone, JobFailed, StreamEvent
 

@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from api.schema import json_guard
-from api.schema.openai import Choice, CompletionRequest, best_of, parse_request, response_body
+from api.schema.openai import CompletionRequest, parse_request
+from api.schema.responses import Choice, best_of, response_body
 from api.schema.usage import fan_in_usage
 from broker.errors import InvalidRequestError, PromptTooLongError, UnknownModelError
 from broker.messages import Usage

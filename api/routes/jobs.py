@@ -15,9 +15,10 @@ from api.errors import ApiError
 from api.jobs import tenant_jobs
 from api.jobs.meta import JobMeta
 from api.jobs.view import FINAL_STATUSES, job_view
-from api.schema.openai import ENDPOINTS, unsupported_parameter
+from api.schema.openai import ENDPOINTS
 from api.schema.openapi_doc import body_of
 from api.schema.requests import JobBody
+from api.schema.validation import unsupported_parameter
 from broker.messages import Usage
 
 router = APIRouter(prefix="/v1/jobs")

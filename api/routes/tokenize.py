@@ -14,7 +14,7 @@ from api import intake
 from api.auth import Tenant
 from api.context import ApiContext, Ctx
 from api.errors import ApiError
-from api.schema.openai import chat_messages, validate
+from api.schema.openai import chat_messages
 from api.schema.openapi_doc import body_of
 from api.schema.tokenize import (
     DetokenizeBody,
@@ -22,6 +22,7 @@ from api.schema.tokenize import (
     TokenizeCompletionBody,
     tokenize_model,
 )
+from api.schema.validation import validate
 from api.tokenizer import Tokenizer, TokenizerUnavailableError
 from broker.errors import UnknownModelError
 

@@ -1,30 +1,25 @@
-"""OpenAI request bodies in, OpenAI response bodies out: plain functions shared by the HTTP API
-and the offline batch runner. Bodies are validated by the pydantic models of api/schema/requests.py;
-a bad one raises InvalidRequestError whose param names the (top-level) field, or, for a field
-kvferry does not implement, the whole path to it (code unsupported_parameter)."""
+"""OpenAI request bodies in: a body, validated (api/schema/validation.py) by the pydantic models
+of api/schema/requests.py, becomes a CompletionRequest and its jobs. Shared by the HTTP API and
+the offline batch runner; the response bodies are api/schema/responses.py's."""
 
 from __future__ import annotations
 
 import dataclasses
 import time
-import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
 import msgspec
-from pydantic import BaseModel, ValidationError
-from pydantic_core import ErrorDetails
+from pydantic import BaseModel
 
-from api.schema import logprobs as logprobs_body
-from api.schema.requests import UNSUPPORTED, ChatBody, CompletionBody, Message
+from api.schema.requests import ChatBody, CompletionBody, Message
 from api.schema.structured import structured_outputs
 from api.schema.tool_choice import ToolCalling, chat_message, tool_calling
-from api.tool_calls.answer import message_body
+from api.schema.validation import validate
 from broker.errors import InvalidRequestError
-from broker.messages import ChatMessage, GenerateJob, GenerateResult, TokenLogprob, Usage
-from broker.penalty_params import MAX_LOGIT_BIAS
-from broker.sampling import MAX_STOP_STRINGS, SEED_MAX, SamplingParams
+from broker.messages import ChatMessage, GenerateJob
+from broker.sampling import SEED_MAX, SamplingParams
 
 Endpoint = Literal["/v1/chat/completions", "/v1/completions"]
 ENDPOINTS: tuple[Endpoint, ...] = ("/v1/chat/completions", "/v1/completions")
@@ -100,84 +95,9 @@ class CompletionRequest:
         )
 
 
-MAX_PARAM_CHARS = 64  # an unknown key is the client's own text: echo a bounded piece of it
-
-
-def _bounded(text: str) -> str:
-    return text if len(text) <= MAX_PARAM_CHARS else text[:MAX_PARAM_CHARS] + "…"
-
-
-_TAGS = frozenset({"str", "int", "float", "bool", "list", "dict"})  # pydantic's union member tags
-
-
-def _where(loc: tuple[int | str, ...]) -> str:
-    """("messages", 0, "content", "str") -> "messages[0].content"."""
-    out = ""
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        elif part.replace("_", "").isalpha() and part.islower() and part not in _TAGS:
-            out += ("." if out else "") + _bounded(part)  # a dict's key is the client's text
-    return out or "body"
-
-
-# Fields whose pydantic message (one per union member) would mislead: say what is expected.
-_EXPECTED = {
-    "prompt": "must be a non-empty string or a non-empty list of token ids in [0, 2**31)",
-    "stop": f"must be a non-empty string or a list of at most {MAX_STOP_STRINGS} non-empty strings",
-    "content": "must be a string or a list of text parts ({type: text, text: ...})",
-    "logit_bias": f"must map at most {MAX_LOGIT_BIAS} token ids (decimal strings) to numbers in [-100, 100]",
-}
-
-
-def unsupported_parameter(param: str, message: str | None = None) -> InvalidRequestError:
-    """The 400 for a field kvferry does not implement (or a value of one it cannot honour)."""
-    param = _bounded(param)
-    message = message or f"Unsupported parameter: {param!r} is not supported by kvferry"
-    return InvalidRequestError(message, param, UNSUPPORTED)
-
-
-def _unsupported(error: ErrorDetails) -> InvalidRequestError:
-    loc = tuple(error["loc"])
-    if error["type"] == "extra_forbidden":  # the last part is the key as sent: no tag to drop
-        head = _where(loc[:-1])
-        key = str(loc[-1])
-        return unsupported_parameter(key if head == "body" else f"{head}.{key}")
-    where = _where(loc)
-    return unsupported_parameter(where, f"{where}: {error['msg']}")
-
-
-def _invalid(exc: ValidationError) -> InvalidRequestError:
-    errors = exc.errors(include_url=False)
-    # An unsupported field first: inside a union its member's type error (a list is no str)
-    # comes first but says less. A union of models should be discriminated
-    # (Field(discriminator=...)), so that only the chosen member's errors are reported.
-    lacking = [e for e in errors if e["type"] in ("extra_forbidden", UNSUPPORTED)]
-    if lacking:
-        return _unsupported(lacking[0])
-    first = errors[0]
-    loc = tuple(first["loc"])
-    param = str(loc[0]) if loc else "body"
-    where = _where(loc)
-    field = where.rsplit(".", 1)[-1].split("[")[0]
-    if field in _EXPECTED and first["type"] not in ("literal_error", "missing"):
-        return InvalidRequestError(f"{where}: {_EXPECTED[field]}", param)
-    return InvalidRequestError(f"{where}: {first['msg']}", param)
-
-
 def chat_messages(messages: Sequence[Message]) -> tuple[dict[str, str], ...]:
     """Messages as the chat template takes them (the worker's, and /tokenize's)."""
     return tuple({"role": "system" if m.role == "developer" else m.role, "content": m.text} for m in messages)
-
-
-def validate(model: type[M], body: Any) -> M:
-    """The body as `model`, or an InvalidRequestError whose param names the first bad field."""
-    if not isinstance(body, dict):
-        raise InvalidRequestError("the request body must be a JSON object", "body")
-    try:
-        return model.model_validate(body)
-    except ValidationError as exc:
-        raise _invalid(exc) from None
 
 
 def _params(b: ChatBody | CompletionBody, default_max_tokens: int | None) -> SamplingParams:
@@ -266,83 +186,3 @@ def parse_request(
         best_of=max(best_of, b.n or 1),
         tool_calling=tools,
     )
-
-
-def usage_body(usage: Usage) -> dict[str, Any]:
-    return {
-        "prompt_tokens": usage.prompt_tokens,
-        "completion_tokens": usage.completion_tokens,
-        "total_tokens": usage.total_tokens,
-        "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
-        # where the prompt's KV came from (an extension; OpenAI clients ignore it)
-        "kv_sources": {
-            "pool": usage.pool_tokens,
-            "warm": usage.warm_tokens,
-            "redis": usage.redis_tokens,
-            "computed": usage.computed_tokens,
-        },
-        # tokens a redelivered job computed again (0 unless its worker died or its engine failed)
-        "recomputed_tokens": usage.recomputed_tokens,
-    }
-
-
-@dataclass(frozen=True, slots=True)
-class Choice:
-    """One choice's part of an answer: its text and why it ended, with what the request asked
-    besides (logprobs; for echo, the prompt's text and logprobs)."""
-
-    text: str
-    finish_reason: str
-    logprobs: tuple[TokenLogprob, ...] = ()
-    prompt_logprobs: tuple[TokenLogprob, ...] = ()
-    prompt_text: str = ""
-
-    @classmethod
-    def of(cls, r: GenerateResult) -> Choice:
-        return cls(r.text, r.finish_reason, r.logprobs, r.prompt_logprobs, r.prompt_text)
-
-
-def best_of(request: CompletionRequest, candidates: Sequence[Choice]) -> list[Choice]:
-    """A prompt's n choices: all its candidates, or the n likeliest of best_of (by the sum of
-    their tokens' logprobs, as OpenAI's best_of), likeliest first."""
-    if request.best_of <= request.n:
-        return list(candidates)
-    ranked = sorted(candidates, key=lambda c: -sum(lp.logprob or 0.0 for lp in c.logprobs))
-    return ranked[: request.n]
-
-
-def choice_body(request: CompletionRequest, index: int, choice: Choice) -> dict[str, Any]:
-    if request.is_chat:
-        lp = logprobs_body.chat_body(choice.logprobs) if request.wants_logprobs else None
-        calling = request.tool_calling
-        message, finish_reason = message_body(
-            calling.tool_parser if calling else None, choice.text, choice.finish_reason
-        )
-        return {"index": index, "message": message, "logprobs": lp, "finish_reason": finish_reason}
-    text = choice.text
-    entries = choice.logprobs
-    if request.echo:
-        text = choice.prompt_text + text
-        entries = (*choice.prompt_logprobs, *entries)
-    lp = logprobs_body.completion_body(entries) if request.wants_logprobs else None
-    return {"index": index, "text": text, "logprobs": lp, "finish_reason": choice.finish_reason}
-
-
-def response_body(
-    request: CompletionRequest, choices: Sequence[Choice], usage: Usage, request_id: str | None = None
-) -> dict[str, Any]:
-    chat = request.is_chat
-    return {
-        "id": request_id or f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}",
-        "object": "chat.completion" if chat else "text_completion",
-        "created": int(time.time()),
-        "model": request.model,
-        "choices": [choice_body(request, i, c) for i, c in enumerate(choices)],
-        "usage": usage_body(usage),
-    }
-
-
-def error_body(
-    message: str, kind: str = "invalid_request_error", param: str | None = None, code: str | None = None
-) -> dict[str, Any]:
-    return {"error": {"message": message, "type": kind, "param": param, "code": code}}

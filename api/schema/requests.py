@@ -2,16 +2,19 @@
 is not a boolean, 1.0 is not an integer) and bounded. They also describe the bodies in the
 OpenAPI schema. Nothing is silently ignored: a field is supported exactly when a model here
 declares it; any other (an OpenAI field kvferry does not implement, a typo) is a 400
-`unsupported_parameter` naming it (api/schema/openai.py). The few fields that change nothing
+`unsupported_parameter` naming it (api/schema/validation.py). The few fields that change nothing
 are declared on `_NoOp`, each with the reason it is safe to accept."""
 
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
+from api.schema.strict import Strict as _Strict
+from api.schema.strict import unsupported
+from api.schema.structured_fields import StructuredFields
 from api.schema.tools import CallId, ToolCalls, ToolChoice, Tools
 from broker.penalty_params import (
     LOGIT_BIAS_MAX,
@@ -21,7 +24,6 @@ from broker.penalty_params import (
     PENALTY_MAX,
 )
 from broker.sampling import MAX_LOGPROBS, MAX_STOP_STRINGS, MAX_TEMPERATURE, MIN_TEMPERATURE, SEED_MAX
-from broker.structured import MAX_CHOICES
 
 # A session id or cache salt: safe in a URL path segment and a Redis key; no '/', no spaces, and
 # a letter or digit first (clients rewrite the path segments "." and "..": never addressable).
@@ -32,7 +34,6 @@ MAX_MODEL_CHARS = 256
 MAX_MESSAGES = 4096
 MAX_PROMPTS = 128  # prompts in one /v1/completions (each its own job, under the tenant's job cap)
 MAX_N = 64  # n and best_of: choices (jobs) per prompt
-UNSUPPORTED = "unsupported_parameter"  # the error type (and OpenAI code) of a field kvferry lacks
 
 Id = Annotated[str, Field(pattern=ID_PATTERN)]
 TokenId = Annotated[int, Field(ge=0, lt=TOKEN_ID_LIMIT)]
@@ -42,10 +43,6 @@ Penalty = Annotated[float, Field(ge=-PENALTY_MAX, le=PENALTY_MAX, allow_inf_nan=
 # logit_bias keys are token ids written as decimal strings (OpenAI's): no sign, no leading zero.
 LogitBiasKey = Annotated[str, Field(pattern=r"^(0|[1-9][0-9]{0,9})$")]
 LogitBias = Annotated[float, Field(ge=-LOGIT_BIAS_MAX, le=LOGIT_BIAS_MAX, allow_inf_nan=False)]
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
 
 
 class TextPart(_Strict):
@@ -88,50 +85,6 @@ class StreamOptions(_Strict):
 
 
 # -- structured outputs (api/schema/structured.py turns these into broker/structured.py's spec) --
-
-JsonSchema = dict[str, Any]
-Choices = Annotated[list[str], Field(min_length=1, max_length=MAX_CHOICES)]
-
-
-class JsonSchemaFormat(_Strict):
-    """response_format.json_schema, as OpenAI's (`strict` is accepted: the output always
-    follows the schema)."""
-
-    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
-    description: str | None = None
-    schema_: JsonSchema = Field(alias="schema")
-    strict: bool | None = None
-
-
-class ResponseFormat(_Strict):
-    type: Literal["text", "json_object", "json_schema"]
-    json_schema: JsonSchemaFormat | None = None  # required with type json_schema
-
-
-class StructuredOutputsBody(_Strict):
-    """vLLM's structured_outputs: exactly one of these."""
-
-    json_: JsonSchema | str | None = Field(default=None, alias="json")
-    json_object: bool | None = None
-    regex: str | None = None
-    choice: Choices | None = None
-    grammar: str | None = None
-
-
-class StructuredFields(_Strict):
-    response_format: ResponseFormat | None = None
-    structured_outputs: StructuredOutputsBody | None = None
-    # vLLM's older names for structured_outputs' fields
-    guided_json: JsonSchema | str | None = None
-    guided_regex: str | None = None
-    guided_choice: Choices | None = None
-    guided_grammar: str | None = None
-
-
-def unsupported(message: str) -> PydanticCustomError:
-    """A validation error that answers 400 `unsupported_parameter` (a value kvferry would have to
-    act on, but cannot); the message follows the field's name."""
-    return PydanticCustomError(UNSUPPORTED, message)
 
 
 class _NoOp(_Strict):

@@ -7,7 +7,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from api.schema import logprobs as logprobs_body
-from api.schema.openai import CompletionRequest, usage_body
+from api.schema.openai import CompletionRequest
+from api.schema.responses import usage_body
 from broker.messages import TokenLogprob, Usage
 
 DONE = b"data: [DONE]\n\n"

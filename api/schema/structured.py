@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from api.schema.requests import JsonSchema, StructuredFields, StructuredOutputsBody
+from api.schema.structured_fields import JsonSchema, StructuredFields, StructuredOutputsBody
 from broker.errors import InvalidRequestError
 from broker.structured import StructuredOutputs
 

@@ -8,7 +8,8 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from api.schema.requests import MAX_MESSAGES, MAX_MODEL_CHARS, MAX_TOKENS_CAP, Message, TokenId, unsupported
+from api.schema.requests import MAX_MESSAGES, MAX_MODEL_CHARS, MAX_TOKENS_CAP, Message, TokenId
+from api.schema.strict import unsupported
 
 # Far above any context, and it bounds the thread's time per request (the body's own size bound
 # would allow more).

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from api.schema.strict import Strict as _Strict
 
 MAX_TOOLS = 128
 MAX_TOOL_CALLS = 128  # calls in one assistant message
@@ -15,10 +17,6 @@ MAX_ARGUMENTS_CHARS = 1 << 16
 # OpenAI's rule for a function's name; it also keeps a name safe inside the required grammar
 FunctionName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
 CallId = Annotated[str, Field(min_length=1, max_length=256)]
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
 
 
 class FunctionDef(_Strict):
