@@ -1,9 +1,10 @@
 """A completion answered by several jobs: a /v1/completions body with several prompts, or n (and
 best_of) choices of a prompt. A job per prompt and choice, queued together: a prompt's choices
-go where its first went, so that its blocks are computed once (the scheduler admits a prompt
-whose next block another is computing once that block is in the pool) and only each choice's
-partial last block is its own. One response: a choice per prompt and choice, prompt-major, as
-OpenAI's; streamed, the jobs' chunks interleave, each with its choice's index."""
+all go to one worker's queue (api/router.py, together), so that its blocks are computed once
+there (the scheduler admits a prompt whose next block another is computing once that block is in
+the pool) and only each choice's partial last block is its own. One response: a choice per
+prompt and choice, prompt-major, as OpenAI's; streamed, the jobs' chunks interleave, each with
+its choice's index."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from api.context import ApiContext
 from api.errors import failed_response
 from api.jobs.errors import ClientGoneError, JobTimeoutError
 from api.jobs.meta import JobMeta
-from api.router import Route
+from api.router import Route, choose_queue, together
 from api.schema import sse
 from api.schema.openai import CompletionRequest
 from api.schema.responses import Choice, best_of, error_body, response_body
@@ -36,15 +37,18 @@ async def submit_all(
 ) -> list[list[JobMeta]]:
     """Every job, or none: a refusal part way (the tenant's job cap) cancels those queued."""
     metas: list[list[JobMeta]] = []
+    config = ctx.config
     try:
         for group in groups:
             queued: list[JobMeta] = []
             metas.append(queued)
             route: Route | None = None
+            if len(group) > 1 and config.routing != "shared":  # a prompt's choices: on one worker
+                job = group[0].to_job(tenant)
+                first = await choose_queue(ctx.jobs.redis, job, config.routing, config.route_max_waiting)
+                route = await together(ctx.jobs.redis, first, config.route_max_waiting)
             for request in group:
-                meta = await intake.submit(ctx, request, tenant, route=route)
-                route = route or Route(meta.queue, f"with its first choice: {meta.reason}")
-                queued.append(meta)
+                queued.append(await intake.submit(ctx, request, tenant, route=route))
     except BaseException:
         with anyio.CancelScope(shield=True):
             for meta in (m for group in metas for m in group):

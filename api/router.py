@@ -123,6 +123,20 @@ async def choose_queue(
     return route
 
 
+async def together(client: aioredis.Redis, route: Route, max_waiting: int = 8) -> Route:
+    """A route for jobs that share a prompt (n choices): one worker's queue, so the prompt is
+    computed once there and its choices hit its blocks. The shared queue would let two workers
+    each compute it: then the least loaded ready worker takes them all."""
+    if route.worker is not None:
+        return route
+    live = [v.status for v in await fleet.workers(client) if v.live and v.status is not None]
+    ready = {w.name: _load(w) for w in live if not _overloaded(w, max_waiting)}
+    if not ready:
+        return route
+    name = min(ready, key=lambda n: (ready[n], random.random()))
+    return _to(name, f"choices together: {name}, the least loaded ({route.reason})")
+
+
 async def send_hint(client: aioredis.Redis, worker: str, job: GenerateJob) -> None:
     """One round trip: push, trim (bounded), expire (a dead worker's list goes away)."""
     assert job.session_id is not None

@@ -52,7 +52,9 @@ def test_seeded_choices_differ_and_reproduce(api_url: str, two_workers: object) 
         "temperature": 1.0,
         "seed": 9,
     }
-    first = httpx.post(f"{api_url}/v1/completions", json=body, timeout=120).json()
+    response = httpx.post(f"{api_url}/v1/completions", json=body, timeout=120)
+    assert "," not in response.headers["X-Kvferry-Worker"], "a prompt's choices run on one worker"
+    first = response.json()
     again = httpx.post(f"{api_url}/v1/completions", json=body, timeout=120).json()
     assert "choices" in first, first
     texts = [c["text"] for c in first["choices"]]
