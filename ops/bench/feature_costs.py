@@ -61,15 +61,15 @@ def batch_tpot(engine: LLMEngine, prompts: Sequence[list[int]], params: Sequence
 def compile_times(compiler: GrammarCompiler, schemas: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Each schema compiled once through `compiler`, whose cache must be cold: every compile is a
     miss. Then each again: a hit. Raises if a first compile was a hit."""
-    compiles, hits = compiler.compiles, compiler.hits
-    misses = []
+    compiles_before, hits_before = compiler.compiles, compiler.hits
+    misses: list[float] = []
     for schema in schemas:
         started = time.perf_counter()
         compiler.compile(response_format(schema))
         misses.append(time.perf_counter() - started)
-    if compiler.compiles - compiles != len(schemas) or compiler.hits != hits:
-        raise RuntimeError(f"cache not cold: {compiler.hits - hits} hits among {len(schemas)} schemas")
-    hits = []
+    if compiler.compiles - compiles_before != len(schemas) or compiler.hits != hits_before:
+        raise RuntimeError(f"cache not cold: {compiler.hits - hits_before} hits among {len(schemas)} schemas")
+    hits: list[float] = []
     for schema in schemas:
         started = time.perf_counter()
         compiler.compile(response_format(schema))
