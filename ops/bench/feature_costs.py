@@ -9,6 +9,7 @@ import json
 import statistics
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import jsonschema
@@ -35,27 +36,37 @@ def long_schema(schema: dict[str, Any], items: int) -> dict[str, Any]:
     return {"type": "array", "items": schema, "minItems": items, "maxItems": items}
 
 
-def batch_tpot(engine: LLMEngine, prompts: Sequence[list[int]], params: Sequence[SamplingParams]) -> float:
-    """Median over the batch's requests of their TPOT: seconds from a request's first token to its
-    last, over the tokens after the first. The requests are added together, then stepped."""
+@dataclass(frozen=True, slots=True)
+class BatchTiming:
+    """One batch's figures, each the median over its requests of that request's own: TPOT,
+    seconds from its first token to its last over the tokens after the first; ITL, the median gap
+    between its consecutive tokens (one stalled step, e.g. another job taking the cores, moves a
+    TPOT but not an ITL)."""
+
+    tpot_s: float
+    itl_s: float
+
+
+def batch_timing(
+    engine: LLMEngine, prompts: Sequence[list[int]], params: Sequence[SamplingParams]
+) -> BatchTiming:
+    """The requests added together, then stepped until all are done."""
     rids = [f"feature-{next(_ids)}" for _ in prompts]
     for rid, prompt, p in zip(rids, prompts, params, strict=True):
         engine.add_request(rid, prompt, p)
-    first: dict[str, float] = {}
-    last: dict[str, float] = {}
-    tokens = dict.fromkeys(rids, 0)
+    arrivals: dict[str, list[float]] = {rid: [] for rid in rids}  # one time per token
     while engine.has_unfinished():
         outs = engine.step()
         now = time.perf_counter()
         for out in outs:
-            if out.delta_token_ids:
-                first.setdefault(out.request_id, now)
-                last[out.request_id] = now
-                tokens[out.request_id] += len(out.delta_token_ids)
-    tpots = [(last[r] - first[r]) / (tokens[r] - 1) for r in rids if tokens[r] > 1]
-    if not tpots:
+            arrivals[out.request_id] += [now] * len(out.delta_token_ids)
+    times = [t for t in arrivals.values() if len(t) > 1]
+    if not times:
         raise RuntimeError("no request made two tokens: TPOT needs max_tokens >= 2")
-    return statistics.median(tpots)
+    return BatchTiming(
+        tpot_s=statistics.median((t[-1] - t[0]) / (len(t) - 1) for t in times),
+        itl_s=statistics.median(statistics.median(b - a for a, b in itertools.pairwise(t)) for t in times),
+    )
 
 
 def compile_times(compiler: GrammarCompiler, schemas: Sequence[dict[str, Any]]) -> dict[str, Any]:

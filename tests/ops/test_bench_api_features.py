@@ -20,6 +20,8 @@ KEYS = {
     "constrained_tpot_ratio_pairs",
     "logprobs_tpot_ratio",
     "logprobs_tpot_ratio_pairs",
+    "constrained_itl_ratio_pairs",
+    "logprobs_itl_ratio_pairs",
     "grammar_compile_ms_p50",
     "json_valid_rate",
     "json_cut_by_length",
@@ -46,7 +48,9 @@ def test_the_report_has_every_key_and_is_json(report: dict[str, Any]) -> None:
     assert "n8_pool_ratio" in table(report)
 
 
-@pytest.mark.parametrize("key", ["constrained_tpot_ratio", "logprobs_tpot_ratio"])
+@pytest.mark.parametrize(
+    "key", ["constrained_tpot_ratio", "logprobs_tpot_ratio", "constrained_itl_ratio", "logprobs_itl_ratio"]
+)
 def test_tpot_ratios_are_the_median_of_their_pairs(report: dict[str, Any], key: str) -> None:
     pairs = report[f"{key}_pairs"]
     assert len(pairs) == SIZES.pairs
