@@ -3,10 +3,10 @@ ratio against the same work without the feature, measured in the same run on the
 (add_request + step loop: the queue's cost is not in it).
 
 Ratios: TPOT of a batch where half the requests follow a JSON schema vs none; TPOT with 5 top
-logprobs on every request vs none (both in alternated pairs, ops/bench/paired.py); pool blocks
-held by n=8 choices of one prompt vs n=1, and the prompt tokens each computed. Figures: compile time
-of the grammar_schemas.py schemas on a cold compiler cache; the fraction of constrained outputs
-at temperature 1 that validate."""
+logprobs on every request vs none (both in alternated pairs, ops/bench/paired.py, with the ITL
+ratios of the same pairs); pool blocks held by n=8 choices of one prompt vs n=1, and the prompt
+tokens each computed. Figures: compile time of the grammar_schemas.py schemas on a cold compiler
+cache; the fraction of constrained outputs at temperature 1 that validate."""
 
 from __future__ import annotations
 
@@ -56,8 +56,8 @@ class Sizes:
 
 
 FULL = Sizes()
-_Run = Callable[[list[SamplingParams]], fc.BatchTiming]
 QUICK = Sizes(new_tokens=16, pairs=5, per_schema=2)
+_Run = Callable[[list[SamplingParams]], fc.BatchTiming]
 
 
 def _paired(
@@ -152,7 +152,9 @@ def run_api_features_bench(
     loaded = load_model(settings.model, settings.dtype, settings.device, settings.cache_dir)
     vocab = int(loaded.model.config.vocab_size)
     base = settings.engine_config()
-    config = replace(base, max_num_seqs=max(base.max_num_seqs, sizes.requests, sizes.n * len(SCHEMAS)))
+    # each part's requests in one step: the TPOT batch, the validity batch, the n choices
+    widest = max(sizes.requests, sizes.per_schema * len(SCHEMAS), sizes.n)
+    config = replace(base, max_num_seqs=max(base.max_num_seqs, widest))
     results: dict[str, Any] = {
         "model": loaded.model_id,
         "cpu": cpu_model(),
