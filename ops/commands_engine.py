@@ -180,3 +180,17 @@ def bench_gemm_cmd(json_path: Path | None, quick: bool, **opts: Any) -> None:
     results = run_gemm_bench(settings_from(opts), quick=quick)
     click.echo(report(results))
     _write_json(results, json_path)
+
+
+@bench.command("api-features")
+@click.option(
+    "--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), help="write results JSON"
+)
+@click.option("--quick", is_flag=True, help="shorter outputs, fewer pairs and outputs, for a smoke run")
+@engine_options
+def bench_api_features_cmd(json_path: Path | None, quick: bool, **opts: Any) -> None:
+    """Structured outputs, logprobs and n choices: each one's cost vs none, on the engine."""
+    from ops.bench.api_features import run_api_features_bench
+
+    results = run_api_features_bench(settings_from(opts), quick=quick)
+    _write_json(results, json_path)
