@@ -39,6 +39,7 @@ bench: $(STAMP)
 	$(VENV)/bin/kvferry bench engine --json $(OUT)/bench_engine.json
 	$(VENV)/bin/kvferry bench queue --json $(OUT)/bench_queue.json
 	$(VENV)/bin/kvferry bench tiers --json $(OUT)/bench_tiers.json
+	$(VENV)/bin/kvferry bench api-features --json $(OUT)/bench_api_features.json
 
 clean:
 	rm -rf $(VENV) $(OUT)
