@@ -1,10 +1,10 @@
 """A completion answered by several jobs: a /v1/completions body with several prompts, or n (and
-best_of) choices of a prompt. A job per prompt and choice, queued together: a prompt's choices
-all go to one worker's queue (api/router.py, together), so that its blocks are computed once
-there (the scheduler admits a prompt whose next block another is computing once that block is in
-the pool) and only each choice's partial last block is its own. One response: a choice per
-prompt and choice, prompt-major, as OpenAI's; streamed, the jobs' chunks interleave, each with
-its choice's index."""
+best_of) choices of a prompt. A job per prompt and choice, queued together to one worker's queue
+(api/router.py, together: where routing sends the first, else the least loaded), so that a
+prefix they share is computed once there (the scheduler admits a prompt whose next block another
+is computing once that block is in the pool) and only each choice's partial last block is its
+own. One response: a choice per prompt and choice, prompt-major, as OpenAI's; streamed, the jobs'
+chunks interleave, each with its choice's index."""
 
 from __future__ import annotations
 
@@ -38,17 +38,14 @@ async def submit_all(
     """Every job, or none: a refusal part way (the tenant's job cap) cancels those queued."""
     metas: list[list[JobMeta]] = []
     config = ctx.config
+    route: Route | None = None
     try:
+        if config.routing != "shared":  # every job of the request on one worker
+            job = groups[0][0].to_job(tenant)
+            first = await choose_queue(ctx.jobs.redis, job, config.routing, config.route_max_waiting)
+            route = await together(ctx.jobs.redis, first, config.route_max_waiting)
         for group in groups:
-            queued: list[JobMeta] = []
-            metas.append(queued)
-            route: Route | None = None
-            if len(group) > 1 and config.routing != "shared":  # a prompt's choices: on one worker
-                job = group[0].to_job(tenant)
-                first = await choose_queue(ctx.jobs.redis, job, config.routing, config.route_max_waiting)
-                route = await together(ctx.jobs.redis, first, config.route_max_waiting)
-            for request in group:
-                queued.append(await intake.submit(ctx, request, tenant, route=route))
+            metas.append([await intake.submit(ctx, request, tenant, route=route) for request in group])
     except BaseException:
         with anyio.CancelScope(shield=True):
             for meta in (m for group in metas for m in group):

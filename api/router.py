@@ -124,9 +124,9 @@ async def choose_queue(
 
 
 async def together(client: aioredis.Redis, route: Route, max_waiting: int = 8) -> Route:
-    """A route for jobs that share a prompt (n choices): one worker's queue, so the prompt is
-    computed once there and its choices hit its blocks. The shared queue would let two workers
-    each compute it: then the least loaded ready worker takes them all."""
+    """A route for the jobs of one request (n choices, several prompts): one worker's queue, so
+    what their prompts share is computed once there and the rest hit its blocks. The shared queue
+    would let two workers each compute it: then the least loaded ready worker takes them all."""
     if route.worker is not None:
         return route
     live = [v.status for v in await fleet.workers(client) if v.live and v.status is not None]

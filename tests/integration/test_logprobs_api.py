@@ -62,6 +62,7 @@ def test_echo_logprobs_of_several_token_prompts_as_lm_eval_reads_them(
     body = {"model": MODEL, "prompt": prompts, "echo": True, "logprobs": 1, "max_tokens": 1, "temperature": 0}
     reply = httpx.post(f"{api_url}/v1/completions", json=body, timeout=120)
     assert reply.status_code == 200, reply.text
+    assert "," not in reply.headers["X-Kvferry-Worker"], "a request's prompts run on one worker"
     doc = reply.json()
     assert [c["index"] for c in doc["choices"]] == [0, 1, 2]
     assert doc["usage"]["prompt_tokens"] == sum(len(p) for p in prompts)
