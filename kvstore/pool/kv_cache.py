@@ -82,6 +82,10 @@ class KVCache:
         shape = (L, 2, self.num_blocks, self.layout.block_size, heads, dim)
         return self.tensor.view(shape).permute(2, 0, 1, 3, 4, 5)
 
+    def copy_block(self, src: int, dst: int) -> None:
+        """Block dst's K and V become block src's (a partial block forked copy-on-write)."""
+        self._block_view(dst).copy_(self._block_view(src))
+
     def read_block(self, block_id: int) -> bytes:
         """A copy of one block's K and V as raw bytes (layout of `_block_view`, native dtype)."""
         view = self._block_view(block_id).contiguous()

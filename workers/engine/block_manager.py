@@ -20,6 +20,21 @@ def cdiv(a: int, b: int) -> int:
 MAX_CACHED_ROOTS = 4096
 
 
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    return next((i for i in range(n) if a[i] != b[i]), n)
+
+
+@dataclass(frozen=True, slots=True)
+class BlockCopy:
+    """A running sequence's partial block (src) that a new one starts with: copied into the new
+    one's fresh block (dst) before the next forward, so the tokens they share are not computed
+    again (copy on write: each then writes on into its own block)."""
+
+    src: int
+    dst: int
+
+
 @dataclass(frozen=True, slots=True)
 class BlockLoad:
     """A pool block allocated for a tier hit: `stored`'s bytes go into it before the forward."""
@@ -68,14 +83,19 @@ class BlockManager:
         hit_hashes: list[BlockHash],
         num_new: int,
         loaded: Sequence[StoredBlock] = (),
+        donors: Sequence[EngineRequest] = (),
+        copies: list[BlockCopy] | None = None,
     ) -> list[BlockLoad] | None:
         """Give a waiting seq its hit blocks, fresh blocks for the `loaded` ones and room for
         num_new tokens. Returns the loads (tier bytes the engine must write into those fresh blocks
-        before the next forward); None (no change) if the pool is full."""
+        before the next forward); None (no change) if the pool is full. With no kept tail, a
+        running sequence among `donors` whose partial block holds seq's next tokens gives them
+        by a copy, appended to `copies` (n choices of one prompt compute its last block once)."""
         bs = self.block_size
         known = len(hits) + len(loaded)
         tail = self._take_tail(seq, hit_hashes, known)
-        held = tail[1] if tail else 0  # tokens of a kept tail this seq writes on into
+        fork = None if tail or copies is None else self._donor(seq, hit_hashes, known, donors)
+        held = tail[1] if tail else fork[1] if fork else 0  # tokens this seq does not compute
         cover = min(known * bs + held + num_new, seq.num_tokens)  # the caller schedules past the tail
         need = cdiv(cover, bs) - len(hits) - (1 if tail else 0)
         revived = sum(1 for b in hits if b.ref_cnt == 0)  # cached-but-free hits leave the free queue
@@ -106,6 +126,10 @@ class BlockManager:
             block.num_tokens = bs
             seq.block_hashes.append(stored.block_hash)
             loads.append(BlockLoad(block.block_id, stored))
+        if fork is not None and copies is not None:  # the block after the known ones: the fork's
+            target = self.pool.blocks[seq.block_ids[known]]
+            target.num_tokens = held
+            copies.append(BlockCopy(fork[0], target.block_id))
         seq.num_computed_tokens = known * bs + held
         return loads
 
@@ -121,6 +145,29 @@ class BlockManager:
         return self.tails.take(
             self._parent(seq, hashes, known), seq.token_ids[known * bs : seq.num_tokens - 1]
         )
+
+    def _donor(
+        self, seq: EngineRequest, hashes: list[BlockHash], known: int, donors: Sequence[EngineRequest]
+    ) -> tuple[int, int] | None:
+        """(block id, tokens): the running sequence's partial block at position `known`, after the
+        same chain, whose computed tokens start seq's next ones (bar the last, always computed);
+        the one that holds most of them."""
+        bs = self.block_size
+        want = seq.token_slice(known * bs, seq.num_tokens - 1)
+        if not self.pool.enable_caching or not want or len(want) >= bs or seq.needs_prompt_logits:
+            return None
+        best: tuple[int, int] | None = None
+        for other in donors:
+            if other.cache_salt != seq.cache_salt or len(other.block_ids) <= known:
+                continue
+            same_chain = not known or other.block_hashes[known - 1 : known] == hashes[known - 1 : known]
+            if len(other.block_hashes) < known or not same_chain:
+                continue
+            theirs = other.token_slice(known * bs, min(other.num_computed_tokens, known * bs + len(want)))
+            held = _common_prefix(want, theirs)
+            if held and (best is None or held > best[1]):
+                best = (other.block_ids[known], held)
+        return best
 
     def _keep_tail(self, seq: EngineRequest) -> int | None:
         """Index in seq.block_ids of the partial last block of a finished turn, now kept."""

@@ -204,6 +204,8 @@ class LLMEngine:
         with its logprob where asked; prompt logprobs go to their sequences."""
         if step.loads:
             self.kv_cache.write_blocks([(load.block_id, load.stored.kv) for load in step.loads])
+        for copy in step.copies:
+            self.kv_cache.copy_block(copy.src, copy.dst)
         out = self.runner.run(list(step.scheduled))
         if out.prompt:
             for item in step.scheduled:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from kvstore.chain import BlockHash
 from kvstore.tiers.stored_block import StoredBlock
-from workers.engine.block_manager import BlockLoad, BlockManager
+from workers.engine.block_manager import BlockCopy, BlockLoad, BlockManager
 from workers.engine.config import EngineConfig
 from workers.engine.requests.sequence import EngineRequest, RequestStatus
 from workers.engine.tier_bridge import TierBridge
@@ -34,6 +34,7 @@ class SchedulerOutput:
     preempted: tuple[EngineRequest, ...]  # sent back to waiting, their blocks freed (recompute)
     num_decodes: int  # scheduled sequences that compute one generated token
     num_prefill_tokens: int  # tokens of the others: prompt chunks, recomputes after preemption
+    copies: tuple[BlockCopy, ...] = ()  # partial blocks forked into new sequences' blocks
 
     @property
     def num_tokens(self) -> int:
@@ -68,11 +69,18 @@ class Scheduler:
         loads: list[BlockLoad] = []
         outgrown: list[EngineRequest] = []
         preempted: list[EngineRequest] = []
+        copies: list[BlockCopy] = []
         num_decodes = num_prefill = 0
 
         def out() -> SchedulerOutput:
             return SchedulerOutput(
-                tuple(scheduled), tuple(loads), tuple(outgrown), tuple(preempted), num_decodes, num_prefill
+                tuple(scheduled),
+                tuple(loads),
+                tuple(outgrown),
+                tuple(preempted),
+                num_decodes,
+                num_prefill,
+                tuple(copies),
             )
 
         # Running sequences first: decodes, then unfinished prefill chunks; each oldest first.
@@ -119,7 +127,7 @@ class Scheduler:
                 continue
             bs = self.blocks.block_size
             n = min(seq.num_tokens - known * bs, room)
-            new_loads = self.blocks.allocate(seq, hits, hashes, n, loaded)
+            new_loads = self.blocks.allocate(seq, hits, hashes, n, loaded, self.running, copies)
             if new_loads is None:
                 break
             loads.extend(new_loads)
