@@ -3,8 +3,8 @@ best_of) choices of a prompt. A job per prompt and choice, queued together to on
 (api/router.py, together: where routing sends the first, else the least loaded), so that a
 prefix they share is computed once there (the scheduler admits a prompt whose next block another
 is computing once that block is in the pool, and copies the partial last block a running choice
-holds: workers/engine/block_manager.py). One response: a choice per prompt and choice, prompt-major, as OpenAI's; streamed, the jobs'
-chunks interleave, each with its choice's index."""
+holds: workers/engine/block_manager.py). One response: a choice per prompt and choice,
+prompt-major, as OpenAI's; streamed, the jobs' chunks interleave, each with its choice's index."""
 
 from __future__ import annotations
 
