@@ -142,9 +142,9 @@ def test_run_batch_outputs_errors_and_stats(tiny_model_dir: Path, tmp_path: Path
         assert body["usage"]["completion_tokens"] == n
         assert body["choices"][0]["finish_reason"] == "length"
     # chat-b shares the system prompt with chat-a, submitted at the same time: it waits one step and
-    # reuses the blocks chat-a computed.
+    # reuses the blocks chat-a computed, and the part of chat-a's partial block they share (a copy).
     cached = records[1]["response"]["body"]["usage"]["prompt_tokens_details"]["cached_tokens"]
-    assert cached > 0 and cached % 16 == 0
+    assert cached >= 16
 
     figures = json.loads(stats.read_text())
     for key in (
