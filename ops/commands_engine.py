@@ -47,6 +47,11 @@ def run_batch_cmd(input_path: Path, output_path: Path, stats_path: Path | None, 
         stats_path.write_text(json.dumps(doc, indent=2))
 
 
+json_option = click.option(
+    "--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), help="write results JSON"
+)
+
+
 def _write_json(results: dict[str, Any], json_path: Path | None) -> None:
     if json_path is not None:
         json_path.write_text(json.dumps(results, indent=2))
@@ -59,9 +64,7 @@ def bench() -> None:
 
 
 @bench.command("engine")
-@click.option(
-    "--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), help="write results JSON"
-)
+@json_option
 @click.option("--quick", is_flag=True, help="smaller sizes, for a smoke run")
 @click.option(
     "--skip", multiple=True, type=click.Choice(["ttft", "throughput", "sharing"]), help="skip a part"
@@ -76,9 +79,7 @@ def bench_engine_cmd(json_path: Path | None, quick: bool, skip: tuple[str, ...],
 
 
 @bench.command("queue")
-@click.option(
-    "--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), help="write results JSON"
-)
+@json_option
 @click.option("--quick", is_flag=True, help="smaller sizes, for a smoke run")
 @click.option(
     "--skip", multiple=True, type=click.Choice(["overhead", "publish", "scaling"]), help="skip a part"
@@ -139,9 +140,7 @@ def bench_serve_cmd(
 
 
 @bench.command("tiers")
-@click.option(
-    "--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), help="write results JSON"
-)
+@json_option
 @click.option("--quick", is_flag=True, help="smaller sizes, for a smoke run")
 @click.option("--skip", multiple=True, type=click.Choice(["resume", "workload", "api"]), help="skip a part")
 @engine_options
@@ -154,9 +153,7 @@ def bench_tiers_cmd(json_path: Path | None, quick: bool, skip: tuple[str, ...], 
 
 
 @bench.command("tier-dtype")
-@click.option(
-    "--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), help="write results JSON"
-)
+@json_option
 @click.option("--quick", is_flag=True, help="16 continuations instead of 200, for a smoke run")
 @engine_options
 def bench_tier_dtype_cmd(json_path: Path | None, quick: bool, **opts: Any) -> None:
@@ -168,9 +165,7 @@ def bench_tier_dtype_cmd(json_path: Path | None, quick: bool, **opts: Any) -> No
 
 
 @bench.command("gemm")
-@click.option(
-    "--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), help="write results JSON"
-)
+@json_option
 @click.option("--quick", is_flag=True, help="rows 1, 16 and 128 only, shorter timings")
 @engine_options
 def bench_gemm_cmd(json_path: Path | None, quick: bool, **opts: Any) -> None:
@@ -183,9 +178,7 @@ def bench_gemm_cmd(json_path: Path | None, quick: bool, **opts: Any) -> None:
 
 
 @bench.command("api-features")
-@click.option(
-    "--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), help="write results JSON"
-)
+@json_option
 @click.option("--quick", is_flag=True, help="shorter outputs, fewer pairs and outputs, for a smoke run")
 @engine_options
 def bench_api_features_cmd(json_path: Path | None, quick: bool, **opts: Any) -> None:
