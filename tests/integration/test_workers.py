@@ -7,6 +7,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import msgspec
 import pytest
 import redis
 
@@ -147,3 +148,33 @@ def test_sigkilled_worker_job_completes_on_another_worker(
     assert streamed == list(result.token_ids)
     assert redelivered_after < 30, f"redelivery took {redelivered_after:.1f}s"
     print(f"\nSIGKILLed worker's job finished {redelivered_after:.2f}s after the kill")
+
+
+def test_a_sigkilled_logprobs_job_streams_each_logprob_once(
+    two_workers: tuple[WorkerProcess, WorkerProcess],
+    worker_factory: Callable[..., WorkerProcess],
+    celery_app: Any,
+    redis_client: redis.Redis,
+    tiny_reference: Reference,
+) -> None:
+    """Redelivered after its worker's SIGKILL, a job asking for output and prompt logprobs ends
+    exact, its stream holding each token's logprob once and the prompt's once."""
+    victim = worker_factory("victim-lp")
+    prompt = _prompts(1, 6)[0]
+    base = _job(prompt, 600)
+    params = msgspec.structs.replace(base.params, logprobs=2, prompt_logprobs=1)
+    handle = _send(celery_app, msgspec.structs.replace(base, params=params), queue=victim.queue)
+    seen = 0
+    for event in job_events.follow(redis_client, handle.id, timeout_s=60):
+        assert isinstance(event, TokenDelta), event
+        seen += len(event.token_ids)
+        if seen >= 5:
+            break
+    victim.kill()
+    result = decode_result(handle.get(timeout=120))
+    assert list(result.token_ids) == tiny_reference(prompt, 600)
+    assert [lp.token_id for lp in result.logprobs] == list(result.token_ids)
+    assert [lp.token_id for lp in result.prompt_logprobs] == prompt
+    deltas = [e for e in job_events.follow(redis_client, handle.id, timeout_s=5) if isinstance(e, TokenDelta)]
+    assert [lp.token_id for e in deltas for lp in e.logprobs] == list(result.token_ids)
+    assert [len(e.prompt_logprobs) for e in deltas if e.prompt_logprobs] == [len(prompt)]
