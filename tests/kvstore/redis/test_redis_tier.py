@@ -102,12 +102,12 @@ def test_blocks_are_written_once(
     blocks = make_blocks(10)
     tier = RedisTier(redis_client, tiny_fmt, BIG, blocks_per_pack=3)
     assert tier.put(blocks[:7]) == 7
-    before = {key: redis_client.get(key) for key in redis_client.keys(tier.keys.prefix + "pack:*")}
+    before = {key: redis_client.get(key) for key in redis_client.keys(tier.keys.pack_pattern)}
     assert tier.put(blocks[:7]) == 0
     assert tier.put(blocks[2:5] + blocks[2:5]) == 0
     assert tier.put(blocks) == 3  # only 7, 8, 9: one new pack
     tier.check_integrity()
-    after = {key: redis_client.get(key) for key in redis_client.keys(tier.keys.prefix + "pack:*")}
+    after = {key: redis_client.get(key) for key in redis_client.keys(tier.keys.pack_pattern)}
     assert len(after) == 4 and all(after[key] == value for key, value in before.items())
     assert tier.stats().blocks_written == 10
     assert tier.get_run(hashes(blocks)) == blocks
