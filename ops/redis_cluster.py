@@ -85,7 +85,10 @@ class LocalCluster:
             while True:
                 try:
                     info = client.cluster("INFO")  # parsed: {"cluster_state": "ok", ...}
-                    if info.get("cluster_state") == "ok" and int(info.get("cluster_known_nodes", 0)) == self.shards:
+                    if (
+                        info.get("cluster_state") == "ok"
+                        and int(info.get("cluster_known_nodes", 0)) == self.shards
+                    ):
                         break
                 except redis.RedisError:
                     pass

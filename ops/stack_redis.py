@@ -39,7 +39,9 @@ def start_redis(settings: Settings, run_dir: Path) -> tuple[list[RedisServer | L
     if kv_url is None and cap > 0 and settings.kv_shards > 0:
         # packs spread unevenly over the shards: each may hold a quarter more than its share
         share = kv_maxmemory(cap * 5 // 4 // settings.kv_shards)
-        cluster = LocalCluster(run_dir / "kv-cluster", settings.kv_shards, maxmemory_bytes=share, policy=KV_EVICTION_POLICY)
+        cluster = LocalCluster(
+            run_dir / "kv-cluster", settings.kv_shards, maxmemory_bytes=share, policy=KV_EVICTION_POLICY
+        )
         servers.append(cluster.start())
         kv_url = cluster.url
     if own and kv_url is None and cap > 0:

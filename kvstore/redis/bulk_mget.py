@@ -81,7 +81,7 @@ def _read(conn: AbstractConnection, keys: Sequence[bytes]) -> list[memoryview | 
     return values
 
 
-def read_gets(conn: AbstractConnection, keys: Sequence[bytes]) -> list[memoryview | None | redis.RedisError]:
+def read_gets(conn: AbstractConnection, keys: Sequence[bytes]) -> list[memoryview | redis.RedisError | None]:
     """A pipelined GET of each key on ``conn`` (a Redis Cluster node's: an MGET there needs all
     its keys in one slot): each value as bulk_mget's, None where missing, or the error reply
     (MOVED, ASK, ...) for the caller to send again through the cluster client. Raises on a
@@ -117,7 +117,7 @@ class _Reply:
             raise ProtocolError(f"MGET of {count} keys: reply header {head[:40]!r}")
         return [self._bulk() for _ in range(count)]
 
-    def one(self) -> memoryview | None | redis.RedisError:
+    def one(self) -> memoryview | redis.RedisError | None:
         """One reply of a bulk string, a null, or an error (returned, not raised: it was read
         whole, the connection is still in step)."""
         line = self._line()

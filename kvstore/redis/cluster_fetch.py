@@ -17,6 +17,7 @@ import logging
 import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from typing import cast
 
 import redis
 from redis.cluster import RedisCluster
@@ -55,7 +56,9 @@ class ClusterGets:
         if self._executor is None:
             with self._lock:
                 if self._executor is None:
-                    self._executor = ThreadPoolExecutor(MAX_NODES_IN_FLIGHT, thread_name_prefix="kv-tier-node")
+                    self._executor = ThreadPoolExecutor(
+                        MAX_NODES_IN_FLIGHT, thread_name_prefix="kv-tier-node"
+                    )
         return self._executor
 
     def _node_gets(self, name: str, keys: list[bytes]) -> list[memoryview | None]:
@@ -78,7 +81,10 @@ class ClusterGets:
                 pool.release(conn)
             raise
         pool.release(conn)
-        return [self._via_cluster(k) if isinstance(r, redis.RedisError) else r for k, r in zip(keys, replies)]
+        return [
+            self._via_cluster(k) if isinstance(r, redis.RedisError) else r
+            for k, r in zip(keys, replies, strict=True)
+        ]
 
     def _node_down(self, name: str, keys: list[bytes], exc: Exception) -> list[memoryview | None]:
         """Its packs are misses, unless the cluster client finds the first one elsewhere now."""
@@ -94,4 +100,4 @@ class ClusterGets:
             value = self.client.get(key)
         except KV_ERRORS:
             return None
-        return None if value is None else memoryview(value)
+        return None if value is None else memoryview(cast("bytes", value))

@@ -34,7 +34,9 @@ def run(client: KVClient, commands: Sequence[Command]) -> list[Any]:
     replies: list[Any] = [None] * len(commands)
     for name, positions in by_node(client, [c[1] for c in commands]).items():
         try:
-            node_client = client.get_redis_connection(client.get_node(node_name=name)) if name else client
+            node_client = (
+                client.get_redis_connection(client.get_node(node_name=name)) if is_cluster(client) else client
+            )
             pipe = node_client.pipeline(transaction=False)
             for i in positions:
                 pipe.execute_command(*commands[i])

@@ -30,11 +30,11 @@ import redis
 from kvstore.chain import BlockHash
 from kvstore.layout import KVFormat
 from kvstore.redis import pins as tier_pins
+from kvstore.redis.client import KV_ERRORS, KVClient
 from kvstore.redis.fetch import PackFetcher, batched
 from kvstore.redis.integrity import TierIntegrityError, check_integrity
 from kvstore.redis.keys import HASH_LEN, PACK_TTL_S, PinOwner, TierKeys
 from kvstore.redis.pins import PinChange
-from kvstore.redis.client import KV_ERRORS, KVClient
 from kvstore.redis.reader import TierRead, TierReader, leading
 from kvstore.redis.write import OOM_RETRY_S, PacksNotWritten, PackTransaction, refused_over_maxmemory
 from kvstore.tiers.codec import encode_pack

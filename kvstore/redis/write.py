@@ -62,7 +62,9 @@ class Sent:
 
 
 class PackTransaction:
-    def __init__(self, client: KVClient, keys: TierKeys, capacity_bytes: int, tenant_quota_bytes: int) -> None:
+    def __init__(
+        self, client: KVClient, keys: TierKeys, capacity_bytes: int, tenant_quota_bytes: int
+    ) -> None:
         self.client = client
         self.keys = keys
         self.capacity_bytes = capacity_bytes
@@ -93,9 +95,15 @@ class PackTransaction:
         return Sent(int(written), int(written_bytes), int(evicted))
 
     def _send_cluster(
-        self, groups: Sequence[Sequence[StoredBlock]], packs: Sequence[bytes], keys: list[str], args: list[Any]
+        self,
+        groups: Sequence[Sequence[StoredBlock]],
+        packs: Sequence[bytes],
+        keys: list[str],
+        args: list[Any],
     ) -> Sent:
-        stored = nodes.run(self.client, [("SET", k, p, "NX", "EX", PACK_TTL_S) for k, p in zip(keys, packs)])
+        stored = nodes.run(
+            self.client, [("SET", k, p, "NX", "EX", PACK_TTL_S) for k, p in zip(keys, packs, strict=True)]
+        )
         kept, unwritten = args[:2], []
         for i, reply in enumerate(stored):
             if isinstance(reply, Exception):  # its shard is down, or refused it: not indexed

@@ -11,7 +11,6 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-
 from broker import keys, redis_client
 from kvstore.redis.client import KV_ERRORS, KVClient, kv_client
 from kvstore.redis.tier import RedisTier
