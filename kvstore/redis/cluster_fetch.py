@@ -7,14 +7,16 @@ receives them: straight into buffers of their own, one copy.
 A node that is down reads as misses (None), never an error: the engine computes those blocks. A
 reply that says the key moved (MOVED, ASK: the slot map changed) is asked again through redis-py's
 cluster client, which follows the redirection and refreshes its map; so is the first key of a
-node that did not answer, once (a promoted replica now serves it), costing a dead shard one
-failed connect per read.
+node that did not answer, once (a promoted replica now serves it). A node found down is not
+asked again for DOWN_S: its packs read as misses at once, so a dead shard costs one read its
+connect timeout, not every read.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import cast
@@ -28,6 +30,7 @@ from kvstore.redis.client import KV_ERRORS
 
 log = logging.getLogger(__name__)
 MAX_NODES_IN_FLIGHT = 8
+DOWN_S = 5.0  # a node that failed is left alone this long (a restarted shard serves again after it)
 
 
 class ClusterGets:
@@ -36,6 +39,7 @@ class ClusterGets:
         self._lock = threading.Lock()
         self._executor: ThreadPoolExecutor | None = None
         self.node_failures = 0  # node runs that found the node down (its packs read as misses)
+        self._down_until: dict[str, float] = {}  # node name -> when to try it again
 
     def mget(self, keys: Sequence[bytes]) -> list[memoryview | None]:
         values: list[memoryview | None] = [None] * len(keys)
@@ -62,6 +66,8 @@ class ClusterGets:
         return self._executor
 
     def _node_gets(self, name: str, keys: list[bytes]) -> list[memoryview | None]:
+        if time.monotonic() < self._down_until.get(name, 0.0):
+            return [None] * len(keys)
         conn = None
         try:
             node = self.client.get_node(node_name=name)
@@ -91,7 +97,8 @@ class ClusterGets:
         self.node_failures += 1
         first = self._via_cluster(keys[0])
         if first is None:
-            log.warning("KV shard %s is down: %d pack(s) read as misses (%s)", name, len(keys), exc)
+            log.warning("KV shard %s is down: its packs read as misses for %g s (%s)", name, DOWN_S, exc)
+            self._down_until[name] = time.monotonic() + DOWN_S
             return [None] * len(keys)
         return [first, *(self._via_cluster(k) for k in keys[1:])]
 

@@ -49,6 +49,9 @@ __all__ = ["HASH_LEN", "PACK_TTL_S", "PinChange", "RedisTier", "TierIntegrityErr
 # (~60 MB for 1,300 tokens of SmolLM2) in one would stall every other client of that Redis and take
 # its memory past maxmemory by its size before any eviction; a few packs at a time do neither.
 TX_BYTES = 4 * 1024**2
+# A read that found the KV Redis (or the tier's metadata shard) away: reads miss at once this long,
+# so a Redis down costs one read its timeout, not every read.
+DOWN_S = 5.0
 
 _LOCAL_COUNTERS = (
     "blocks_written",
@@ -97,6 +100,7 @@ class RedisTier:
         self._lock = threading.Lock()  # guards the counters: writer and task threads share a tier
         self._counts = dict.fromkeys(_LOCAL_COUNTERS, 0)
         self._tx = PackTransaction(client, self.keys, capacity_bytes, tenant_quota_bytes)
+        self._down_until = 0.0  # reads failed: until then every read is a miss at once (DOWN_S)
         self.oom_pause: Callable[[], None] = lambda: time.sleep(OOM_RETRY_S)  # tests drain Redis here
 
     def put(self, blocks: Sequence[StoredBlock], before_tx: Callable[[], None] | None = None) -> int:
@@ -174,11 +178,13 @@ class RedisTier:
             raise ValueError(f"{len(hashes)} hashes but {len(token_ids)} token lists")
         if not hashes:
             return []
-        try:
-            read = self._reader.read_run(hashes, token_ids)
-        except KV_ERRORS as exc:  # the KV Redis (or the tier's metadata shard) is away: all misses
-            log.warning("reading the Redis tier failed, %d block(s) read as misses: %s", len(hashes), exc)
-            read = TierRead([], 0, 0, 0)
+        read = TierRead([], 0, 0, 0)
+        if time.monotonic() >= self._down_until:
+            try:
+                read = self._reader.read_run(hashes, token_ids)
+            except KV_ERRORS as exc:  # the KV Redis (or the tier's metadata shard) is away: all misses
+                log.warning("reading the Redis tier failed, misses for %g s: %s", DOWN_S, exc)
+                self._down_until = time.monotonic() + DOWN_S
         run = read.blocks
         self._count(
             blocks_read=read.blocks_read,
@@ -193,10 +199,13 @@ class RedisTier:
         """How many of hashes[0], hashes[1], ... the index holds, up to the first it does not."""
         if not hashes:
             return 0
+        if time.monotonic() < self._down_until:
+            return 0
         try:
             return len(leading(self._reader.locate(hashes)))
         except KV_ERRORS as exc:
-            log.warning("reading the Redis tier's index failed: %s", exc)
+            log.warning("reading the Redis tier's index failed, misses for %g s: %s", DOWN_S, exc)
+            self._down_until = time.monotonic() + DOWN_S
             return 0
 
     def pin_session(

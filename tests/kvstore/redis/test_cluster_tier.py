@@ -5,6 +5,7 @@ killed, every block misses."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,6 +14,7 @@ import redis
 from redis.cluster import RedisCluster
 
 from kvstore.layout import KVFormat
+from kvstore.redis import cluster_fetch
 from kvstore.redis.client import kv_client
 from kvstore.redis.report import read_report
 from kvstore.redis.tier import RedisTier
@@ -108,8 +110,13 @@ def test_eviction_pins_and_quota_keep_their_atomicity(
 
 
 def test_a_dead_shard_costs_the_run_from_its_first_pack_on(
-    cluster: LocalCluster, kv: RedisCluster, tiny_fmt: KVFormat, make_blocks: MakeBlocks
+    cluster: LocalCluster,
+    kv: RedisCluster,
+    tiny_fmt: KVFormat,
+    make_blocks: MakeBlocks,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    monkeypatch.setattr(cluster_fetch, "DOWN_S", 0.5)  # how long a down node is left alone
     blocks = make_blocks(12, seed=3)
     tier = RedisTier(kv, tiny_fmt, BIG, blocks_per_pack=1)
     assert tier.put(blocks) == 12
@@ -119,7 +126,9 @@ def test_a_dead_shard_costs_the_run_from_its_first_pack_on(
     cut = shards.index(dead)
     cluster.kill_shard(dead)
     assert tier.get_run(hashes(blocks), tokens(blocks)) == blocks[:cut]  # a miss, no exception
+    assert tier.fetcher.cluster is not None and tier.fetcher.cluster.node_failures == 1
     assert tier.get_run(hashes(blocks), tokens(blocks)) == blocks[:cut]  # not repaired away
+    assert tier.fetcher.cluster.node_failures == 1  # left alone while it is down: no connect
     assert tier.contains_run(hashes(blocks)) == 12  # the index still names the dead shard's packs
     more = make_blocks(9, seed=4)
     with pytest.raises(PacksNotWritten) as refused:  # the KV writer counts and drops it
@@ -128,6 +137,7 @@ def test_a_dead_shard_costs_the_run_from_its_first_pack_on(
     assert lost and lost < set(hashes(more))
     assert kv.hmget(tier.keys.index, list(lost)) == [None] * len(lost)  # never indexed
     cluster.restart_shard(dead)  # back, empty: its packs are gone for good
+    time.sleep(0.5)
     assert tier.get_run(hashes(blocks), tokens(blocks)) == blocks[:cut]
     assert tier.contains_run(hashes(blocks)) == cut  # the reader dropped the first vanished pack
     for block in blocks[cut:]:
