@@ -15,7 +15,7 @@ from redis.cluster import RedisCluster
 
 from kvstore.layout import KVFormat
 from kvstore.redis import cluster_fetch
-from kvstore.redis.client import kv_client
+from kvstore.redis.client import kv_client, parse_cluster_url
 from kvstore.redis.report import read_report
 from kvstore.redis.tier import RedisTier
 from kvstore.redis.write import PacksNotWritten
@@ -58,6 +58,19 @@ def hashes(blocks: list[StoredBlock]) -> list[bytes]:
 
 def tokens(blocks: list[StoredBlock]) -> list[tuple[int, ...]]:
     return [b.token_ids for b in blocks]
+
+
+def test_cluster_urls() -> None:
+    assert parse_cluster_url("redis+cluster://:p%40ss@h1:7000,h2:7001/") == (
+        None,
+        "p@ss",
+        [("h1", 7000), ("h2", 7001)],
+    )
+    assert parse_cluster_url("redis+cluster://u:pw@[::1]:7000") == ("u", "pw", [("::1", 7000)])
+    assert parse_cluster_url("redis+cluster://h:1") == (None, None, [("h", 1)])
+    for bad in ("redis://h:1", "redis+cluster://h", "redis+cluster://:pw@h:x"):
+        with pytest.raises(ValueError):
+            parse_cluster_url(bad)
 
 
 def test_the_url_names_a_cluster_and_packs_spread_over_shards(
