@@ -4,7 +4,8 @@ only its own keys: each key's reply is its value or the exception, never a raise
 
 redis-py's cluster pipeline would route these too, but it raises for the whole pipeline when one
 node is down; and MGET/DEL of several keys need them all in one slot. On one plain Redis the
-commands go in one pipeline.
+commands go in one pipeline. A reply saying the key moved (MOVED, ASK) is sent again through
+redis-py's cluster client, which follows it and refreshes its slot map.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator, Sequence
 from typing import Any, cast
+
+from redis.exceptions import AskError
 
 from kvstore.redis.client import KV_ERRORS, KVClient, is_cluster
 
@@ -44,6 +47,12 @@ def run(client: KVClient, commands: Sequence[Command]) -> list[Any]:
                 replies[i] = reply
         except KV_ERRORS as exc:
             for i in positions:
+                replies[i] = exc
+    for i, reply in enumerate(replies):
+        if isinstance(reply, AskError):  # MOVED or ASK: the slot map changed; redis-py follows it
+            try:
+                replies[i] = client.execute_command(*commands[i])
+            except KV_ERRORS as exc:
                 replies[i] = exc
     return replies
 

@@ -72,7 +72,6 @@ class PackTransaction:
         self.cluster = is_cluster(client)
         self._register = scripts.TierScript(client, scripts.REGISTER)
         self._in_multi = client.register_script(self._register.text)  # one Redis: run inside MULTI
-        self._registered = False  # the tier is in TIER_REGISTRY (a cluster adds it once per process)
 
     def send(
         self, groups: Sequence[Sequence[StoredBlock]], packs: Sequence[bytes], now: float, first: int
@@ -115,12 +114,10 @@ class PackTransaction:
         if unwritten:
             errors = [r for r in stored if isinstance(r, Exception)]
             log.warning("%d block(s) not written, their shard refused: %s", len(unwritten), errors[0])
-        if not self._registered:
-            try:
-                self.client.sadd(TIER_REGISTRY, self.keys.fingerprint)
-                self._registered = True
-            except KV_ERRORS as exc:  # the registry's shard is down: the next send adds it
-                log.warning("registering the tier failed: %s", exc)
+        try:  # every send, as on one Redis: the registry's shard may have come back empty
+            self.client.sadd(TIER_REGISTRY, self.keys.fingerprint)
+        except KV_ERRORS as exc:  # the registry's shard is down: the next send adds it
+            log.warning("registering the tier failed: %s", exc)
         if len(kept) == 2:
             return Sent(0, 0, 0, unwritten)
         written, written_bytes, evicted, dropped = self._register(self.keys.namespace(), kept)

@@ -173,3 +173,25 @@ def test_a_dead_metadata_shard_is_all_misses(
         tier.put(make_blocks(2, seed=6))
     with pytest.raises(redis.ConnectionError):
         tier.pin_session("t", "s", hashes(blocks))
+
+
+def test_a_stale_slot_map_is_followed(
+    cluster: LocalCluster, kv: RedisCluster, tiny_fmt: KVFormat, make_blocks: MakeBlocks
+) -> None:
+    """A node answering MOVED (the client's slot map is stale): the pack is asked again through
+    redis-py's cluster client, on reads and writes alike, and nothing is lost."""
+    blocks, more = make_blocks(6, seed=7), make_blocks(1, seed=8)
+    tier = RedisTier(kv, tiny_fmt, BIG, blocks_per_pack=1)
+    assert tier.put(blocks) == 6
+    slots = kv.nodes_manager.slots_cache
+
+    def mislead(key: bytes | str) -> None:
+        right = slots[kv.keyslot(key)][0]
+        slots[kv.keyslot(key)] = [next(n for n in kv.get_primaries() if n.name != right.name)]
+
+    mislead(pack_keys(kv, tier, blocks)[2])
+    assert tier.get_run(hashes(blocks), tokens(blocks)) == blocks
+    mislead(tier.keys.pack(hashes(more)))
+    assert tier.put(more) == 1
+    assert tier.get_run(hashes(more), tokens(more)) == more
+    tier.check_integrity()
