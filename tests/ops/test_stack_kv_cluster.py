@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+import redis
 from redis.cluster import RedisCluster
 
 from kvstore.redis.client import kv_client
@@ -27,6 +29,11 @@ def test_serve_with_kv_shards_starts_a_cluster(tmp_path: Path) -> None:
             assert config["maxmemory-policy"] == "volatile-lru"
             assert 64 * 2**20 // 3 < int(config["maxmemory"]) < 64 * 2**20 + 64 * 2**20
         assert redis_tier_report(settings)["packs"] == 0  # `kvferry stats`
+        for process in cluster.processes:  # the password is in a 0600 file, never on a command line
+            assert process is not None
+            assert cluster.password not in Path(f"/proc/{process.pid}/cmdline").read_text()
+        with pytest.raises(redis.AuthenticationError):
+            redis.Redis(port=cluster.ports[0]).ping()
     finally:
         for server in servers:
             server.stop()
