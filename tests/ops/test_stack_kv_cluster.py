@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 import redis
+from redis.backoff import NoBackoff
 from redis.cluster import RedisCluster
+from redis.retry import Retry
 
 from kvstore.redis.client import kv_client
 from ops.queue_client import redis_tier_report
@@ -33,7 +35,7 @@ def test_serve_with_kv_shards_starts_a_cluster(tmp_path: Path) -> None:
             assert process is not None
             assert cluster.password not in Path(f"/proc/{process.pid}/cmdline").read_text()
         with pytest.raises(redis.AuthenticationError):
-            redis.Redis(port=cluster.ports[0]).ping()
+            redis.Redis(port=cluster.ports[0], retry=Retry(NoBackoff(), 0)).ping()
     finally:
         for server in servers:
             server.stop()
