@@ -94,6 +94,7 @@ class SettingsFields(BaseModel):
     # the queue service
     redis_url: str = "redis://127.0.0.1:6379/0"
     kv_redis_url: str | None = None  # the KV tier's own Redis (block packs, index); None: redis_url
+    kv_shards: int = 0  # serve: the KV tier on a local Redis Cluster of this many primaries; 0: one Redis
     worker_name: str | None = None
     worker_concurrency: int = 32  # jobs one worker runs at once (they share its engine's batches)
     job_time_limit_s: int = 1800  # the longest a job may run; the visibility timeout is twice this

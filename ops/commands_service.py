@@ -74,6 +74,9 @@ def api_cmd(**opts: Any) -> None:
     help="logs, Redis data and stack.json (URLs, secrets; 0600) [CACHE_DIR/run]",
 )
 @click.option("--kv-redis-url", help="the KV tier's Redis (default: one started here, capped)")
+@click.option(
+    "--kv-shards", type=int, help="the KV tier on a local Redis Cluster of N primaries (0: one Redis)"
+)
 @tenant_options
 @service_options
 @engine_options

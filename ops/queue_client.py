@@ -144,11 +144,12 @@ def worker_stats(settings: Settings) -> list[dict[str, Any]]:
 def redis_tier_report(settings: Settings) -> dict[str, Any]:
     """The KV tier as every worker left it (kvstore/redis/report.py): counters, pins per tenant,
     orphan pins (must be 0)."""
+    from kvstore.redis.client import kv_client
     from kvstore.redis.report import read_report
 
     queue_client = redis.Redis.from_url(settings.redis_url)
-    kv_client = redis.Redis.from_url(settings.kv_redis_url) if settings.kv_redis_url else queue_client
-    return read_report(kv_client, queue_client)
+    kv = kv_client(settings.kv_redis_url) if settings.kv_redis_url else queue_client
+    return read_report(kv, queue_client)
 
 
 def preload(settings: Settings, path: Path, out: TextIO, tenant: str = "") -> int:

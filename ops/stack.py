@@ -22,6 +22,7 @@ import httpx
 import redis
 
 from broker.worker_registry import live_workers
+from ops.redis_cluster import LocalCluster
 from ops.redis_server import RedisServer, write_private
 from ops.settings import Settings
 from ops.stack_redis import KV_EVICTION_POLICY, kv_maxmemory, start_redis
@@ -44,7 +45,7 @@ class Stack:
         self.num_workers = num_workers
         self.with_flower = with_flower
         self.run_dir = run_dir or settings.cache_dir / "run"
-        self.redis_servers: list[RedisServer] = []
+        self.redis_servers: list[RedisServer | LocalCluster] = []
         self.children: dict[str, subprocess.Popen[bytes]] = {}
         self._specs: dict[str, tuple[list[str], dict[str, str], tuple[str, ...]]] = {}  # to restart one
         self.flower_user = FLOWER_USER
@@ -62,6 +63,11 @@ class Stack:
     @property
     def stack_file(self) -> Path:
         return self.run_dir / STACK_FILE
+
+    @property
+    def kv_cluster(self) -> LocalCluster | None:
+        """The KV tier's local Redis Cluster (--kv-shards), whose shards chaos may kill."""
+        return next((s for s in self.redis_servers if isinstance(s, LocalCluster)), None)
 
     @property
     def kv_redis_url(self) -> str:

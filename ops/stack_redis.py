@@ -1,11 +1,14 @@
 """The stack's own Redis servers: the queue's (noeviction, AOF: jobs survive a restart) and the
-KV tier's (capped, evicting, no persistence: a cache), each with a generated password."""
+KV tier's (capped, evicting, no persistence: a cache), each with a generated password. With
+``kv_shards`` > 0 the KV tier gets a local Redis Cluster of that many primaries instead
+(ops/redis_cluster.py), each capped at its share of the tier's cap plus headroom."""
 
 from __future__ import annotations
 
 import secrets
 from pathlib import Path
 
+from ops.redis_cluster import LocalCluster
 from ops.redis_server import RedisServer
 from ops.settings import DEFAULT_REDIS_URL, Settings
 
@@ -21,10 +24,10 @@ def kv_maxmemory(redis_cache_bytes: int) -> int:
     return int(redis_cache_bytes * 1.1) + 64 * 1024**2
 
 
-def start_redis(settings: Settings, run_dir: Path) -> tuple[list[RedisServer], Settings]:
+def start_redis(settings: Settings, run_dir: Path) -> tuple[list[RedisServer | LocalCluster], Settings]:
     """Our own Redis servers unless the settings give URLs; returns them (started) and the settings
     pointing at the Redis to use. A user's KVFERRY_REDIS_URL without a KV URL: the tier shares it."""
-    servers: list[RedisServer] = []
+    servers: list[RedisServer | LocalCluster] = []
     queue_url = settings.redis_url
     own = queue_url == DEFAULT_REDIS_URL  # no Redis given: bring our own
     if own:
@@ -33,6 +36,14 @@ def start_redis(settings: Settings, run_dir: Path) -> tuple[list[RedisServer], S
         queue_url = queue.url
     kv_url = settings.kv_redis_url
     cap = int(settings.redis_cache_size)
+    if kv_url is None and cap > 0 and settings.kv_shards > 0:
+        # packs spread unevenly over the shards: each may hold a quarter more than its share
+        share = kv_maxmemory(cap * 5 // 4 // settings.kv_shards)
+        cluster = LocalCluster(
+            run_dir / "kv-cluster", settings.kv_shards, maxmemory_bytes=share, policy=KV_EVICTION_POLICY
+        )
+        servers.append(cluster.start())
+        kv_url = cluster.url
     if own and kv_url is None and cap > 0:
         kv = RedisServer(
             run_dir / "kv-redis",

@@ -81,6 +81,22 @@ def _read(conn: AbstractConnection, keys: Sequence[bytes]) -> list[memoryview | 
     return values
 
 
+def read_gets(conn: AbstractConnection, keys: Sequence[bytes]) -> list[memoryview | redis.RedisError | None]:
+    """A pipelined GET of each key on ``conn`` (a Redis Cluster node's: an MGET there needs all
+    its keys in one slot): each value as bulk_mget's, None where missing, or the error reply
+    (MOVED, ASK, ...) for the caller to send again through the cluster client. Raises on a
+    connection that failed mid-reply (the caller disconnects it)."""
+    conn.send_packed_command(conn.pack_commands([("GET", key) for key in keys]))
+    sock = conn._sock
+    if sock is None:
+        raise redis.ConnectionError("the connection closed while sending GETs")
+    reply = _Reply(sock)
+    values = [reply.one() for _ in keys]
+    if reply.pending:
+        conn.disconnect()
+    return values
+
+
 def _plain(client: redis.Redis, keys: Sequence[bytes]) -> list[memoryview | None]:
     values = cast("list[bytes | None]", client.mget(keys))
     return [None if v is None else memoryview(v) for v in values]
@@ -101,8 +117,16 @@ class _Reply:
             raise ProtocolError(f"MGET of {count} keys: reply header {head[:40]!r}")
         return [self._bulk() for _ in range(count)]
 
-    def _bulk(self) -> memoryview | None:
+    def one(self) -> memoryview | redis.RedisError | None:
+        """One reply of a bulk string, a null, or an error (returned, not raised: it was read
+        whole, the connection is still in step)."""
         line = self._line()
+        if line[:1] == b"-":
+            return BaseParser.parse_error(line[1:].decode(errors="replace"))
+        return self._bulk(line)
+
+    def _bulk(self, line: bytes | None = None) -> memoryview | None:
+        line = self._line() if line is None else line
         if line in (b"$-1", b"_"):  # a missing key: RESP2's null bulk string, RESP3's null
             return None
         if line[:1] != b"$" or not line[1:].isdigit():

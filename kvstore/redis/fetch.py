@@ -1,5 +1,6 @@
 """PackFetcher: reads packs from the Redis tier in MGETs of a few MB, the next ones on the wire
-while the caller decodes this one's packs."""
+while the caller decodes this one's packs. On a Redis Cluster each "MGET" is a pipelined run of
+GETs per node, the nodes in parallel (kvstore/redis/cluster_fetch.py)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,9 @@ from collections.abc import Generator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
-import redis
-
 from kvstore.redis.bulk_mget import bulk_mget
+from kvstore.redis.client import KVClient, is_cluster
+from kvstore.redis.cluster_fetch import ClusterGets
 
 T = TypeVar("T")
 # Per MGET: one huge reply would hold Redis (and the job queue) longer, and the read path decodes
@@ -24,9 +25,10 @@ AHEAD = 2
 
 
 class PackFetcher:
-    def __init__(self, client: redis.Redis, pack_bytes: int) -> None:
+    def __init__(self, client: KVClient, pack_bytes: int) -> None:
         """``pack_bytes``: the largest pack, as stored (blocks_per_pack blocks)."""
         self.client = client
+        self.cluster = ClusterGets(client) if is_cluster(client) else None
         self.pack_bytes = pack_bytes
         self._lock = threading.Lock()  # guards the helper threads' lazy start: readers share a tier
         self._executor: ThreadPoolExecutor | None = None  # fetches the next MGETs while one decodes
@@ -59,7 +61,9 @@ class PackFetcher:
 
     def mget(self, keys: Sequence[bytes]) -> list[memoryview | None]:
         """One MGET, on the calling thread: each value received into a buffer of its own."""
-        return bulk_mget(self.client, keys)
+        if self.cluster is not None:
+            return self.cluster.mget(keys)
+        return bulk_mget(self.client, keys)  # type: ignore[arg-type]  # a plain client here
 
 
 def batched(items: Sequence[T], n: int) -> list[Sequence[T]]:

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections import Counter
 from typing import cast
 
-import redis
-
+from kvstore.redis import nodes
+from kvstore.redis.client import KVClient
 from kvstore.redis.keys import HASH_LEN, PinOwner, TierKeys
 
 
@@ -14,7 +14,7 @@ class TierIntegrityError(RuntimeError):
     """The cold tier's keys disagree: a bug (or someone wrote into the namespace), never user error."""
 
 
-def check_integrity(client: redis.Redis, k: TierKeys, block_bytes: int) -> None:
+def check_integrity(client: KVClient, k: TierKeys, block_bytes: int) -> None:
     """Every pack has its LRU entry and metadata and the size the metadata says, the byte counter
     is their sum, every index entry names a pack holding that block. Pins balance: each block's pin
     count is the number of owners whose set holds it, each owner's bytes are its set's size times
@@ -23,24 +23,28 @@ def check_integrity(client: redis.Redis, k: TierKeys, block_bytes: int) -> None:
     problems += _pins(client, k, block_bytes)
     known = {key.encode() for key in k.namespace()} | set(cast("dict[bytes, bytes]", client.hgetall(k.packs)))
     pinsets, owner_zsets = (k.prefix + "pinset:").encode(), (k.prefix + "owners:").encode()
-    for key in client.scan_iter(match=k.pattern, count=1000):
+    for key in nodes.scan_slot(client, k.pattern, k.index):
         if key not in known and not key.startswith((pinsets, owner_zsets)):
             problems.append(f"stray key {key!r}")
+    for key in client.scan_iter(match=k.pack_pattern, count=1000):  # every shard's
+        if key not in known:
+            problems.append(f"stray pack {key!r}")
     if problems:
         raise TierIntegrityError("; ".join(problems))
 
 
-def _packs(client: redis.Redis, k: TierKeys) -> list[str]:
+def _packs(client: KVClient, k: TierKeys) -> list[str]:
     meta = cast("dict[bytes, bytes]", client.hgetall(k.packs))
     lru = set(cast("list[bytes]", client.zrange(k.lru, 0, -1)))
     problems = [f"lru {sorted(lru)} != packs {sorted(meta)}"] if lru != set(meta) else []
     members: dict[bytes, set[bytes]] = {}
     total = 0
-    for pack_key, value in meta.items():
+    stored_sizes = nodes.run(client, [("STRLEN", key) for key in meta])  # packs on every shard
+    for (pack_key, value), stored in zip(meta.items(), stored_sizes, strict=True):
         size, _, hashes = value.partition(b"|")
         members[pack_key] = {hashes[i : i + HASH_LEN] for i in range(0, len(hashes), HASH_LEN)}
         total += int(size)
-        if (stored := client.strlen(pack_key)) != int(size):
+        if stored != int(size):
             problems.append(f"{pack_key!r} holds {stored} bytes, its metadata says {int(size)}")
     if total != (counter := int(cast("bytes | None", client.get(k.bytes)) or 0)):
         problems.append(f"byte counter {counter} != sum of pack sizes {total}")
@@ -50,7 +54,7 @@ def _packs(client: redis.Redis, k: TierKeys) -> list[str]:
     return problems
 
 
-def _pins(client: redis.Redis, k: TierKeys, block_bytes: int) -> list[str]:
+def _pins(client: KVClient, k: TierKeys, block_bytes: int) -> list[str]:
     problems: list[str] = []
     expected_pins: Counter[bytes] = Counter()
     tenant_sum: Counter[str] = Counter()
@@ -59,7 +63,7 @@ def _pins(client: redis.Redis, k: TierKeys, block_bytes: int) -> list[str]:
     }
     listed: set[str] = set()
     start = len(k.owners(""))
-    for key in client.scan_iter(match=k.owners("*"), count=1000):
+    for key in nodes.scan_slot(client, k.owners("*"), k.index):
         tenant = key[start:].decode()
         for raw in cast("list[bytes]", client.zrange(key, 0, -1)):
             owner = PinOwner.parse(raw.decode())
@@ -75,7 +79,7 @@ def _pins(client: redis.Redis, k: TierKeys, block_bytes: int) -> list[str]:
             tenant_sum[tenant] += len(members) * block_bytes
     if set(owner_bytes) - listed:
         problems.append(f"owner bytes of unlisted owners {sorted(set(owner_bytes) - listed)}")
-    for key in client.scan_iter(match=k.prefix + "pinset:*", count=1000):
+    for key in nodes.scan_slot(client, k.prefix + "pinset:*", k.index):
         if key.decode()[len(k.prefix + "pinset:") :] not in listed:
             problems.append(f"pin set {key!r} of no listed owner")
     pins = {h: int(n) for h, n in cast("dict[bytes, bytes]", client.hgetall(k.block_pins)).items()}

@@ -14,6 +14,7 @@ from kvstore.chain import BlockHash
 
 HASH_LEN = 32  # sha256 block hashes; the pack metadata concatenates them
 TIER_REGISTRY = "kvferry:kv:tiers"  # SET of the fingerprints that have a tier in this Redis
+PACK_PREFIX = "kvferry:kv:pack:"  # every tier's packs: PACK_PREFIX + "{digest}:{fingerprint}"
 PACK_TTL_S = 30 * 86400  # what makes packs (and only packs) evictable under volatile-lru
 _UNSAFE_FINGERPRINT_CHARS = set("{}*?[]\\ \t\r\n")
 
@@ -56,8 +57,10 @@ class TierKeys:
     """Every Redis key of one model's cold tier; their formats are written here and nowhere else
     (the Lua scripts build pinset/owners keys from ``prefix`` the same way).
 
-    The fingerprint sits in braces: a Redis Cluster hash tag, and no fingerprint's keys can match
-    another's SCAN pattern (as "m:*" would match the keys of "m:x").
+    The fingerprint sits in braces: a Redis Cluster hash tag, so the tier's metadata (index, LRU,
+    byte counter, pins, owners, quota; the keys its Lua scripts change together) shares one slot,
+    and no fingerprint's keys can match another's SCAN pattern (as "m:*" would match "m:x"'s).
+    Packs are the exception (``pack``): each in a slot of its own.
     """
 
     fingerprint: str  # the tier's id: the model fingerprint, plus ":<tier dtype>" for a lossy tier
@@ -79,7 +82,7 @@ class TierKeys:
 
     @property
     def pattern(self) -> str:
-        """SCAN MATCH pattern of every key of this tier."""
+        """SCAN MATCH pattern of every key of this tier but its packs (``pack_pattern``)."""
         return self.prefix + "*"
 
     @property
@@ -121,9 +124,20 @@ class TierKeys:
         return self.prefix + "owners:" + tenant  # ZSET owner id -> last pin (the tenant's pin LRU)
 
     def pack(self, member_hashes: Sequence[BlockHash]) -> str:
-        """Named by its members, so two workers packing the same blocks alike write the same key."""
+        """Named by its members, so two workers packing the same blocks alike write the same key.
+
+        Its hash tag is its digest, not the fingerprint: on a Redis Cluster the packs (the bytes)
+        spread over every shard while the tier's metadata stays in the fingerprint's slot. It is
+        outside ``prefix``: ``pack_pattern`` finds a tier's packs. (Packs written before this
+        layout are named ``prefix + "pack:" + digest``; the index stores each pack's key, so they
+        still read.)"""
         digest = hashlib.blake2b(b"".join(member_hashes), digest_size=16).hexdigest()
-        return f"{self.prefix}pack:{digest}"
+        return f"{PACK_PREFIX}{{{digest}}}:{{{self.fingerprint}}}"
+
+    @property
+    def pack_pattern(self) -> str:
+        """SCAN MATCH pattern of this tier's packs (no fingerprint holds a brace, so no other's match)."""
+        return f"{PACK_PREFIX}*:{{{self.fingerprint}}}"
 
     def namespace(self) -> list[str]:
         """KEYS[1..NAMESPACE_KEYS] of every script, in the order lua/prelude.lua names them."""

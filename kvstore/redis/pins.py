@@ -14,9 +14,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
-import redis
-
-from kvstore.redis import scripts
+from kvstore.redis import nodes, scripts
+from kvstore.redis.client import KVClient
 from kvstore.redis.keys import TIER_REGISTRY, PinOwner, TierKeys
 
 
@@ -30,7 +29,7 @@ class PinChange:
 
 
 def pin_owner(
-    client: redis.Redis,
+    client: KVClient,
     keys: TierKeys,
     owner: PinOwner,
     hashes: Sequence[bytes],
@@ -52,39 +51,38 @@ def pin_owner(
         1 if replace else 0,
         *hashes,
     ]
-    namespace = keys.namespace()
-    raw = client.register_script(scripts.script(scripts.PIN_OWNER))(keys=namespace, args=args)
-    added, removed, released, evicted, stale = (int(n) for n in cast("list[Any]", raw))
-    return PinChange(added, removed, released, evicted, bool(stale))
+    raw = scripts.TierScript(client, scripts.PIN_OWNER)(keys.namespace(), args)
+    added, removed, released, evicted, stale, dropped = cast("list[Any]", raw)
+    if dropped:  # a cluster's packs it evicted: on their own shards
+        nodes.unlink(client, dropped)
+    return PinChange(int(added), int(removed), int(released), int(evicted), bool(stale))
 
 
-def release(client: redis.Redis, keys: TierKeys, owners: Sequence[PinOwner]) -> int:
+def release(client: KVClient, keys: TierKeys, owners: Sequence[PinOwner]) -> int:
     """Every pin of the owners goes at once; returns the blocks unpinned. Idempotent."""
     if not owners:
         return 0
-    namespace = keys.namespace()
     args = [x for owner in owners for x in (owner.tenant, owner.id)]
-    script = client.register_script(scripts.script(scripts.RELEASE_OWNER))
-    return int(cast("int", script(keys=namespace, args=args)))
+    return int(cast("int", scripts.TierScript(client, scripts.RELEASE_OWNER)(keys.namespace(), args)))
 
 
-def fingerprints(client: redis.Redis) -> list[str]:
+def fingerprints(client: KVClient) -> list[str]:
     """Every model that has a tier in this Redis."""
     members = cast("set[bytes]", client.smembers(TIER_REGISTRY))
     return sorted(m.decode() for m in members)
 
 
-def release_session(client: redis.Redis, tenant: str, session_id: str) -> int:
+def release_session(client: KVClient, tenant: str, session_id: str) -> int:
     """Release the session's pins in the tier of every model (the caller need not know which model's
     fingerprint its blocks were hashed under); returns the blocks unpinned."""
     owner = PinOwner.session(tenant, session_id)
     return sum(release(client, TierKeys(fp), [owner]) for fp in fingerprints(client))
 
 
-def owners(client: redis.Redis, keys: TierKeys) -> Iterator[tuple[PinOwner, float]]:
+def owners(client: KVClient, keys: TierKeys) -> Iterator[tuple[PinOwner, float]]:
     """Every owner holding pins in this tier, with the time of its last pin."""
     start = len(keys.owners(""))
-    for key in client.scan_iter(match=keys.owners("*"), count=1000):
+    for key in nodes.scan_slot(client, keys.owners("*"), keys.index):
         tenant = key[start:].decode()
         for raw, score in cast("list[tuple[bytes, float]]", client.zrange(key, 0, -1, withscores=True)):
             owner = PinOwner.parse(raw.decode())
@@ -92,6 +90,6 @@ def owners(client: redis.Redis, keys: TierKeys) -> Iterator[tuple[PinOwner, floa
                 yield owner, float(score)
 
 
-def pinned_bytes_by_tenant(client: redis.Redis, keys: TierKeys) -> dict[str, int]:
+def pinned_bytes_by_tenant(client: KVClient, keys: TierKeys) -> dict[str, int]:
     raw = cast("dict[bytes, bytes]", client.hgetall(keys.tenant_bytes))
     return {t.decode(): int(n) for t, n in sorted(raw.items())}

@@ -1,6 +1,9 @@
 """TierReader: the Redis tier's read path. Finds a run of blocks through the index, decodes their
 packs as they stream in (tier_fetch), then does the read's bookkeeping: the packs used become the
-most recent and keep their TTL, and the index entries of corrupt or vanished packs are repaired."""
+most recent and keep their TTL, and the index entries of corrupt or vanished packs are repaired.
+
+On a Redis Cluster a pack that did not come may be on a shard that is down, not gone: only packs
+their shard says are absent are repaired (the others may come back with their shard)."""
 
 from __future__ import annotations
 
@@ -10,11 +13,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import cast
 
-import redis
-
 from kvstore.chain import BlockHash
 from kvstore.layout import KVFormat
-from kvstore.redis import scripts
+from kvstore.redis import nodes, scripts
+from kvstore.redis.client import KV_ERRORS, KVClient, is_cluster
 from kvstore.redis.fetch import PackFetcher
 from kvstore.redis.keys import PACK_TTL_S, TierKeys
 from kvstore.tiers.codec import decode_pack
@@ -34,14 +36,15 @@ class TierRead:
 
 class TierReader:
     def __init__(
-        self, client: redis.Redis, keys: TierKeys, fmt: KVFormat, tier_dtype: TierDtype, fetcher: PackFetcher
+        self, client: KVClient, keys: TierKeys, fmt: KVFormat, tier_dtype: TierDtype, fetcher: PackFetcher
     ) -> None:
         self.client = client
         self.keys = keys
         self.fmt = fmt
         self.tier_dtype = tier_dtype
         self.fetcher = fetcher
-        self._repair_script = client.register_script(scripts.script(scripts.REPAIR))
+        self.cluster = is_cluster(client)
+        self._repair_script = scripts.TierScript(client, scripts.REPAIR)
 
     def locate(self, hashes: Sequence[BlockHash]) -> list[bytes | None]:
         """The pack key of each block, None where the index has none (one round trip)."""
@@ -84,11 +87,22 @@ class TierReader:
         stream.close()
         self._touch(used, hits=len(run), misses=len(hashes) - len(run), bytes_read=bytes_read)
         if corrupt or missing:
-            try:
-                self._repair_script(keys=[*self.keys.namespace(), *corrupt], args=missing)
-            except redis.ResponseError:  # e.g. OOM: the next reader repairs it
-                log.warning("repairing the Redis tier failed", exc_info=True)
+            self._repair(corrupt, missing)
         return TierRead(run, blocks_read, bytes_read, len(corrupt))
+
+    def _repair(self, corrupt: list[bytes], missing: list[bytes]) -> None:
+        """Drop corrupt packs, and the traces of packs gone (on a cluster: their shard says so)."""
+        try:
+            if self.cluster and missing:
+                absent = nodes.gone(self.client, missing[1::2])
+                missing = [x for i, ok in enumerate(absent) if ok for x in missing[2 * i : 2 * i + 2]]
+            if not corrupt and not missing:
+                return
+            _, dropped = self._repair_script(self.keys.namespace(), [len(corrupt), *corrupt, *missing])
+            if dropped:
+                nodes.unlink(self.client, dropped)
+        except KV_ERRORS:  # e.g. OOM, a shard away: the next reader repairs it
+            log.warning("repairing the Redis tier failed", exc_info=True)
 
     def _touch(self, used: list[bytes], hits: int, misses: int, bytes_read: int) -> None:
         """A read's bookkeeping: the packs used are the most recent now, their TTL renewed, the
@@ -97,15 +111,18 @@ class TierReader:
         if used:
             now = time.time()
             pipe.zadd(self.keys.lru, {key: now - j * 1e-6 for j, key in enumerate(used)}, xx=True)
-            for key in used:
-                pipe.expire(key, PACK_TTL_S)
+            if not self.cluster:
+                for key in used:
+                    pipe.expire(key, PACK_TTL_S)
         c = self.keys.counters
         for name, value in (("hits", hits), ("misses", misses), ("bytes_read", bytes_read)):
             if value:
                 pipe.hincrby(c, name, value)
         try:
             pipe.execute()
-        except redis.ResponseError:
+            if self.cluster and used:  # packs on their own shards, each alone
+                nodes.run(self.client, [("EXPIRE", key, PACK_TTL_S) for key in used])
+        except KV_ERRORS:
             log.warning("updating the Redis tier's LRU and counters failed", exc_info=True)
 
 

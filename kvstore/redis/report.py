@@ -15,6 +15,7 @@ import redis
 
 from broker import keys
 from kvstore.redis import pins as tier_pins
+from kvstore.redis.client import KVClient
 from kvstore.redis.keys import TierKeys
 
 # writes_dropped: raised by the workers' writers (workers/tiers/writer.py), not by the tier itself
@@ -30,7 +31,7 @@ COUNTERS = (
 
 
 def read_report(
-    kv_client: redis.Redis,
+    kv_client: KVClient,
     queue_client: redis.Redis,
     fingerprint: str | None = None,
     now: float | None = None,

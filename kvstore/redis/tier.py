@@ -30,12 +30,13 @@ import redis
 from kvstore.chain import BlockHash
 from kvstore.layout import KVFormat
 from kvstore.redis import pins as tier_pins
+from kvstore.redis.client import KV_ERRORS, KVClient
 from kvstore.redis.fetch import PackFetcher, batched
 from kvstore.redis.integrity import TierIntegrityError, check_integrity
 from kvstore.redis.keys import HASH_LEN, PACK_TTL_S, PinOwner, TierKeys
 from kvstore.redis.pins import PinChange
-from kvstore.redis.reader import TierReader, leading
-from kvstore.redis.write import OOM_RETRY_S, PackTransaction, refused_over_maxmemory
+from kvstore.redis.reader import TierRead, TierReader, leading
+from kvstore.redis.write import OOM_RETRY_S, PacksNotWritten, PackTransaction, refused_over_maxmemory
 from kvstore.tiers.codec import encode_pack
 from kvstore.tiers.quant import TierDtype, check_tier_dtype, encoded_nbytes
 from kvstore.tiers.stats import RedisTierStats
@@ -48,6 +49,9 @@ __all__ = ["HASH_LEN", "PACK_TTL_S", "PinChange", "RedisTier", "TierIntegrityErr
 # (~60 MB for 1,300 tokens of SmolLM2) in one would stall every other client of that Redis and take
 # its memory past maxmemory by its size before any eviction; a few packs at a time do neither.
 TX_BYTES = 4 * 1024**2
+# A read that found the KV Redis (or the tier's metadata shard) away: reads miss at once this long,
+# so a Redis down costs one read its timeout, not every read.
+DOWN_S = 5.0
 
 _LOCAL_COUNTERS = (
     "blocks_written",
@@ -65,7 +69,7 @@ _LOCAL_COUNTERS = (
 class RedisTier:
     def __init__(
         self,
-        client: redis.Redis,
+        client: KVClient,
         fmt: KVFormat,
         capacity_bytes: int,
         blocks_per_pack: int | None = None,
@@ -75,7 +79,7 @@ class RedisTier:
     ) -> None:
         """``tier_dtype``: how blocks are stored here (kvstore/tiers/quant.py): "exact" (the pool's
         bytes) or a lossy, smaller "int8" | "fp16" | "bf16", each a namespace of its own."""
-        if client.connection_pool.connection_kwargs.get("decode_responses"):
+        if client.get_encoder().decode_responses:
             raise ValueError("RedisTier needs a client with decode_responses=False: packs are binary")
         if capacity_bytes < 0 or tenant_quota_bytes < 0:
             raise ValueError(f"capacity {capacity_bytes} and quota {tenant_quota_bytes} must be >= 0")
@@ -96,6 +100,7 @@ class RedisTier:
         self._lock = threading.Lock()  # guards the counters: writer and task threads share a tier
         self._counts = dict.fromkeys(_LOCAL_COUNTERS, 0)
         self._tx = PackTransaction(client, self.keys, capacity_bytes, tenant_quota_bytes)
+        self._down_until = 0.0  # reads failed: until then every read is a miss at once (DOWN_S)
         self.oom_pause: Callable[[], None] = lambda: time.sleep(OOM_RETRY_S)  # tests drain Redis here
 
     def put(self, blocks: Sequence[StoredBlock], before_tx: Callable[[], None] | None = None) -> int:
@@ -103,7 +108,9 @@ class RedisTier:
 
         Packs are encoded and written a transaction (TX_BYTES) at a time; ``before_tx`` is called
         before each (the KV writer yields the cores to a busy engine there). Then evicts least
-        recently used unpinned packs until the stored bytes fit the capacity.
+        recently used unpinned packs until the stored bytes fit the capacity. On a Redis Cluster
+        whose shard is down, the packs for that shard are not written: the rest are, then
+        PacksNotWritten names the blocks left out (the KV writer counts and drops them).
         """
         for block in blocks:  # all checked before anything is written
             sizes = (len(block.block_hash), len(block.token_ids), len(block.kv))
@@ -116,15 +123,18 @@ class RedisTier:
         now = time.time()
         written, first, size = 0, 0, 0
         tx_packs: list[bytes] = []
+        unwritten: list[BlockHash] = []  # blocks a down shard refused
         for i, group in enumerate(groups):  # one MULTI/EXEC per TX_BYTES of packs, each self-contained
             pack = encode_pack(self.fmt, group, self.tier_dtype)
             if tx_packs and size + len(pack) > TX_BYTES:
-                written += self._put_packs(groups[first:i], tx_packs, now, first, before_tx)
+                written += self._put_packs(groups[first:i], tx_packs, now, first, unwritten, before_tx)
                 first, size, tx_packs = i, 0, []
             tx_packs.append(pack)
             size += len(pack)
         if tx_packs:
-            written += self._put_packs(groups[first:], tx_packs, now, first, before_tx)
+            written += self._put_packs(groups[first:], tx_packs, now, first, unwritten, before_tx)
+        if unwritten:
+            raise PacksNotWritten(unwritten)
         return written
 
     def _put_packs(
@@ -133,13 +143,14 @@ class RedisTier:
         packs: Sequence[bytes],
         now: float,
         first: int,
+        unwritten: list[BlockHash],
         before_tx: Callable[[], None] | None = None,
     ) -> int:
         """The packs and their index entries in one MULTI/EXEC; returns the blocks written."""
         if before_tx is not None:
             before_tx()
         try:
-            replies = self._tx.send(groups, packs, now, first)
+            sent = self._tx.send(groups, packs, now, first)
         except redis.exceptions.ResponseError as exc:
             if not refused_over_maxmemory(exc):
                 raise
@@ -148,10 +159,10 @@ class RedisTier:
             self.oom_pause()
             if before_tx is not None:
                 before_tx()
-            replies = self._tx.send(groups, packs, now, first)
-        written, written_bytes, evicted = (int(n) for n in replies[-1])
-        self._count(blocks_written=written, bytes_written=written_bytes, packs_evicted=evicted)
-        return written
+            sent = self._tx.send(groups, packs, now, first)
+        unwritten += sent.unwritten
+        self._count(blocks_written=sent.written, bytes_written=sent.written_bytes, packs_evicted=sent.evicted)
+        return sent.written
 
     def get_run(
         self, hashes: Sequence[BlockHash], token_ids: Sequence[Sequence[int]] | None = None
@@ -160,13 +171,20 @@ class RedisTier:
 
         A block whose tokens differ from ``token_ids[i]`` counts as missing. A corrupt or foreign
         pack ends the run and is deleted, so the next reader does not fetch it again; a pack Redis
-        evicted ends it too (a miss, never an error).
+        evicted ends it too (a miss, never an error), as does one on a Redis Cluster shard that is
+        down. When the KV Redis (or the shard of the tier's metadata) is down, every block misses.
         """
         if token_ids is not None and len(token_ids) != len(hashes):
             raise ValueError(f"{len(hashes)} hashes but {len(token_ids)} token lists")
         if not hashes:
             return []
-        read = self._reader.read_run(hashes, token_ids)
+        read = TierRead([], 0, 0, 0)
+        if time.monotonic() >= self._down_until:
+            try:
+                read = self._reader.read_run(hashes, token_ids)
+            except KV_ERRORS as exc:  # the KV Redis (or the tier's metadata shard) is away: all misses
+                log.warning("reading the Redis tier failed, misses for %g s: %s", DOWN_S, exc)
+                self._down_until = time.monotonic() + DOWN_S
         run = read.blocks
         self._count(
             blocks_read=read.blocks_read,
@@ -181,7 +199,14 @@ class RedisTier:
         """How many of hashes[0], hashes[1], ... the index holds, up to the first it does not."""
         if not hashes:
             return 0
-        return len(leading(self._reader.locate(hashes)))
+        if time.monotonic() < self._down_until:
+            return 0
+        try:
+            return len(leading(self._reader.locate(hashes)))
+        except KV_ERRORS as exc:
+            log.warning("reading the Redis tier's index failed, misses for %g s: %s", DOWN_S, exc)
+            self._down_until = time.monotonic() + DOWN_S
+            return 0
 
     def pin_session(
         self, tenant: str, session_id: str, hashes: Sequence[BlockHash], version: float | None = None
@@ -215,8 +240,9 @@ class RedisTier:
 
     def clear(self) -> None:
         """Delete every key of this model's tier (tests, admin); other models' keys stay."""
-        for batch in batched(list(self.client.scan_iter(match=self.keys.pattern, count=1000)), 500):
-            self.client.delete(*batch)
+        for pattern in (self.keys.pattern, self.keys.pack_pattern):
+            for batch in batched(list(self.client.scan_iter(match=pattern, count=1000)), 500):
+                self.client.delete(*batch)
 
     def check_integrity(self) -> None:
         """Raise TierIntegrityError if the keys disagree (tests, admin: it reads every pack's size)."""

@@ -99,10 +99,10 @@ def test_blocks_evicted_from_pool_and_warm_tier_reload_from_redis(
 def _settled_packs(client: redis.Redis, quiet_s: float = 1.0, timeout_s: float = 30.0) -> list[bytes]:
     """The tier's pack keys once none has appeared for `quiet_s`."""
     deadline = time.monotonic() + timeout_s
-    packs = sorted(client.scan_iter(match="kvferry:kv:*:pack:*"))
+    packs = sorted(client.scan_iter(match="kvferry:kv:pack:*"))
     while time.monotonic() < deadline:
         time.sleep(quiet_s)
-        now = sorted(client.scan_iter(match="kvferry:kv:*:pack:*"))
+        now = sorted(client.scan_iter(match="kvferry:kv:pack:*"))
         if now == packs:
             break
         packs = now

@@ -65,6 +65,7 @@ DOCUMENTED = {
     "FUSED_DECODE": True,
     "REDIS_URL": "redis://127.0.0.1:6379/0",
     "KV_REDIS_URL": None,
+    "KV_SHARDS": 0,
     "WORKER_CONCURRENCY": 32,
     "JOB_TIME_LIMIT_S": 1800,
     "HEARTBEAT_TTL_S": 3,

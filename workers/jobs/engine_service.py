@@ -11,9 +11,8 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-import redis
-
 from broker import keys, redis_client
+from kvstore.redis.client import KV_ERRORS, KVClient, kv_client
 from kvstore.redis.tier import RedisTier
 from workers.engine.config import EngineConfig
 from workers.engine.errors import EngineFailedError
@@ -63,7 +62,8 @@ class EngineService:
         self.served_model = config.served_model_name or config.model
         self.redis = redis_client.connect(redis_url)
         # The KV tier may live in a Redis of its own (block packs are big; the queue must stay fast).
-        self.kv_redis = redis_client.connect(kv_redis_url) if kv_redis_url else self.redis
+        # redis+cluster://: a Redis Cluster (kvstore/redis/client.py)
+        self.kv_redis: KVClient = kv_client(kv_redis_url) if kv_redis_url else self.redis
         self._lock = threading.Lock()  # held through the model load: never taken by the heartbeat
         self._counts_lock = threading.Lock()
         self._loop: EngineLoop | None = None
@@ -145,6 +145,6 @@ class EngineService:
         confine_to_this_thread()  # decoding lossy tier blocks runs torch ops: no second OpenMP pool
         try:
             return prefetch(loop, tier, ids, salt)
-        except redis.RedisError as exc:  # the tier only ever misses: the engine computes it
+        except KV_ERRORS as exc:  # the tier only ever misses: the engine computes it
             log.warning("prefetch from the Redis tier failed: %s", exc)
             return 0

@@ -23,6 +23,7 @@ from broker.sessions import tokens as session_tokens
 from broker.sessions.tokens import SessionTokens
 from kvstore.chain import chain
 from kvstore.redis import pins as tier_pins
+from kvstore.redis.client import KV_ERRORS, KVClient
 from kvstore.redis.keys import TierKeys
 from kvstore.redis.tier import RedisTier
 from workers.engine.requests.output import RequestOutput
@@ -47,7 +48,7 @@ class SessionKeeper:
     def __init__(
         self,
         client: redis.Redis,
-        kv_redis: redis.Redis,
+        kv_redis: KVClient,
         worker: str,
         served_model: str,
         tier_config: TierConfig,
@@ -96,7 +97,10 @@ class SessionKeeper:
         tier = self.redis_tier if self.writer is not None else None
         if job.pin_prefix and tier is not None and self.writer is not None:
             self.writer.flush()
-            tier.pin_preload(job.tenant, chain(ids, bs, fingerprint, job.kv_salt, known))
+            try:
+                tier.pin_preload(job.tenant, chain(ids, bs, fingerprint, job.kv_salt, known))
+            except KV_ERRORS as exc:  # a KV shard away: unpinned blocks, a recompute at worst
+                log.warning("pinning the prompt's blocks failed: %s", exc)
         if not job.session_id:
             return
         tokens = [*ids, *output]
@@ -123,7 +127,10 @@ class SessionKeeper:
         ):
             return  # a newer turn finished first (its record and pins stand), or it was deleted
         if tier is not None:
-            tier.pin_session(job.tenant, job.session_id, hashes, version=now)
+            try:
+                tier.pin_session(job.tenant, job.session_id, hashes, version=now)
+            except KV_ERRORS as exc:  # a KV shard away (RedisClusterException is no RedisError)
+                log.warning("session %s: pinning its blocks failed: %s", job.session_id, exc)
 
     def stored_tokens(self, job: GenerateJob) -> SessionTokens | None:
         """The exact tokens the session's last turn ended with, for workers/jobs/prompt.py to reuse."""
@@ -147,7 +154,10 @@ class SessionKeeper:
         engine loaded here: the claim is ours alone); returns how many were swept."""
         claimed = session_store.claim_expired(self.redis)
         for tenant, session_id in claimed:
-            tier_pins.release_session(self.kv_redis, tenant, session_id)
+            try:
+                tier_pins.release_session(self.kv_redis, tenant, session_id)
+            except KV_ERRORS as exc:  # the KV Redis away: reconcile_orphans releases them later
+                log.warning("session %s: releasing its pins failed: %s", session_id, exc)
         if time.monotonic() - self._reconciled_at >= RECONCILE_EVERY_S:
             self._reconciled_at = time.monotonic()
             self.reconcile_orphans()

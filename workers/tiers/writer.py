@@ -8,7 +8,8 @@ operations, never wait for the writer, and never fail for lack of room. The queu
 the writer is dropped (unpinned ones, spills, before a turn's write), counted, and its hashes go
 to ``on_drop`` so a later spill may write them again. The writer coalesces everything queued (up
 to ``max_batch_bytes``) into one RedisTier.put, which writes it in MULTI/EXECs of a few packs each
-(redis_tier.TX_BYTES).
+(redis_tier.TX_BYTES). Any exception from it (redis-py's cluster errors are not all RedisErrors)
+drops the batch, counted in put_errors; a lost write costs a recompute later, never a wrong token.
 
 Before each transaction the writer yields to a busy engine (workers/tiers/writer_yield.py).
 """
@@ -23,7 +24,9 @@ from dataclasses import dataclass
 import torch
 
 from kvstore.chain import BlockHash
+from kvstore.redis.client import KV_ERRORS
 from kvstore.redis.tier import RedisTier
+from kvstore.redis.write import PacksNotWritten
 from kvstore.tiers.stored_block import StoredBlock
 from workers.engine.kernels.omp_team import confine_to_this_thread
 from workers.engine.pending_write import BlockMeta, PendingWrite
@@ -216,6 +219,10 @@ class KVWriter:
         deadline = self.yielding.deadline()
         try:
             written = self.tier.put(blocks, before_tx=lambda: self.yielding.wait(deadline, self._hurried))
+        except KV_ERRORS as exc:  # Redis (or a cluster shard) away: no bug, no traceback
+            failed = True
+            what = "some" if isinstance(exc, PacksNotWritten) else "all"  # a shard down: the rest went in
+            log.warning("writing %s of %d block(s) to Redis failed: %s", what, len(blocks), exc)
         except Exception:  # a lost write costs a recompute later, never a wrong token
             failed = True
             log.exception("writing %d block(s) to Redis failed", len(blocks))

@@ -3,13 +3,13 @@
 -- ARGV: tenant, owner id, version (the turn's time: an older turn never overwrites a newer one's
 -- pins), block bytes, capacity, tenant quota, replace (1/0), block hashes...
 -- Only blocks the index holds are pinned. Returns {added, removed, owners released, packs
--- evicted, 1 if refused as stale}.
+-- evicted, 1 if refused as stale, packs dropped (CLUSTER: to UNLINK)}.
 local tenant, owner, version = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local block_bytes, capacity, quota = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 local replace = ARGV[7] == '1'
 local owners = owners_of(tenant)
 local last = redis.call('ZSCORE', owners, owner)
-if last and tonumber(last) > version then return {0, 0, 0, 0, 1} end
+if last and tonumber(last) > version then return {0, 0, 0, 0, 1, gone} end
 local set = pinset(owner)
 local want, added, removed = {}, 0, 0
 for i = 8, #ARGV do
@@ -39,4 +39,5 @@ else
   redis.call('ZREM', owners, owner)
 end
 local released = enforce_quota(tenant, quota)
-return {added, removed, released, evict(capacity, quota, tenant), 0}
+local evicted = evict(capacity, quota, tenant)
+return {added, removed, released, evicted, 0, gone}

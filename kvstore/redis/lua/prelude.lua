@@ -1,10 +1,14 @@
--- Shared by every script of the cold tier (kvstore/redis/scripts.py prepends HASH_LEN).
+-- Shared by every script of the cold tier (kvstore/redis/scripts.py prepends HASH_LEN and CLUSTER).
+-- CLUSTER: packs live in other slots than the metadata, so no script touches a pack: drop() lists
+-- the packs it drops in `gone`, which the script returns for the client to UNLINK on their shards.
 -- KEYS[1..8]: TierKeys.namespace(). Per-owner and per-tenant keys are built from the tier's prefix
 -- (the same formats as TierKeys.pinset / TierKeys.owners); they share the fingerprint's hash tag.
 local index, lru, bytes_key, packs, blockpins = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local tenant_bytes, owner_bytes, counters = KEYS[6], KEYS[7], KEYS[8]
 local NS = 8
 local prefix = string.sub(index, 1, #index - 5)  -- index is prefix .. 'index'
+
+local gone = {}
 
 local function pinset(owner) return prefix .. 'pinset:' .. owner end
 local function owners_of(tenant) return prefix .. 'owners:' .. tenant end
@@ -28,7 +32,7 @@ local function drop(pack)
     end
     redis.call('DECRBY', bytes_key, tonumber(string.sub(meta, 1, sep - 1)))
   end
-  redis.call('DEL', pack)
+  if CLUSTER then gone[#gone + 1] = pack else redis.call('DEL', pack) end
   redis.call('ZREM', lru, pack)
   redis.call('HDEL', packs, pack)
   return meta and 1 or 0

@@ -167,7 +167,7 @@ def test_packs_redis_evicted_or_flushed_are_misses(
     tier = RedisTier(redis_client, tiny_fmt, BIG, blocks_per_pack=2)
     tier.put(blocks)
     tier.pin_session("t", "s", hashes(blocks))
-    for key in redis_client.scan_iter(match=tier.keys.prefix + "pack:*"):
+    for key in redis_client.scan_iter(match=tier.keys.pack_pattern):
         redis_client.delete(key)  # as maxmemory-policy volatile-lru would: packs carry the TTL
     assert tier.get_run(hashes(blocks)) == []
     # The read cleaned up the first pack it found gone: those 2 blocks are no longer pinned.

@@ -102,12 +102,12 @@ def test_blocks_are_written_once(
     blocks = make_blocks(10)
     tier = RedisTier(redis_client, tiny_fmt, BIG, blocks_per_pack=3)
     assert tier.put(blocks[:7]) == 7
-    before = {key: redis_client.get(key) for key in redis_client.keys(tier.keys.prefix + "pack:*")}
+    before = {key: redis_client.get(key) for key in redis_client.keys(tier.keys.pack_pattern)}
     assert tier.put(blocks[:7]) == 0
     assert tier.put(blocks[2:5] + blocks[2:5]) == 0
     assert tier.put(blocks) == 3  # only 7, 8, 9: one new pack
     tier.check_integrity()
-    after = {key: redis_client.get(key) for key in redis_client.keys(tier.keys.prefix + "pack:*")}
+    after = {key: redis_client.get(key) for key in redis_client.keys(tier.keys.pack_pattern)}
     assert len(after) == 4 and all(after[key] == value for key, value in before.items())
     assert tier.stats().blocks_written == 10
     assert tier.get_run(hashes(blocks)) == blocks
@@ -443,4 +443,33 @@ def test_reads_in_several_mgets_fetch_ahead_and_stop_at_a_missing_pack(
     redis_client.delete(pack_of(redis_client, tier, blocks[4]))  # as Redis evicts one
     assert tier.get_run(hashes(blocks)) == blocks[:4]
     assert tier.contains_run(hashes(blocks)) == 4  # the stale index entries went
+    tier.check_integrity()
+
+
+def test_packs_under_the_old_key_layout_still_read(
+    redis_client: redis.Redis, tiny_fmt: KVFormat, make_blocks: MakeBlocks
+) -> None:
+    """Packs were once named inside the tier's prefix (one slot with the metadata); the index
+    stores each pack's key, so a tier written then still reads, repairs and evicts."""
+    blocks = make_blocks(4)
+    tier = RedisTier(redis_client, tiny_fmt, BIG, blocks_per_pack=4)
+    assert tier.put(blocks) == 4
+    new = pack_of(redis_client, tier, blocks[0])
+    assert new.startswith(b"kvferry:kv:pack:{")  # its digest is its hash tag
+    old = (tier.keys.prefix + "pack:" + new.decode().split("{")[1].split("}")[0]).encode()
+    k = tier.keys
+    meta = redis_client.hget(k.packs, new)
+    pipe = redis_client.pipeline(transaction=True)
+    pipe.rename(new, old)
+    pipe.hset(k.index, mapping={b.block_hash: old for b in blocks})
+    pipe.zadd(k.lru, {old: 1.0})
+    pipe.zrem(k.lru, new)
+    pipe.hset(k.packs, old, meta)  # type: ignore[arg-type]
+    pipe.hdel(k.packs, new)
+    pipe.execute()
+    tier.check_integrity()
+    assert tier.get_run(hashes(blocks), tokens(blocks)) == blocks
+    small = RedisTier(redis_client, tiny_fmt, 1, blocks_per_pack=4)
+    assert small.put(make_blocks(4, seed=9)) == 4  # evicts the old pack (and the new one: cap 1)
+    assert not redis_client.exists(old)
     tier.check_integrity()
