@@ -6,6 +6,7 @@ retry path itself through a proxy that drops one reply after Redis ran the scrip
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 from collections.abc import Iterator
@@ -132,10 +133,8 @@ class ReplyDropper:
         except OSError:
             pass
         for s in (src, dst):  # shutdown wakes the other pump's recv (a close alone would not)
-            try:
+            with contextlib.suppress(OSError):
                 s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
             s.close()
 
     def close(self) -> None:
