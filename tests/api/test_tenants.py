@@ -4,6 +4,7 @@ metrics, and no prompt kept once a job is done."""
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections.abc import Callable
@@ -97,8 +98,15 @@ def test_keys_file_is_reloaded_when_it_changes(
 
 
 def test_a_deleted_keys_file_revokes_and_a_same_second_replace_is_noticed(
-    serve: Callable[..., Served], rds: redis.Redis, tmp_path: Path, caplog: pytest.LogCaptureFixture
+    serve: Callable[..., Served],
+    rds: redis.Redis,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    ring_log = logging.getLogger("api.tenants")
+    monkeypatch.setattr(ring_log, "disabled", False)  # whatever an earlier test's logging config did
+    caplog.set_level(logging.WARNING, logger="api.tenants")
     path = tmp_path / "keys"
     path.write_text("sk-one one\n")
     api = serve(api_keys_file=path)
