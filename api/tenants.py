@@ -2,9 +2,12 @@
 
 Keys come from three places, all optional: ApiConfig.api_key (the one-tenant shorthand, tenant
 `tenant_of(key)`), ApiConfig.api_keys (`key:tenant` pairs) and ApiConfig.api_keys_file (one
-`key tenant` per line, `#` comments), re-read when its mtime changes, looked at no more than once
-a second. Auth is on as soon as any of them is configured (an empty file then admits nobody).
-A presented key is compared with every configured key in constant time."""
+`key tenant` per line, `#` comments), looked at no more than once a second and re-parsed when its
+content changes (an edit within the same second, an atomic replace by rename: whatever its mtime
+says). A deleted file revokes its keys (logged) until it is back; a file that does not parse (half
+written, say) keeps the previous keys. Auth is on as soon as any of them is configured (an empty
+or absent file then admits nobody). A presented key is compared with every configured key in
+constant time."""
 
 from __future__ import annotations
 
@@ -79,7 +82,7 @@ class KeyRing:
         self._static = tuple((k.encode(), t) for k, t in static)
         self.path = api_keys_file
         self._file: tuple[tuple[bytes, str], ...] = ()
-        self._mtime: float | None = None
+        self._digest: bytes | None = None  # of the content the keys were parsed from; None: absent
         self._checked = 0.0
         self._lock = threading.Lock()
         if self.path is not None:
@@ -92,18 +95,34 @@ class KeyRing:
     def _reload(self, force: bool = False) -> None:
         assert self.path is not None
         try:
-            mtime = self.path.stat().st_mtime
-            if not force and mtime == self._mtime:
-                return
-            pairs = parse_file(self.path.read_text(encoding="utf-8"), str(self.path))
+            raw = self.path.read_bytes()
+        except FileNotFoundError as exc:
+            if force:
+                raise ValueError(f"cannot read the API keys file: {exc}") from exc
+            if self._digest is not None:
+                log.warning("the API keys file %s is gone: its keys are revoked until it is back", self.path)
+                self._file, self._digest = (), None
+            return
+        except OSError as exc:
+            if force:
+                raise ValueError(f"cannot read the API keys file: {exc}") from exc
+            log.warning("keeping the previous API keys: %s", exc)
+            return
+        digest = hashlib.sha256(raw).digest()
+        if not force and digest == self._digest:
+            return
+        try:
+            pairs = parse_file(raw.decode("utf-8"), str(self.path))
             _check_unique([*((k.decode(), t) for k, t in self._static), *pairs], str(self.path))
-        except (OSError, ValueError) as exc:
+        except (UnicodeDecodeError, ValueError) as exc:
             if force:
                 raise ValueError(f"cannot read the API keys file: {exc}") from exc
             log.warning("keeping the previous API keys: %s", exc)  # a half-written file, say
             return
+        if not force:
+            log.info("API keys reloaded from %s: %d key(s)", self.path, len(pairs))
         self._file = tuple((k.encode(), t) for k, t in pairs)
-        self._mtime = mtime
+        self._digest = digest
 
     def _entries(self) -> tuple[tuple[bytes, str], ...]:
         if self.path is not None:

@@ -27,6 +27,18 @@ def job_end(job_id: str) -> str:
     return f"{PREFIX}:job:{job_id}:end"
 
 
+def job_written(job_id: str) -> str:
+    """Hash: how far the job's stream goes (t: the next token index, c: the next text character,
+    f: its final event is in): the fenced append (broker/jobs/events.py) refuses what it holds."""
+    return f"{PREFIX}:job:{job_id}:written"
+
+
+def job_engine_failures(job_id: str) -> str:
+    """Counter: how many attempts of the job ended in an engine failure (the attempt cap reads it;
+    lease takes after worker deaths are not counted)."""
+    return f"{PREFIX}:job:{job_id}:engine-failures"
+
+
 def job_stages(job_id: str) -> str:
     """Hash: when the worker's attempt passed each stage (unix seconds), for `bench queue`."""
     return f"{PREFIX}:job:{job_id}:stages"

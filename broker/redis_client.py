@@ -1,6 +1,6 @@
 """Redis clients for the worker side: commands ride out a Redis restart (AOF replay, failover)
-instead of failing the job that sent them. Retrying an XADD whose reply was lost may append an
-event twice; events carry their token index and epoch, so readers drop the copy."""
+instead of failing the job that sent them. A stream append retried after its reply was lost
+appends nothing twice: the fenced script refuses what the stream holds (broker/jobs/events.py)."""
 
 from __future__ import annotations
 

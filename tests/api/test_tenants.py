@@ -4,6 +4,7 @@ metrics, and no prompt kept once a job is done."""
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections.abc import Callable
@@ -94,6 +95,41 @@ def test_keys_file_is_reloaded_when_it_changes(
         time.sleep(1.1)  # the file is looked at once a second at most
         assert c.get("/v1/models", headers={"Authorization": "Bearer sk-two"}).status_code == 200
         assert c.get("/v1/models", headers={"Authorization": "Bearer sk-one"}).status_code == 401
+
+
+def test_a_deleted_keys_file_revokes_and_a_same_second_replace_is_noticed(
+    serve: Callable[..., Served],
+    rds: redis.Redis,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    ring_log = logging.getLogger("api.tenants")
+    monkeypatch.setattr(ring_log, "disabled", False)  # whatever an earlier test's logging config did
+    caplog.set_level(logging.WARNING, logger="api.tenants")
+    path = tmp_path / "keys"
+    path.write_text("sk-one one\n")
+    api = serve(api_keys_file=path)
+
+    def status(key: str) -> int:
+        return c.get("/v1/models", headers={"Authorization": f"Bearer {key}"}).status_code
+
+    with api.client() as c:
+        assert status("sk-one") == 200
+        path.unlink()
+        time.sleep(1.1)  # the file is looked at once a second at most
+        assert status("sk-one") == 401  # revoked, not kept until a restart
+        assert "is gone" in caplog.text
+        path.write_text("sk-one one\n")
+        time.sleep(1.1)
+        assert status("sk-one") == 200  # back with the file
+        stamp = path.stat()
+        new = tmp_path / "keys.new"
+        new.write_text("sk-two two\n")  # the same size, replaced by rename, its mtime the old one's
+        os.utime(new, ns=(stamp.st_atime_ns, stamp.st_mtime_ns))
+        os.replace(new, path)
+        time.sleep(1.1)
+        assert status("sk-two") == 200 and status("sk-one") == 401
 
 
 def test_job_cap_is_per_tenant_429_with_retry_after(

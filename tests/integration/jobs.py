@@ -16,7 +16,12 @@ from broker.jobs import events as job_events
 from broker.jobs.lease import JobLeases, Lease, LeaseHolder, Started, owner_worker
 from broker.messages import ChatMessage, GenerateJob, GenerateResult, TokenDelta
 from broker.sampling import SamplingParams
-from tests.integration.conftest import MODEL
+from broker.sessions import store as session_store
+from kvstore.redis import pins as tier_pins
+from kvstore.redis.keys import PinOwner, TierKeys
+from tests.integration.conftest import MODEL, wait_for
+
+BLOCK_SIZE = 16  # the workers' (the default)
 
 
 def start_lease(leases: JobLeases, job_id: str, owner: str) -> Lease | LeaseHolder:
@@ -64,3 +69,21 @@ def followed_tokens(client: redis.Redis, job_id: str) -> list[int]:
     """The job's tokens as a reader sees them (job_events.follow: each index once)."""
     events = job_events.follow(client, job_id, timeout_s=5)
     return [t for e in events if isinstance(e, TokenDelta) for t in e.token_ids]
+
+
+def settled(client: redis.Redis, tenant: str, session: str) -> bool:
+    """Whether the session's last turn has settled: its record names the whole chain and its pins
+    are that turn's (workers/sessions/keeper.py does both just after the turn's answer)."""
+    record = session_store.load(client, tenant, session)
+    if record is None or len(record.block_hashes) < len(record.token_ids) // BLOCK_SIZE:
+        return False
+    owner = PinOwner.session(tenant, session)
+    return any(
+        o == owner and at == record.last_used
+        for fp in tier_pins.fingerprints(client)
+        for o, at in tier_pins.owners(client, TierKeys(fp))
+    )
+
+
+def wait_settled(client: redis.Redis, tenant: str, session: str, timeout_s: float = 10) -> None:
+    wait_for(lambda: settled(client, tenant, session), timeout_s, f"session {session!r} to settle")

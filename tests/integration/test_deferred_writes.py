@@ -1,6 +1,7 @@
 """A worker SIGKILLed while its KV writer waits for an idle engine (workers/tiers/writer_yield.py): the
 writes it deferred are lost as cache only. No job is lost or run wrong, a session's turn is in Redis
-before its record says so (its flush overrides the deferral), and no pin is left behind."""
+before its record says so (a record waiting for its writes overrides the deferral), and no pin
+is left behind."""
 
 from __future__ import annotations
 
@@ -38,8 +39,8 @@ def test_a_worker_killed_with_writes_deferred_loses_no_job_and_no_session(
         assert isinstance(event, TokenDelta), event
         break
 
-    # A session's turn: SessionKeeper flushes the writer before saving the record, so the deferral
-    # gives way and the turn's blocks reach Redis while the engine is still busy.
+    # A session's turn: SessionKeeper orders its full record after the turn's writes, and the writer
+    # does not defer while a record waits, so the turn's blocks reach Redis while the engine is busy.
     session = f"deferred-{tag}"
     system = f"Deferred writes {tag}. " * 10
     turn1 = [{"role": "system", "content": system}, {"role": "user", "content": "one"}]

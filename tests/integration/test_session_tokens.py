@@ -19,6 +19,7 @@ from broker.sessions import tokens as session_tokens
 from broker.sessions.tokens import Checkpoint, SessionTokens
 from tests.integration.conftest import MODEL, WorkerProcess
 from tests.integration.jobs import chat as _chat
+from tests.integration.jobs import wait_settled
 
 Reference = Callable[[list[int], int], list[int]]
 SYSTEM = "You answer in one short sentence, and you never repeat yourself. " * 3
@@ -51,9 +52,10 @@ def test_matching_history_reuses_the_generated_ids_and_an_edited_one_retokenises
     turn1 = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "first question"}]
     r1 = _chat(celery_app, turn1, session, w1.queue)
     ended = [*_template(tokenizer, turn1), *r1.token_ids]
-    stored = session_store.load_tokens(redis_client, "", session)
+    stored = session_store.load_tokens(redis_client, "", session)  # saved before the answer
     assert isinstance(stored, SessionTokens) and list(stored.token_ids) == ended
     assert [cp.num_messages for cp in stored.checkpoints] == [3]
+    wait_settled(redis_client, "", session)  # its blocks reach Redis just after the answer
 
     # The same conversation, the reply as the client got it: the ids turn 1 ended with, reused.
     turn2 = [*turn1, {"role": "assistant", "content": r1.text}, {"role": "user", "content": "and then?"}]

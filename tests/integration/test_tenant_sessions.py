@@ -26,6 +26,7 @@ from kvstore.redis.keys import PinOwner, TierKeys
 from kvstore.redis.report import read_report
 from ops.redis_server import RedisServer, free_port
 from tests.integration.conftest import MODEL, ROOT, WorkerProcess, wait_for
+from tests.integration.jobs import wait_settled
 
 SYSTEM = "You are a patient assistant who answers every question in full sentences. " * 4
 BLOCK_BYTES = 2 * 2 * 16 * 2 * 16 * 4  # tiny Llama: layers, k+v, tokens, kv heads, head dim, fp32
@@ -114,6 +115,7 @@ def test_sessions_are_per_tenant_and_pins_balance(tenant_api: str, redis_client:
     sid = f"shared-{uuid.uuid4().hex[:8]}"
     first = _chat(tenant_api, ALICE, sid, "alice asks about the weather in a long question " * 3)
     assert first.status_code == 200, first.text
+    wait_settled(redis_client, "alice", sid)  # the record and pins follow just after the answer
     alice_raw = redis_client.get(keys.session("alice", sid))
     alice_pins = _pins(redis_client, "alice", sid)
     assert alice_raw is not None and alice_pins
@@ -122,6 +124,7 @@ def test_sessions_are_per_tenant_and_pins_balance(tenant_api: str, redis_client:
     assert _session(tenant_api, BOB, sid).status_code == 404
     assert _session(tenant_api, BOB, sid, "DELETE").status_code == 404
     assert _chat(tenant_api, BOB, sid, "bob overwrites nothing of alice's " * 4).status_code == 200
+    wait_settled(redis_client, "bob", sid)
     assert redis_client.get(keys.session("alice", sid)) == alice_raw
     assert _pins(redis_client, "alice", sid) == alice_pins
     mine = _session(tenant_api, ALICE, sid)
@@ -132,6 +135,7 @@ def test_sessions_are_per_tenant_and_pins_balance(tenant_api: str, redis_client:
     # Alice edits history: the blocks of her old question leave the pins.
     edited = _chat(tenant_api, ALICE, sid, "alice rewrote her question entirely, now about trains " * 3)
     assert edited.status_code == 200
+    wait_settled(redis_client, "alice", sid)
     assert _pins(redis_client, "alice", sid) != alice_pins
     _assert_balanced(redis_client, {"alice": [sid], "bob": [sid]})
 
@@ -141,6 +145,7 @@ def test_sessions_are_per_tenant_and_pins_balance(tenant_api: str, redis_client:
             pool.submit(_chat, tenant_api, BOB, sid, f"race {i}: a question long enough " * 4) for i in (1, 2)
         ]
         assert all(t.result().status_code == 200 for t in turns)
+    wait_settled(redis_client, "bob", sid)
     _assert_balanced(redis_client, {"alice": [sid], "bob": [sid]})
 
     # DELETE forgets at once; the workers' sweep releases her pins; Bob's are untouched.
@@ -210,6 +215,7 @@ def test_quota_takes_only_the_tenants_own_least_recent_pins(
             keys.GENERATE_TASK, args=[encode_job(job)], task_id=str(uuid.uuid4()), queue=worker.queue
         )
         decode_result(handle.get(timeout=120))
+        wait_settled(redis_client, tenant, session)  # pinned in the order the turns ran
 
     turn("bob-q", f"b1-{tag}")
     for n in (1, 2, 3):

@@ -1,12 +1,18 @@
 """JobAttempt: one leased run of a job on this worker's engine. Resumes after the tokens the
 stream holds, streams new ones (each with its index and the lease epoch, through the fenced
-script), enforces the job time limit, and publishes the result."""
+script), enforces the job time limit, and publishes the result.
+
+The turn's bookkeeping (workers/sessions/keeper.py) never holds up nor fails the answer: what
+the next turn needs (its exact tokens) is saved before JobDone, what waits for the KV writer
+after it; any failure of it is logged and counted, and the job still ends done."""
 
 from __future__ import annotations
 
 import logging
 import threading
 import time
+from collections.abc import Callable
+from typing import TypeVar
 
 import redis
 
@@ -31,9 +37,11 @@ from workers.jobs.logprob_text import LogprobText
 from workers.jobs.prompt import prompt_token_ids
 from workers.loop.engine_loop import EngineLoop
 from workers.loop.handle import RequestHandle
+from workers.sessions.keeper import Settle
 
 log = logging.getLogger(__name__)
 STREAM_FLUSH_S = 0.03
+T = TypeVar("T")
 HEALTHY_WAIT_S = 5.0  # a job that finds its engine loop restarting waits this long for it
 
 
@@ -173,14 +181,27 @@ class JobAttempt:
             prompt_logprobs=self.prompt_logprobs,
             prompt_text=self.prompt_text,
         )
+        settle: Settle | None = None
         if final.finish_reason in ("stop", "length"):
-            try:
-                service.sessions.remember(job, loop, ids, final, stored)
-            except redis.RedisError as exc:  # a full or absent KV Redis costs the next turn a miss
-                log.warning("job %s: the session/tier update failed: %s", job_id, exc)
+            settle = self._bookkeeping(lambda: service.sessions.remember(job, loop, ids, final, stored))
         # The last delta and the result in one round trip: a 1-token job writes its stream once.
         self.stream.publish_many(job_id, job.tenant, [*last, JobDone(result, epoch=self.epoch)], self.stages)
+        if settle is not None:
+            self._bookkeeping(lambda: service.sessions.settle(settle))
         return result
+
+    def _bookkeeping(self, work: Callable[[], T]) -> T | None:
+        """The turn's session/tier bookkeeping: whatever it raises costs the next turn cache hits,
+        never this job its answer (logged and counted)."""
+        try:
+            return work()
+        except redis.RedisError as exc:  # a full or absent Redis: expected now and then
+            self.service.sessions.settler.count_failure()
+            log.warning("job %s: the session/tier update failed: %s", self.job_id, exc)
+        except Exception:
+            self.service.sessions.settler.count_failure()
+            log.exception("job %s: the session/tier update failed", self.job_id)
+        return None
 
     def _stream(
         self, handle: RequestHandle, start: int, text_start: int, prompt_ids: list[int], names: LogprobText

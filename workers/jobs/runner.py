@@ -7,7 +7,8 @@ What the task does with each outcome (workers/process/tasks.py):
 - InvalidRequestError, JobTimeLimitError, other errors: a final JobFailed in the stream, the
   message is acked as failed;
 - EngineFailedError (the engine failed, not the job): no event, the lease released, the message
-  requeued for redelivery (it resumes after the tokens the stream holds);
+  requeued for redelivery (it resumes after the tokens the stream holds); counted per job, and
+  the MAX_ATTEMPTS-th ends it failed (JobAttemptsError);
 - StaleLeaseError (another epoch runs the job) and LeaseBusyError: nothing written, no state.
 """
 
@@ -26,7 +27,7 @@ from broker import keys
 from broker.errors import InvalidRequestError, KvferryError, UnknownModelError
 from broker.jobs import events as job_events
 from broker.jobs.events import STREAM_TTL_S, FencedStream, StreamProgress
-from broker.jobs.lease import StaleLeaseError
+from broker.jobs.lease import EPOCH_TTL_S, StaleLeaseError
 from broker.messages import GenerateJob, GenerateResult, JobFailed
 from workers.engine.errors import EngineFailedError
 from workers.jobs.attempt import JobAttempt, JobTimeLimitError
@@ -37,7 +38,9 @@ from workers.jobs.lost_messages import forget_message
 log = logging.getLogger(__name__)
 LEASE_POLL_S = 0.25
 UNHEALTHY_BACKOFF_S = 1.0
-MAX_ATTEMPTS = 8  # epochs: each redelivery after a worker death or an engine failure takes one
+# Attempts whose engine failed (keys.job_engine_failures): a job that fails this many ends failed.
+# Lease takes are not counted: redeliveries after worker deaths or lease takeovers are harmless.
+MAX_ATTEMPTS = 8
 
 
 class LeaseBusyError(KvferryError):
@@ -137,6 +140,21 @@ class JobRunner:
                 raise LeaseBusyError(f"job {job_id} is still leased by {got.owner}")
             time.sleep(LEASE_POLL_S)
 
+    def _engine_failed(self, job_id: str, exc: EngineFailedError) -> int:
+        """Count an attempt whose engine failed; returns the job's count so far. A Redis that failed
+        under the job is not the job's engine failing (and cannot be counted in): 0."""
+        if isinstance(exc.__cause__, redis.RedisError):
+            return 0
+        key = keys.job_engine_failures(job_id)
+        try:
+            pipe = self.redis.pipeline(transaction=True)
+            pipe.incr(key)
+            pipe.expire(key, EPOCH_TTL_S)
+            return int(pipe.execute()[0])
+        except redis.RedisError as err:
+            log.warning("job %s: cannot count its engine failure: %s", job_id, err)
+            return 0
+
     def _replay(self, job_id: str, ended: StreamProgress) -> GenerateResult:
         if ended.done is not None:  # finished before this copy: the same answer again
             return ended.done.result
@@ -165,9 +183,10 @@ class JobRunner:
         except StaleLeaseError:
             raise  # another epoch runs the job: nothing to publish
         except EngineFailedError as exc:
-            if held.epoch >= MAX_ATTEMPTS:  # it fails every engine it meets: a poison, not bad luck
+            failures = self._engine_failed(job_id, exc)
+            if failures >= MAX_ATTEMPTS:  # it fails every engine it meets: a poison, not bad luck
                 service.count(failed=1)
-                message = f"the job failed {held.epoch} attempts, each in its engine: {exc}"
+                message = f"the job failed {failures} attempts, each in its engine: {exc}"
                 attempt.publish_failed("server_error", message, 500)
                 raise JobAttemptsError(message) from exc
             loop = service.current_loop

@@ -5,14 +5,27 @@ its blocks in the Redis tier; and the sweep that releases what expired sessions 
 A session is (job.tenant, job.session_id): another tenant's turn with the same id is its own session.
 Order: the record is saved before the pins are set, so a crash between the two leaves a session
 under-pinned, never pins without a session; pins set after the session was deleted and swept are
-found by reconcile_orphans."""
+found by reconcile_orphans.
+
+A turn's bookkeeping comes in two parts, so its answer never waits for the KV write queue:
+- remember(), before the answer is published: the routing digests, and the record with the turn's
+  exact tokens (a client's next turn, sent the moment it has the answer, reuses them: token-exact),
+  naming only the chain's blocks that are in Redis already (none of the writes still queued);
+- settle(), after the answer: once the writer has written the turn's blocks (and those queued
+  before them), the record names the whole chain and the pins follow it, on the Settler's thread.
+  Newer wins as ever: a later turn's record is never overwritten by an earlier turn's settle."""
 
 from __future__ import annotations
 
+import itertools
 import logging
+import threading
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Protocol
 
+import msgspec
 import redis
 
 from broker import keys
@@ -27,10 +40,12 @@ from kvstore.redis.client import KV_ERRORS, KVClient
 from kvstore.redis.keys import TierKeys
 from kvstore.redis.tier import RedisTier
 from workers.engine.requests.output import RequestOutput
+from workers.sessions.settle import Settler
 from workers.tiers.config import TierConfig
 from workers.tiers.writer import KVWriter
 
 log = logging.getLogger(__name__)
+FLUSH_TIMEOUT_S = 30.0  # the longest a preload waits for its blocks to reach Redis
 ORPHAN_GRACE_S = 120.0  # a session owner this long without a session record is an orphan
 RECONCILE_EVERY_S = 60.0
 # A worker's advertised prefix digests outlive a quiet day; routing drops a dead worker's anyway.
@@ -42,6 +57,15 @@ class ChainFacts(Protocol):
 
     block_size: int
     fingerprint: str
+
+
+@dataclass(frozen=True, slots=True)
+class Settle:
+    """What a turn leaves to do once its blocks are in Redis: ``mark``, the KV writer's last write
+    when the turn ended (its own writes are at or before it)."""
+
+    mark: int
+    work: Callable[[], None]
 
 
 class SessionKeeper:
@@ -62,6 +86,7 @@ class SessionKeeper:
         self.redis_tier: RedisTier | None = None
         self.writer: KVWriter | None = None
         self._reconciled_at = 0.0
+        self.settler = Settler()
 
     def attach(self, tier: RedisTier, writer: KVWriter) -> None:
         """The Redis tier and its writer, once the engine that feeds them is built."""
@@ -77,12 +102,13 @@ class SessionKeeper:
         ids: list[int],
         final: RequestOutput,
         stored: SessionTokens | None = None,
-    ) -> None:
-        """After a turn: the prefix digests that route the next turn here, the session record (any
-        worker can resume it) and the session's pins: exactly its chain now. `final`: the turn's
-        last output, with the block hashes the engine computed (only the blocks after them are
-        hashed here). `stored`: the session's exact tokens as the turn found them (their earlier
-        checkpoints carry on)."""
+    ) -> Settle | None:
+        """Before a turn's answer: the prefix digests that route the next turn here and the session
+        record (any worker can resume it) with the turn's exact tokens, naming the blocks in Redis
+        already. Returns what settle() does after the answer (the rest of the record, the pins), if
+        anything. `final`: the turn's last output, with the block hashes the engine computed (only
+        the blocks after them are hashed here). `stored`: the session's exact tokens as the turn
+        found them (their earlier checkpoints carry on)."""
         output, text = final.token_ids, final.text
         now = time.time()
         digests = self._digests(job, text)
@@ -94,15 +120,21 @@ class SessionKeeper:
             pipe.expire(key, PREFIXES_TTL_S)
             pipe.execute()
         bs, fingerprint, known = engine.block_size, engine.fingerprint, final.block_hashes
-        tier = self.redis_tier if self.writer is not None else None
-        if job.pin_prefix and tier is not None and self.writer is not None:
-            self.writer.flush()
+        tier, writer = self.redis_tier, self.writer
+        if tier is None or writer is None:
+            tier = writer = None
+        mark = writer.mark() if writer is not None else -1
+        if job.pin_prefix and tier is not None and writer is not None:
+            # A preload's answer means "pinned": it waits for its own writes (ordered, not the queue).
+            written = threading.Event()
+            writer.after_written(mark, written.set)
+            written.wait(FLUSH_TIMEOUT_S)
             try:
                 tier.pin_preload(job.tenant, chain(ids, bs, fingerprint, job.kv_salt, known))
             except KV_ERRORS as exc:  # a KV shard away: unpinned blocks, a recompute at worst
                 log.warning("pinning the prompt's blocks failed: %s", exc)
         if not job.session_id:
-            return
+            return None
         tokens = [*ids, *output]
         hashes = chain(tokens, bs, fingerprint, job.kv_salt, known)
         previous = session_store.load(self.redis, job.tenant, job.session_id)
@@ -112,25 +144,46 @@ class SessionKeeper:
             model=self.served_model,
             token_ids=tuple(tokens),
             block_hashes=tuple(h.hex() for h in hashes),
-            last_worker=self.worker,
             last_used=now,
+            last_worker=self.worker,
             turns=(previous.turns if previous else 0) + 1,
         )
-        if tier is not None and self.writer is not None:
-            self.writer.flush()  # the turn's blocks are in Redis before the session says they are
         exact = None
         if job.endpoint == "chat" and job.messages and not job.prompt_token_ids:
             conversation = (*job.messages, ChatMessage("assistant", text))
             exact = session_tokens.after_turn(stored, job.model, conversation, tokens)
-        if not session_store.save(
-            self.redis, record, self.tier_config.session_ttl_s, job.submitted_at or now, exact
-        ):
-            return  # a newer turn finished first (its record and pins stand), or it was deleted
-        if tier is not None:
+        began = job.submitted_at or now
+        pending = writer.pending() if writer is not None else set()
+        ready = sum(1 for _ in itertools.takewhile(lambda h: h not in pending, hashes))
+        first = msgspec.structs.replace(record, block_hashes=record.block_hashes[:ready])
+        ttl_s = self.tier_config.session_ttl_s
+        if not session_store.save(self.redis, first, ttl_s, began, exact):
+            return None  # a newer turn finished first (its record and pins stand), or it was deleted
+        if tier is None:
+            return None
+
+        def settle() -> None:
+            if ready < len(hashes) and not session_store.save(self.redis, record, ttl_s, began, exact):
+                return  # a newer turn saved its record meanwhile, or the session was deleted
+            assert tier is not None and job.session_id
             try:
                 tier.pin_session(job.tenant, job.session_id, hashes, version=now)
             except KV_ERRORS as exc:  # a KV shard away (RedisClusterException is no RedisError)
                 log.warning("session %s: pinning its blocks failed: %s", job.session_id, exc)
+
+        return Settle(mark, settle)
+
+    def settle(self, pending: Settle) -> None:
+        """After the turn's answer: its settle work, once the KV writer has written up to its mark
+        (the turn's blocks), on the Settler's thread (never on the caller's or the writer's)."""
+        writer = self.writer
+        if writer is None:  # detached meanwhile: nothing of it was written here
+            return
+        writer.after_written(pending.mark, lambda: self.settler.submit(pending.work))
+
+    @property
+    def bookkeeping_failures(self) -> int:
+        return self.settler.failures
 
     def stored_tokens(self, job: GenerateJob) -> SessionTokens | None:
         """The exact tokens the session's last turn ended with, for workers/jobs/prompt.py to reuse."""

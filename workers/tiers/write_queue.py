@@ -1,8 +1,10 @@
 """WriteQueue: the KV writer's queue of pending writes, oldest first, bounded by bytes.
 
 When full, the oldest queued write not yet taken by the writer is dropped, unpinned ones (spills)
-before a turn's write, and its staging slots go back to the arena. Not thread-safe: KVWriter holds
-its condition around every call.
+before a turn's write, and its staging slots go back to the arena. Writes are numbered in queue
+order; a waiter (a callback and a mark: the last number queued when it came) is due once every
+write up to its mark is written or dropped. Not thread-safe: KVWriter holds its condition around
+every call.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 
+from kvstore.chain import BlockHash
 from workers.engine.pending_write import PendingWrite
 from workers.tiers.staging import StagingArena
 
@@ -22,6 +25,7 @@ class WriteQueue:
         self._in_flight: list[tuple[int, PendingWrite]] = []  # taken by the writer, not yet written
         self.next_seq = 0
         self.queued_bytes = 0  # of the writes not taken yet
+        self._waiters: list[tuple[int, Callable[[], None]]] = []  # (mark, callback)
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -76,6 +80,24 @@ class WriteQueue:
         """The sequence number of the oldest write not yet written; next_seq when there is none."""
         seqs = [s for s, _ in self._entries] + [s for s, _ in self._in_flight]
         return min(seqs, default=self.next_seq)
+
+    def pending_hashes(self) -> set[BlockHash]:
+        """The hashes of every write queued or being written."""
+        return {h for _, w in (*self._entries, *self._in_flight) for h in w.hashes}
+
+    def add_waiter(self, mark: int, callback: Callable[[], None]) -> None:
+        self._waiters.append((mark, callback))
+
+    @property
+    def waiting(self) -> bool:
+        return bool(self._waiters)
+
+    def due_waiters(self) -> list[Callable[[], None]]:
+        """The callbacks whose writes are all written or dropped, in the order they came; removed."""
+        oldest = self.oldest_pending()
+        due = [cb for mark, cb in self._waiters if mark < oldest]
+        self._waiters = [(mark, cb) for mark, cb in self._waiters if mark >= oldest]
+        return due
 
     def _victim(self, eligible: Callable[[PendingWrite], bool]) -> int | None:
         """The index of the oldest eligible queued write, unpinned ones first."""

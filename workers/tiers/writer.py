@@ -12,6 +12,8 @@ to ``max_batch_bytes``) into one RedisTier.put, which writes it in MULTI/EXECs o
 drops the batch, counted in put_errors; a lost write costs a recompute later, never a wrong token.
 
 Before each transaction the writer yields to a busy engine (workers/tiers/writer_yield.py).
+``after_written`` orders work behind the writes queued so far without waiting for them (a turn's
+session record, saved only once its blocks are in Redis): the writer then never yields.
 """
 
 from __future__ import annotations
@@ -138,8 +140,10 @@ class KVWriter:
     def _add(self, item: PendingWrite) -> None:
         with self._cond:
             dropped = self._count_drops(self._queue.push(item))
+            due = self._queue.due_waiters()  # drops may have ended what some wait for
             self._cond.notify_all()
         self._dropped(dropped)
+        self._call(due)
 
     def _count_drops(self, writes: list[PendingWrite]) -> list[BlockHash]:
         """Count writes the queue dropped (under the lock); returns their hashes."""
@@ -155,6 +159,32 @@ class KVWriter:
             self.on_drop(hashes)
 
     # -- everyone's --------------------------------------------------------------------------------
+
+    def mark(self) -> int:
+        """The last write queued so far: what after_written(mark, ...) waits for."""
+        with self._cond:
+            return self._queue.next_seq - 1
+
+    def pending(self) -> set[BlockHash]:
+        """The hashes of the blocks queued or being written (not in Redis yet)."""
+        with self._cond:
+            return self._queue.pending_hashes()
+
+    def after_written(self, mark: int, callback: Callable[[], None]) -> None:
+        """Call ``callback`` once every write up to ``mark`` is in Redis (or was dropped): at once,
+        on this thread, if they are; else on the writer's thread, so it must not block long."""
+        with self._cond:
+            self._queue.add_waiter(mark, callback)
+            due = self._queue.due_waiters()
+            self._cond.notify_all()
+        self._call(due)
+
+    def _call(self, callbacks: list[Callable[[], None]]) -> None:
+        for callback in callbacks:
+            try:
+                callback()
+            except Exception:  # a waiter's failure is its own: the writes go on
+                log.exception("a callback ordered after KV writes failed")
 
     def flush(self, timeout_s: float = 30.0) -> bool:
         """Wait until everything queued so far is in Redis (or was dropped)."""
@@ -231,16 +261,18 @@ class KVWriter:
             self._counts["blocks_written"] += written
             self._counts["batches"] += 1
             self._counts["put_errors"] += failed
+            due = self._queue.due_waiters()
             self._cond.notify_all()
         if failed and self.on_drop is not None:
             self.on_drop([b.block_hash for b in blocks])
+        self._call(due)
         self._report_drops()
 
     def _hurried(self) -> bool:
-        """No yielding: the queue holds over half its bound, someone flushes, or the writer stops."""
+        """No yielding: the queue holds over half its bound, someone flushes or waits, or it stops."""
         with self._cond:
             full = self._queue.held_bytes * 2 > self.max_queued_bytes
-            return full or bool(self._flushing) or self._stopping
+            return full or bool(self._flushing) or self._queue.waiting or self._stopping
 
     def _report_drops(self) -> None:
         """Raise the tier's shared writes_dropped counter (for /metrics) by the drops since the
