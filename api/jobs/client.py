@@ -25,6 +25,7 @@ from api.stage_clock import StageClock
 from broker import keys
 from broker.celery_app import BrokerConfig, make_celery
 from broker.codec import decode_event, encode_job
+from broker.jobs import delivery
 from broker.jobs.events import EVENT_FIELD
 from broker.jobs.lease import owner_worker
 from broker.message_copy import forget
@@ -80,6 +81,9 @@ class JobClient:
             # until a worker starts it (then the worker deletes both): see workers/jobs/lost_messages.py
             pipe.set(keys.job_message(meta.job_id), message, ex=self.job_ttl_s)
             pipe.zadd(keys.PENDING_JOBS, {meta.job_id: time.time()})
+            # the sweeps' own record of the message (no prompt): broker/jobs/delivery.py
+            at = job.submitted_at or meta.created
+            delivery.record(pipe, meta.job_id, delivery.Delivery(queued.tag, meta.queue, at), self.job_ttl_s)
             pipe.lpush(queued.key, queued.payload)
             await pipe.execute()
         except Exception as exc:

@@ -47,10 +47,11 @@ def run_worker(
     leases = LeaseKeeper(service.redis, identity.name, broker.lease_ttl_s, broker.heartbeat_interval_s)
     register_tasks(app, JobRunner(service, leases, broker.job_time_limit_s, broker.result_ttl_s))
     register_control(service)  # `kvferry_integrity`, for `kvferry chaos`
-    heartbeat = Heartbeat(StatusReader(service), broker.heartbeat_interval_s, broker.heartbeat_ttl_s)
     maintenance = Maintenance(
         service, broker.heartbeat_interval_s, orphan_grace_s=3 * broker.lease_ttl_s, app=app
     )
+    status = StatusReader(service, maintenance)
+    heartbeat = Heartbeat(status, broker.heartbeat_interval_s, broker.heartbeat_ttl_s)
     parts = {"heartbeat": heartbeat, "maintenance": maintenance, "supervisor": Supervisor(service)}
     step = type("KVFigures", (KVFiguresStep,), parts)
     app.steps["worker"].add(step)

@@ -8,6 +8,7 @@ import time
 from broker.messages import EngineFigures, WorkerStatus
 from workers.engine.stats import EngineStats
 from workers.jobs.engine_service import EngineService
+from workers.jobs.maintenance import Maintenance, MaintenanceFigures
 from workers.loop.engine_loop import EngineLoop
 
 
@@ -39,8 +40,9 @@ class StatusReader:
     """Builds the heartbeat's WorkerStatus. Never blocks: no engine lock, no Redis, no call into
     the loop thread (it reads the snapshot the loop publishes after each step, `latest_stats`)."""
 
-    def __init__(self, service: EngineService) -> None:
+    def __init__(self, service: EngineService, maintenance: Maintenance | None = None) -> None:
         self.service = service
+        self.maintenance = maintenance
 
     @staticmethod
     def _stats(loop: EngineLoop | None) -> EngineStats | None:
@@ -51,6 +53,7 @@ class StatusReader:
         loop = service.current_loop
         stats = self._stats(loop)
         counts = service.counts
+        m = self.maintenance.figures if self.maintenance is not None else MaintenanceFigures()
         return WorkerStatus(
             name=service.identity.name,
             queue=service.identity.queue,
@@ -61,4 +64,8 @@ class StatusReader:
             sent_at=time.time(),
             engine=figures_of(stats) if stats is not None else None,
             healthy=loop_healthy(loop),
+            maintenance_passes=m.passes,
+            maintenance_busy_s=m.busy_s,
+            maintenance_failures=m.failures,
+            sweeper=m.sweeper,
         )

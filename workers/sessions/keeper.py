@@ -9,6 +9,7 @@ found by reconcile_orphans."""
 
 from __future__ import annotations
 
+import collections
 import logging
 import time
 from typing import Protocol
@@ -142,12 +143,19 @@ class SessionKeeper:
             return text_digests(job.model, job.kv_salt, job.prompt + text)
         return []
 
-    def sweep_sessions(self) -> int:
+    def sweep_sessions(self, counts: collections.Counter[str] | None = None) -> int:
         """Release what expired (or deleted) sessions pinned, in every model's tier (even with no
-        engine loaded here: the claim is ours alone); returns how many were swept."""
+        engine loaded here: the claim is ours alone); returns how many were swept. Only the fleet's
+        sweeper runs it (workers/jobs/maintenance.py). Each session fails alone (logged, counted in
+        `counts`): what it pinned is then released by reconcile_orphans."""
         claimed = session_store.claim_expired(self.redis)
         for tenant, session_id in claimed:
-            tier_pins.release_session(self.kv_redis, tenant, session_id)
+            try:
+                tier_pins.release_session(self.kv_redis, tenant, session_id)
+            except Exception as exc:
+                log.warning("session %s: its pins were not released: %r", session_id, exc)
+                if counts is not None:
+                    counts["session_release_failed"] += 1
         if time.monotonic() - self._reconciled_at >= RECONCILE_EVERY_S:
             self._reconciled_at = time.monotonic()
             self.reconcile_orphans()
