@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from typing import TYPE_CHECKING
 
 import redis
 
@@ -29,8 +30,10 @@ from workers.jobs.engine_service import EngineService
 from workers.jobs.lease_keeper import HeldLease
 from workers.jobs.logprob_text import LogprobText
 from workers.jobs.prompt import prompt_token_ids
-from workers.loop.engine_loop import EngineLoop
 from workers.loop.handle import RequestHandle
+
+if TYPE_CHECKING:
+    from workers.loop.engine_loop import EngineLoop
 
 log = logging.getLogger(__name__)
 STREAM_FLUSH_S = 0.03

@@ -4,12 +4,15 @@ latest published snapshot (a plain attribute) and the service's immutable job co
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 from broker.messages import EngineFigures, WorkerStatus
 from workers.engine.stats import EngineStats
 from workers.jobs.engine_service import EngineService
 from workers.jobs.maintenance import Maintenance, MaintenanceFigures
-from workers.loop.engine_loop import EngineLoop
+
+if TYPE_CHECKING:
+    from workers.loop.engine_loop import EngineLoop
 
 
 def figures_of(stats: EngineStats) -> EngineFigures:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import collections
 import logging
 import time
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import redis
 
@@ -25,10 +25,12 @@ from broker.sessions.tokens import SessionTokens
 from kvstore.chain import chain
 from kvstore.redis import pins as tier_pins
 from kvstore.redis.keys import TierKeys
-from kvstore.redis.tier import RedisTier
 from workers.engine.requests.output import RequestOutput
 from workers.tiers.config import TierConfig
-from workers.tiers.writer import KVWriter
+
+if TYPE_CHECKING:  # torch's: a worker in the simulated mode never loads them
+    from kvstore.redis.tier import RedisTier
+    from workers.tiers.writer import KVWriter
 
 log = logging.getLogger(__name__)
 ORPHAN_GRACE_S = 120.0  # a session owner this long without a session record is an orphan
