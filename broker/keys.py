@@ -99,9 +99,10 @@ def session_tokens(tenant: str, session_id: str) -> str:
 SESSION_EXPIRY = f"{PREFIX}:sessions:expiry"
 
 
-def worker_prefixes(worker_name: str) -> str:
-    """ZSET of the prompt-prefix digests a worker served recently (score: last use), for routing."""
-    return f"{PREFIX}:worker:{worker_name}:prefixes"
+def prefix_holders(digest: str) -> str:
+    """ZSET of the workers that served this prompt-prefix digest (score: last use), for routing:
+    broker/prefix_index.py."""
+    return f"{PREFIX}:prefix:{digest}:holders"
 
 
 def worker_prefetch(worker_name: str) -> str:

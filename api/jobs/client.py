@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 import redis.asyncio as aioredis
 from celery import states
 
+from api.fleet import FleetCache
 from api.jobs import wait
 from api.jobs.errors import UNAVAILABLE, BrokerUnavailableError
 from api.jobs.meta import JobMeta
@@ -50,6 +51,7 @@ class JobClient:
         self.celery = make_celery(broker, name="kvferry-api", send_only=True)  # it follows streams
         check_supported(self.celery)  # its messages are pushed in our own transaction
         self._pool = ThreadPoolExecutor(8, thread_name_prefix="kvferry-api-celery")
+        self.fleet = FleetCache()  # the router's view of the workers (api/router.py)
 
     async def _sync(self, fn: Callable[..., T], *args: Any) -> T:
         """Run a blocking Celery call on the pool; past SYNC_TIMEOUT_S the request stops waiting."""

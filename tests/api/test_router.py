@@ -9,7 +9,7 @@ import redis
 import redis.asyncio as aioredis
 
 from api.router import Route, choose_queue
-from broker import keys
+from broker import keys, prefix_index
 from broker.messages import ChatMessage, EngineFigures, GenerateJob, SessionRecord, WorkerStatus
 from broker.prefix_digest import chat_digests
 from broker.sessions import store as session_store
@@ -24,6 +24,13 @@ def _beat(rds: redis.Redis, name: str, waiting: int = 0) -> None:
     rds.hset(keys.worker_heartbeat(name), HEARTBEAT_FIELD, encode_status(status))
     rds.expire(keys.worker_heartbeat(name), 30)
     rds.sadd(keys.WORKERS, name)
+
+
+def advertise(rds: redis.Redis, name: str, digests: list[str]) -> None:
+    """What a worker's session keeper writes after serving these prefixes (broker/prefix_index.py)."""
+    pipe = rds.pipeline()
+    prefix_index.advertise(pipe, name, digests, time.time())
+    pipe.execute()
 
 
 def _route(redis_url: str, job: GenerateJob, routing: str = "cache-aware") -> Route:
@@ -51,12 +58,12 @@ def test_longest_prefix_wins_then_least_loaded(rds: redis.Redis, redis_url: str)
     _beat(rds, "b", waiting=1)
     question = ChatMessage("user", "q1")
     digests = chat_digests("m", "", [SYSTEM, question, ChatMessage("assistant", "a1")])
-    rds.zadd(keys.worker_prefixes("a"), {digests[0]: 1})  # a: the system prompt only
-    rds.zadd(keys.worker_prefixes("b"), dict.fromkeys(digests, 1))  # b: the whole first exchange
+    advertise(rds, "a", digests[:1])  # a: the system prompt only
+    advertise(rds, "b", digests)  # b: the whole first exchange
     follow_up = _job(SYSTEM, question, ChatMessage("assistant", "a1"), ChatMessage("user", "q2"))
     assert _route(redis_url, follow_up) == Route(keys.worker_queue("b"), "prefix match: 3/4 messages on b")
     # Both hold the system prompt: the less loaded one takes a new conversation.
-    rds.zadd(keys.worker_prefixes("b"), {digests[0]: 1})
+    advertise(rds, "b", digests[:1])
     assert _route(redis_url, _job(SYSTEM, ChatMessage("user", "new"))).queue == keys.worker_queue("a")
     assert _route(redis_url, _job(ChatMessage("user", "unknown"))) == Route(
         keys.SHARED_QUEUE, "shared: no worker holds this prefix"
@@ -92,7 +99,7 @@ def test_a_burst_of_new_conversations_is_spread_before_heartbeats_catch_up(
     _beat(rds, "b")
     digest = chat_digests("m", "", [SYSTEM])[0]
     for name in ("a", "b"):
-        rds.zadd(keys.worker_prefixes(name), {digest: 1})
+        advertise(rds, name, [digest])
     queues = [_route(redis_url, _job(SYSTEM, ChatMessage("user", f"q{i}"))).queue for i in range(10)]
     assert queues.count(keys.worker_queue("a")) == 5 and queues.count(keys.worker_queue("b")) == 5, queues
 

@@ -72,7 +72,11 @@ class ByteTokenizer:
         return bytes(int(i) % 256 for i in ids).decode("utf-8", errors="replace")
 
     def apply_chat_template(
-        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, tokenize: bool = True, **_: Any
+        self,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool = True,
+        tokenize: bool = True,
+        **_: Any,
     ) -> Any:
         text = "".join(f"{m.get('role')}: {m.get('content')}\n" for m in messages) + "assistant: "
         return self(text)["input_ids"] if tokenize else text
@@ -127,7 +131,9 @@ class SimulatedLoop:
         with self._lock:
             running = len(self._running)
         pool = PoolStats(self.block_size, 1, 0, 0, 1, 0, 0, 0, 0.0)
-        return EngineStats(MODEL, 0, pool, MemoryBreakdown(0, 0, 0, 0, 0), 0, 0, running, 0, running, 0, 0, self.generated)
+        return EngineStats(
+            MODEL, 0, pool, MemoryBreakdown(0, 0, 0, 0, 0), 0, 0, running, 0, running, 0, 0, self.generated
+        )
 
     def submit(
         self,

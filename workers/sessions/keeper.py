@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import collections
 import logging
+import threading
 import time
 from typing import TYPE_CHECKING, Protocol
 
 import redis
 
-from broker import keys
+from broker import keys, prefix_index
 from broker.messages import ChatMessage, GenerateJob, SessionRecord
 from broker.prefix_digest import chat_digests, text_digests
 from broker.sessions import store as session_store
@@ -35,8 +36,9 @@ if TYPE_CHECKING:  # torch's: a worker in the simulated mode never loads them
 log = logging.getLogger(__name__)
 ORPHAN_GRACE_S = 120.0  # a session owner this long without a session record is an orphan
 RECONCILE_EVERY_S = 60.0
-# A worker's advertised prefix digests outlive a quiet day; routing drops a dead worker's anyway.
-PREFIXES_TTL_S = 86400
+# A digest this worker advertised is written again after this long (its holders key expires a day
+# after its last write: broker/prefix_index.py).
+ADVERTISE_EVERY_S = 600.0
 
 
 class ChainFacts(Protocol):
@@ -64,6 +66,8 @@ class SessionKeeper:
         self.redis_tier: RedisTier | None = None
         self.writer: KVWriter | None = None
         self._reconciled_at = 0.0
+        self._advertised: collections.OrderedDict[str, float] = collections.OrderedDict()
+        self._advertised_lock = threading.Lock()
 
     def attach(self, tier: RedisTier, writer: KVWriter) -> None:
         """The Redis tier and its writer, once the engine that feeds them is built."""
@@ -87,14 +91,7 @@ class SessionKeeper:
         checkpoints carry on)."""
         output, text = final.token_ids, final.text
         now = time.time()
-        digests = self._digests(job, text)
-        if digests:
-            key = keys.worker_prefixes(self.worker)
-            pipe = self.redis.pipeline(transaction=False)
-            pipe.zadd(key, dict.fromkeys(digests, now))
-            pipe.zremrangebyrank(key, 0, -self.tier_config.prefix_digests_kept - 1)
-            pipe.expire(key, PREFIXES_TTL_S)
-            pipe.execute()
+        self._advertise(self._digests(job, text), now)
         bs, fingerprint, known = engine.block_size, engine.fingerprint, final.block_hashes
         tier = self.redis_tier if self.writer is not None else None
         if job.pin_prefix and tier is not None and self.writer is not None:
@@ -137,6 +134,21 @@ class SessionKeeper:
         except redis.RedisError as exc:  # costs this turn a re-tokenisation, nothing more
             log.warning("session %s: cannot read its exact tokens: %s", job.session_id, exc)
             return None
+
+    def _advertise(self, digests: list[str], now: float) -> None:
+        """The prefix digests that route the next turn here (broker/prefix_index.py), each at most
+        once per ADVERTISE_EVERY_S: a conversation's earlier digests cost no write per turn."""
+        with self._advertised_lock:  # jobs' threads finish turns at once
+            fresh = [d for d in digests if now - self._advertised.get(d, 0.0) >= ADVERTISE_EVERY_S]
+            for d in fresh:
+                self._advertised[d] = now
+                self._advertised.move_to_end(d)
+            while len(self._advertised) > self.tier_config.prefix_digests_kept:
+                self._advertised.popitem(last=False)
+        if fresh:
+            pipe = self.redis.pipeline(transaction=False)
+            prefix_index.advertise(pipe, self.worker, fresh, now)
+            pipe.execute()
 
     def _digests(self, job: GenerateJob, text: str) -> list[str]:
         if job.endpoint == "chat" and job.messages:

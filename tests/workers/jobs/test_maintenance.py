@@ -42,7 +42,9 @@ def unacked_job(rds: redis.Redis, job_id: str, queue: str, age_s: float, record:
     return tag
 
 
-def test_one_sweeper_per_pass_and_a_takeover_when_it_stops(rds: redis.Redis, sweep_redis: RedisServer, tmp_path: Path) -> None:
+def test_one_sweeper_per_pass_and_a_takeover_when_it_stops(
+    rds: redis.Redis, sweep_redis: RedisServer, tmp_path: Path
+) -> None:
     a = _maintenance(sweep_redis.url, "a@h", tmp_path)
     b = _maintenance(sweep_redis.url, "b@h", tmp_path)
     for _ in range(4):
@@ -60,7 +62,9 @@ def test_one_sweeper_per_pass_and_a_takeover_when_it_stops(rds: redis.Redis, swe
     assert first.run_once()
 
 
-def test_a_malformed_unacked_entry_fails_alone(rds: redis.Redis, sweep_redis: RedisServer, tmp_path: Path) -> None:
+def test_a_malformed_unacked_entry_fails_alone(
+    rds: redis.Redis, sweep_redis: RedisServer, tmp_path: Path
+) -> None:
     """Fails before the fix: the malformed entry's json.loads raised out of the orphan sweep, and
     every later step of every pass (the good orphan, the session sweep) never ran."""
     m = _maintenance(sweep_redis.url, "a@h", tmp_path)
@@ -81,7 +85,9 @@ def test_a_malformed_unacked_entry_fails_alone(rds: redis.Redis, sweep_redis: Re
     assert m.figures.failures == 3 and m.figures.sweeps == 2
 
 
-def test_a_failing_step_does_not_stop_the_next(rds: redis.Redis, sweep_redis: RedisServer, tmp_path: Path) -> None:
+def test_a_failing_step_does_not_stop_the_next(
+    rds: redis.Redis, sweep_redis: RedisServer, tmp_path: Path
+) -> None:
     m = _maintenance(sweep_redis.url, "a@h", tmp_path)
     ran = []
 

@@ -29,7 +29,9 @@ def _command_calls(rds: redis.Redis) -> dict[str, int]:
     return {name.removeprefix("cmdstat_"): int(v["calls"]) for name, v in stats.items()}
 
 
-def test_the_orphan_sweep_parses_no_recorded_payload(rds: redis.Redis, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_orphan_sweep_parses_no_recorded_payload(
+    rds: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
     decoded: list[int] = []
     real_loads = json.loads
 
@@ -60,7 +62,9 @@ def test_lost_messages_are_found_in_o1_per_job(rds: redis.Redis, sweep_redis: Re
     job = encode_job(GenerateJob("m", prompt_token_ids=(1, 2, 3)))
     old = time.time() - 60
     busy, empty = f"{VOID}.busy", f"{VOID}.empty"
-    names = {n: f"job-{n}-{uuid.uuid4().hex[:6]}" for n in ("lost", "popped", "delivered", "queued", "started")}
+    names = {
+        n: f"job-{n}-{uuid.uuid4().hex[:6]}" for n in ("lost", "popped", "delivered", "queued", "started")
+    }
     queue_of = {"lost": empty, "popped": busy, "delivered": busy, "queued": busy, "started": busy}
     for n, job_id in names.items():
         rds.set(keys.job_message(job_id), json.dumps({"job": job, "queue": queue_of[n]}))

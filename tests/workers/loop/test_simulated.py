@@ -29,7 +29,9 @@ def test_the_worker_command_refuses_half_a_request(args: list[str], says: str) -
     assert result.exit_code != 0 and says in result.output, result.output
 
 
-def _run(loop: SimulatedLoop, prompt: list[int], max_tokens: int, before: tuple[int, ...] = ()) -> tuple[int, ...]:
+def _run(
+    loop: SimulatedLoop, prompt: list[int], max_tokens: int, before: tuple[int, ...] = ()
+) -> tuple[int, ...]:
     handle = loop.submit(prompt, SamplingParams(max_tokens=max_tokens), "r", output_token_ids=before)
     outputs = list(handle)
     assert outputs[-1].finished and outputs[-1].finish_reason == "length"
