@@ -47,7 +47,7 @@ class FleetCache:
     worker's heartbeat once per period, not once per job (heartbeats are that old anyway, and
     api/router.py's RecentRoutes counts the jobs routed since)."""
 
-    def __init__(self, ttl_s: float = 0.5) -> None:
+    def __init__(self, ttl_s: float = 1.0) -> None:
         self.ttl_s = ttl_s
         self._read_at = -1e9
         self._views: list[WorkerView] = []

@@ -13,6 +13,7 @@ warm tier while the job waits in its queue (workers/tiers/prefetch.py).
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import random
 import time
@@ -43,16 +44,19 @@ class RecentRoutes:
 
     def __init__(self, horizon_s: float = 30.0) -> None:
         self.horizon_s = horizon_s
-        self._routes: deque[tuple[float, str]] = deque()
+        self._routes: dict[str, deque[float]] = {}  # per worker, in time order
 
     def add(self, worker: str) -> None:
         now = time.time()
-        self._routes.append((now, worker))
-        while self._routes and self._routes[0][0] < now - self.horizon_s:
-            self._routes.popleft()
+        times = self._routes.setdefault(worker, deque())
+        times.append(now)
+        while times and times[0] < now - self.horizon_s:
+            times.popleft()
 
     def since(self, worker: str, when: float) -> int:
-        return sum(1 for t, w in self._routes if w == worker and t > when)
+        """Routed to `worker` after `when`: a binary search in its own times, whatever the others'."""
+        times = self._routes.get(worker)
+        return len(times) - bisect.bisect_right(times, when) if times else 0
 
 
 _recent = RecentRoutes()

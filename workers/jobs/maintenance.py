@@ -90,7 +90,10 @@ class Maintenance:
     def run_once(self) -> bool:
         """One pass; True when this worker ran the sweeps (it holds the sweeper lease)."""
         started = time.perf_counter()
-        sweeper = self._step("lease", self.lease.hold) is True
+        # the holder renews every pass; the others try every other pass (the TTL covers both)
+        sweeper = False
+        if self.lease.held or self.figures.passes % 2 == 0:
+            sweeper = self._step("lease", self.lease.hold) is True
         if sweeper:
             for name, step in self.steps():
                 self._step(name, step)

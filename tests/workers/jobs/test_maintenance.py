@@ -56,10 +56,11 @@ def test_one_sweeper_per_pass_and_a_takeover_when_it_stops(
     # the holder dies (stops renewing): the other takes over once the lease lapses, not before
     assert not other.run_once()
     time.sleep(1.2)
-    assert other.run_once() and holder(rds) == other.service.identity.name
-    assert not first.run_once()  # it came back: it finds the lease taken, and stands by
+    assert any(other.run_once() for _ in range(2))  # a stand-by tries every other pass
+    assert holder(rds) == other.service.identity.name
+    assert not any(first.run_once() for _ in range(2))  # it came back: the lease is taken
     other.stop()  # a clean stop hands the lease on at once
-    assert first.run_once()
+    assert any(first.run_once() for _ in range(2))
 
 
 def test_a_malformed_unacked_entry_fails_alone(
