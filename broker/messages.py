@@ -203,12 +203,6 @@ class WorkerStatus(Message, frozen=True):
     sent_at: float
     engine: EngineFigures | None = None  # None until the engine is built (first job)
     healthy: bool = True  # False while its engine loop is dead or restarting after a failed step
-    # its maintenance thread (workers/jobs/maintenance.py): passes, time in them, failed steps or
-    # skipped entries, and whether it is the fleet's sweeper now
-    maintenance_passes: int = 0
-    maintenance_busy_s: float = 0.0
-    maintenance_failures: int = 0
-    sweeper: bool = False
 
     @property
     def state(self) -> Literal["loading", "ready"]:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -15,7 +16,8 @@ from typing import Any
 
 import redis
 
-from broker.worker_registry import live_workers
+from broker import keys
+from broker.worker_registry import MAINTENANCE_FIELD, live_workers
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -42,6 +44,7 @@ class FleetFigures:
 
     workers: int
     maintenance_busy_s: float
+    maintenance_cpu_s: float
     maintenance_failures: int
     sweepers: int
     jobs_done: int
@@ -49,11 +52,16 @@ class FleetFigures:
     @classmethod
     def read(cls, client: redis.Redis) -> FleetFigures:
         live = live_workers(client)
+        pipe = client.pipeline(transaction=False)
+        for w in live:
+            pipe.hget(keys.worker_heartbeat(w.name), MAINTENANCE_FIELD)
+        figures = [json.loads(raw) for raw in pipe.execute() if raw is not None]
         return cls(
             len(live),
-            sum(w.maintenance_busy_s for w in live),
-            sum(w.maintenance_failures for w in live),
-            sum(1 for w in live if w.sweeper),
+            sum(f["busy_s"] for f in figures),
+            sum(f["cpu_s"] for f in figures),
+            sum(f["failures"] for f in figures),
+            sum(1 for f in figures if f["sweeper"]),
             sum(w.jobs_done for w in live),
         )
 

@@ -17,6 +17,8 @@ The time passes take and the failures are published with the worker's heartbeat
 from __future__ import annotations
 
 import collections
+import dataclasses
+import json
 import logging
 import threading
 import time
@@ -38,9 +40,16 @@ log = logging.getLogger(__name__)
 class MaintenanceFigures:
     passes: int = 0
     sweeps: int = 0  # passes this worker ran as the fleet's sweeper
-    busy_s: float = 0.0  # time spent in passes, in all
+    busy_s: float = 0.0  # wall time spent in passes, in all (waits for Redis and the GIL included)
+    cpu_s: float = 0.0  # the maintenance thread's CPU time in passes, in all
     failures: int = 0  # steps that raised, and entries skipped (malformed)
     sweeper: bool = False  # whether it holds the sweeper lease now
+
+
+def encode_maintenance(figures: MaintenanceFigures) -> str:
+    """JSON for the heartbeat's MAINTENANCE_FIELD (beside the status, which older readers decode
+    strictly: a field of its own keeps them reading it)."""
+    return json.dumps(dataclasses.asdict(figures))
 
 
 class Maintenance:
@@ -89,7 +98,7 @@ class Maintenance:
 
     def run_once(self) -> bool:
         """One pass; True when this worker ran the sweeps (it holds the sweeper lease)."""
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.thread_time()
         # the holder renews every pass; the others try every other pass (the TTL covers both)
         sweeper = False
         if self.lease.held or self.figures.passes % 2 == 0:
@@ -102,6 +111,7 @@ class Maintenance:
             f.passes + 1,
             f.sweeps + int(sweeper),
             f.busy_s + time.perf_counter() - started,
+            f.cpu_s + time.thread_time() - cpu_started,
             sum(self.counts.values()),
             sweeper,
         )

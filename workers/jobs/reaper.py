@@ -6,6 +6,10 @@ whose heartbeat has expired is dead, so its jobs need not wait that long: the re
 back itself, onto the shared queue when they had been routed to the dead worker's own queue.
 A job is handed back only once its lease has lapsed (broker/jobs/lease.py): a worker whose
 heartbeat merely went missing still renews its leases, and its jobs stay where they are.
+
+Only the fleet's sweeper runs the reaper and the orphan sweep (workers/jobs/maintenance.py).
+Neither parses a payload to find a job: the unacked messages are read by tag, through their
+small records (workers/jobs/unacked.py); a payload is parsed only to move its message back.
 """
 
 from __future__ import annotations

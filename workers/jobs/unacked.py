@@ -122,5 +122,5 @@ def tags_of_jobs(
     (HKEYS, no payloads), then their records."""
     if not wanted:
         return {}
-    tags = [_text(t) for t in client.hkeys(keys.KOMBU_UNACKED)]  # type: ignore[union-attr]
+    tags = [_text(t) for t in client.hkeys(keys.KOMBU_UNACKED)]
     return {t: j for t, j in job_ids(client, tags, counts).items() if j in wanted}

@@ -12,7 +12,8 @@ import threading
 import redis
 
 from broker import keys
-from broker.worker_registry import HEARTBEAT_FIELD, encode_status
+from broker.worker_registry import HEARTBEAT_FIELD, MAINTENANCE_FIELD, encode_status
+from workers.jobs.maintenance import encode_maintenance
 from workers.process.status import StatusReader
 
 log = logging.getLogger(__name__)
@@ -45,7 +46,8 @@ class Heartbeat:
         status = self.status.read()
         pipe = self.redis.pipeline(transaction=False)
         key = keys.worker_heartbeat(status.name)
-        pipe.hset(key, HEARTBEAT_FIELD, encode_status(status))
+        figures = encode_maintenance(self.status.maintenance())
+        pipe.hset(key, mapping={HEARTBEAT_FIELD: encode_status(status), MAINTENANCE_FIELD: figures})
         pipe.expire(key, self.ttl_s)
         if self._since_announce == 0:
             pipe.sadd(keys.WORKERS, status.name)

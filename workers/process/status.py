@@ -45,7 +45,7 @@ class StatusReader:
 
     def __init__(self, service: EngineService, maintenance: Maintenance | None = None) -> None:
         self.service = service
-        self.maintenance = maintenance
+        self._maintenance = maintenance
 
     @staticmethod
     def _stats(loop: EngineLoop | None) -> EngineStats | None:
@@ -56,7 +56,6 @@ class StatusReader:
         loop = service.current_loop
         stats = self._stats(loop)
         counts = service.counts
-        m = self.maintenance.figures if self.maintenance is not None else MaintenanceFigures()
         return WorkerStatus(
             name=service.identity.name,
             queue=service.identity.queue,
@@ -67,8 +66,8 @@ class StatusReader:
             sent_at=time.time(),
             engine=figures_of(stats) if stats is not None else None,
             healthy=loop_healthy(loop),
-            maintenance_passes=m.passes,
-            maintenance_busy_s=m.busy_s,
-            maintenance_failures=m.failures,
-            sweeper=m.sweeper,
         )
+
+    def maintenance(self) -> MaintenanceFigures:
+        """The maintenance thread's figures (a snapshot), published beside the status."""
+        return self._maintenance.figures if self._maintenance is not None else MaintenanceFigures()
