@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
 import redis
 import redis.asyncio as aioredis
@@ -111,3 +112,36 @@ def test_affinity_gives_way_when_its_worker_is_clearly_busier(rds: redis.Redis, 
     reasons = [_route(redis_url, _job(SYSTEM, session="hot")).reason for _ in range(8)]
     assert reasons[:3] == ["session affinity: a"] * 3, reasons
     assert reasons[3].startswith("load balance: b (a has 3 jobs, b 0)"), reasons
+
+
+def test_a_decision_costs_redis_the_same_at_2_and_at_40_workers(rds: redis.Redis, redis_url: str) -> None:
+    """With the api's fleet cache warm, a route reads one key per digest of the job, none per
+    worker (before: one ZMSCORE and one heartbeat read per worker, every job)."""
+    from api.fleet import FleetCache
+
+    def calls() -> int:
+        stats: Any = rds.info("commandstats")
+        return sum(int(v["calls"]) for v in stats.values())
+
+    job = _job(SYSTEM, ChatMessage("user", "q"))
+    cost = {}
+    for n in (2, 40):
+        rds.flushall()
+        for i in range(n):
+            _beat(rds, f"w{i}")
+            advertise(rds, f"w{i}", chat_digests("m", "", [SYSTEM]))
+
+        async def go() -> int:
+            client = aioredis.Redis.from_url(redis_url)
+            cache = FleetCache(ttl_s=60)
+            try:
+                await choose_queue(client, job, max_waiting=4, cache=cache)  # reads the fleet once
+                before = calls()
+                for _ in range(10):
+                    await choose_queue(client, job, max_waiting=4, cache=cache)
+                return calls() - before - 1  # the INFO above
+            finally:
+                await client.aclose()
+
+        cost[n] = asyncio.run(go())
+    assert cost[2] == cost[40] <= 10 * 2, cost  # one ZRANGE per digest (2 here), per decision
