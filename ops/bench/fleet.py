@@ -33,7 +33,9 @@ from api.jobs.meta import JobMeta
 from api.router import choose_queue
 from broker import keys
 from broker.celery_app import BrokerConfig
-from broker.messages import ChatMessage, GenerateJob
+from broker.codec import decode_event
+from broker.jobs.events import EVENT_FIELD
+from broker.messages import ChatMessage, GenerateJob, JobDone
 from broker.sampling import SamplingParams
 from ops.bench.fleet_route import route_p99_ms
 from ops.bench.fleet_workers import Fleet, FleetFigures, RedisFigures
@@ -99,6 +101,18 @@ def _wait_ended(client: redis.Redis, ids: list[str], timeout_s: float, n: int) -
     return sent
 
 
+def _completed(client: redis.Redis, ids: list[str], max_tokens: int) -> int:
+    """How many jobs ended done with all their tokens (read after the window)."""
+    pipe = client.pipeline(transaction=False)
+    for job_id in ids:
+        pipe.xrange(keys.job_end(job_id), count=1)
+    ok = 0
+    for entries in pipe.execute():
+        event = decode_event(entries[0][1][EVENT_FIELD]) if entries else None
+        ok += isinstance(event, JobDone) and event.result.usage.completion_tokens == max_tokens
+    return ok
+
+
 def _wait_live(fleet: Fleet, client: redis.Redis, timeout_s: float = 300.0) -> None:
     deadline = time.monotonic() + timeout_s
     with tqdm(total=fleet.n, desc=f"{fleet.n} workers: starting", unit="worker", leave=False) as bar:
@@ -135,6 +149,7 @@ def run_one(n: int, opts: dict[str, Any], run_dir: Path) -> dict[str, Any]:
             polled = _wait_ended(client, ids, opts["timeout_s"], n)
             window = time.monotonic() - t0
             end = RedisFigures.read(client)
+            completed = _completed(client, ids, opts["max_tokens"])
             time.sleep(1.0)  # the next heartbeat carries each worker's last maintenance figures
             fleet_end = FleetFigures.read(client)
             window_with_beat = time.monotonic() - t0
@@ -146,6 +161,7 @@ def run_one(n: int, opts: dict[str, Any], run_dir: Path) -> dict[str, Any]:
     return {
         "workers": n,
         "jobs": jobs,
+        "jobs_completed": completed,  # done, with every token
         "window_s": round(window, 3),
         "submit_s": round(submitted_s, 3),
         "jobs_per_s": round(jobs / window, 2),
