@@ -78,7 +78,7 @@ def test_a_malformed_unacked_entry_fails_alone(
     rds.zadd(keys.SESSION_EXPIRY, {member: time.time() - 10})
     m.run_once()
     m.run_once()
-    queued = [json.loads(raw)["headers"]["id"] for raw in rds.lrange(VOID, 0, -1)]  # type: ignore[union-attr]
+    queued = [json.loads(raw)["headers"]["id"] for raw in rds.lrange(VOID, 0, -1)]
     assert queued == ["job-good"]  # the orphan after the malformed entries went back
     assert not rds.hexists(keys.KOMBU_UNACKED, good)
     assert rds.zscore(keys.SESSION_EXPIRY, member) is None  # the session sweep ran

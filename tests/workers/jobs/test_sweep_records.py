@@ -88,5 +88,5 @@ def test_lost_messages_are_found_in_o1_per_job(rds: redis.Redis, sweep_redis: Re
     assert not rds.exists(keys.job_message(names["started"]))  # started: nothing to watch
     score = rds.zscore(keys.PENDING_JOBS, names["queued"])
     assert score is not None and score > old  # looked at again a grace later
-    heads = [json.loads(m)["headers"]["id"] for m in rds.lrange(empty, 0, -1)]  # type: ignore[union-attr]
+    heads = [json.loads(m)["headers"]["id"] for m in rds.lrange(empty, 0, -1)]
     assert heads == [names["lost"]]
