@@ -3,6 +3,7 @@ An async twin of broker/worker_registry.py, whose field name and decoder it uses
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,6 +40,23 @@ async def workers(client: aioredis.Redis) -> list[WorkerView]:
     reply: Any = await script(keys=[keys.WORKERS], args=[_BEAT_HEAD, _BEAT_TAIL, HEARTBEAT_FIELD])
     beats = {reply[i].decode(): reply[i + 1] for i in range(0, len(reply), 2)}
     return [WorkerView(name, beats[name] is not None, _status(beats[name])) for name in sorted(beats)]
+
+
+class FleetCache:
+    """The fleet as one api process last read it, for at most `ttl_s`: routing reads every
+    worker's heartbeat once per period, not once per job (heartbeats are that old anyway, and
+    api/router.py's RecentRoutes counts the jobs routed since)."""
+
+    def __init__(self, ttl_s: float = 1.0) -> None:
+        self.ttl_s = ttl_s
+        self._read_at = -1e9
+        self._views: list[WorkerView] = []
+
+    async def workers(self, client: aioredis.Redis) -> list[WorkerView]:
+        now = time.monotonic()
+        if now - self._read_at >= self.ttl_s:
+            self._views, self._read_at = await workers(client), now
+        return self._views
 
 
 def _status(raw: bytes | None) -> WorkerStatus | None:

@@ -79,7 +79,12 @@ async def submit(
         )
     try:
         route = route or await choose_queue(
-            jobs.redis, job, config.routing, config.route_max_waiting, prefetch_hints=config.prefetch_hints
+            jobs.redis,
+            job,
+            config.routing,
+            config.route_max_waiting,
+            prefetch_hints=config.prefetch_hints,
+            cache=jobs.fleet,
         )
         if clock is not None:
             clock.mark("routed")

@@ -13,6 +13,7 @@ warm tier while the job waits in its queue (workers/tiers/prefetch.py).
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import random
 import time
@@ -23,7 +24,7 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from api import fleet
-from broker import keys, prefetch_hint
+from broker import keys, prefetch_hint, prefix_index
 from broker.messages import GenerateJob, SessionRecord, WorkerStatus
 from broker.prefix_digest import chat_digests, text_digests
 from broker.sessions import store as session_store
@@ -43,16 +44,19 @@ class RecentRoutes:
 
     def __init__(self, horizon_s: float = 30.0) -> None:
         self.horizon_s = horizon_s
-        self._routes: deque[tuple[float, str]] = deque()
+        self._routes: dict[str, deque[float]] = {}  # per worker, in time order
 
     def add(self, worker: str) -> None:
         now = time.time()
-        self._routes.append((now, worker))
-        while self._routes and self._routes[0][0] < now - self.horizon_s:
-            self._routes.popleft()
+        times = self._routes.setdefault(worker, deque())
+        times.append(now)
+        while times and times[0] < now - self.horizon_s:
+            times.popleft()
 
     def since(self, worker: str, when: float) -> int:
-        return sum(1 for t, w in self._routes if w == worker and t > when)
+        """Routed to `worker` after `when`: a binary search in its own times, whatever the others'."""
+        times = self._routes.get(worker)
+        return len(times) - bisect.bisect_right(times, when) if times else 0
 
 
 _recent = RecentRoutes()
@@ -82,22 +86,6 @@ def _digests(job: GenerateJob) -> list[str]:
     return []
 
 
-async def _prefix_matches(client: aioredis.Redis, names: list[str], digests: list[str]) -> dict[str, int]:
-    pipe = client.pipeline(transaction=False)
-    for name in names:
-        pipe.zmscore(keys.worker_prefixes(name), digests)
-    replies: list[Any] = await pipe.execute()
-    matches = {}
-    for name, scores in zip(names, replies, strict=True):
-        run = 0
-        for score in scores or []:
-            if score is None:
-                break
-            run += 1
-        matches[name] = run
-    return matches
-
-
 _round_robin = itertools.count()
 
 
@@ -110,26 +98,36 @@ def _balanced(name: str, reason: str, loads: dict[str, int]) -> Route:
     return _to(name, reason)
 
 
+async def _live(client: aioredis.Redis, cache: fleet.FleetCache | None) -> dict[str, WorkerStatus]:
+    views = await (cache.workers(client) if cache is not None else fleet.workers(client))
+    return {v.name: v.status for v in views if v.live and v.status is not None}
+
+
 async def choose_queue(
     client: aioredis.Redis,
     job: GenerateJob,
     routing: str = "cache-aware",
     max_waiting: int = 8,
     prefetch_hints: bool = True,
+    cache: fleet.FleetCache | None = None,
 ) -> Route:
-    route, record = await _choose(client, job, routing, max_waiting)
+    """`cache`: the api process's view of the fleet (read at most every cache.ttl_s); None reads
+    it now. Either way a decision costs Redis one read per digest of the job, none per worker."""
+    route, record = await _choose(client, job, routing, max_waiting, cache)
     if prefetch_hints and record is not None and route.worker and route.worker != record.last_worker:
         await send_hint(client, route.worker, job)
     return route
 
 
-async def together(client: aioredis.Redis, route: Route, max_waiting: int = 8) -> Route:
+async def together(
+    client: aioredis.Redis, route: Route, max_waiting: int = 8, cache: fleet.FleetCache | None = None
+) -> Route:
     """A route for the jobs of one request (n choices, several prompts): one worker's queue, so
     what their prompts share is computed once there and the rest hit its blocks. The shared queue
     would let two workers each compute it: then the least loaded ready worker takes them all."""
     if route.worker is not None:
         return route
-    live = [v.status for v in await fleet.workers(client) if v.live and v.status is not None]
+    live = (await _live(client, cache)).values()
     ready = {w.name: _load(w) for w in live if not _overloaded(w, max_waiting)}
     if not ready:
         return route
@@ -150,12 +148,12 @@ async def send_hint(client: aioredis.Redis, worker: str, job: GenerateJob) -> No
 
 
 async def _choose(
-    client: aioredis.Redis, job: GenerateJob, routing: str, max_waiting: int
+    client: aioredis.Redis, job: GenerateJob, routing: str, max_waiting: int, cache: fleet.FleetCache | None
 ) -> tuple[Route, SessionRecord | None]:
     """The route, and the session's record when the job continues a known session."""
     if routing == "shared":
         return Route(keys.SHARED_QUEUE, "shared: routing off"), None
-    live = {v.name: v.status for v in await fleet.workers(client) if v.live and v.status is not None}
+    live = await _live(client, cache)
     if routing == "round-robin":
         if not live:
             return Route(keys.SHARED_QUEUE, "shared: no live worker"), None
@@ -172,7 +170,7 @@ async def _choose(
         note = f"; session's worker {record.last_worker} is {state}"
     digests = _digests(job)
     if digests and ready:
-        matches = await _prefix_matches(client, sorted(ready), digests)
+        matches = await prefix_index.matches(client, sorted(ready), digests)
         best = max(matches.values())
         if best > 0:
             tied = [n for n, m in matches.items() if m == best]

@@ -28,7 +28,10 @@ class BrokerConfig:
     # backstop for messages no reaper saw, so it is longer than any job may run.
     heartbeat_interval_s: float = heartbeat_interval_for(DEFAULTS.heartbeat_ttl_s)
     heartbeat_ttl_s: int = DEFAULTS.heartbeat_ttl_s
-    restore_interval_s: int = 1
+    # kombu's own sweep of messages unacked past the visibility timeout, run by every worker: the
+    # reaper and the orphan sweep (one elected worker) hand jobs back themselves, so this is the
+    # backstop only, and a short period would cost Redis a mutex and a scan per worker per period.
+    restore_interval_s: int = 60
     # A running job's lease (broker/jobs/lease.py) lapses this long after its worker stopped
     # renewing it (every heartbeat interval, from a thread of its own); None: heartbeat_ttl_s.
     # Shorter is faster redelivery after a death; longer tolerates longer stalls of a live worker

@@ -80,6 +80,8 @@ class SettingsFields(BaseModel):
     debug_slow_step_s: float = 0.0  # test hook: prefill steps sleep this much longer
     debug_crash_step: int = 0  # test hook: the N-th engine step raises once; 0 = never
     cache_dir: UserPath = Path.home() / ".cache" / "kvferry"  # converted models, serve's run dir
+    engine: Literal["torch", "simulated"] = "torch"  # simulated: load tests only, with model "simulated"
+    simulated_token_delay_s: float = 0.02  # the simulated engine's time per token (a batched step)
     # the KV tiers
     redis_cache_size: Size = ByteSize(2 * GiB)  # byte cap of the shared Redis tier (own LRU); 0 = none
     session_ttl_s: int = 3600  # idle sessions expire; their pinned blocks become ordinary cached ones

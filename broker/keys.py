@@ -66,6 +66,9 @@ def worker_jobs(worker_name: str) -> str:
 
 WORKERS = f"{PREFIX}:workers"  # set of every worker name that has ever announced itself
 REAPER_LOCK = f"{PREFIX}:reaper:lock"
+# Which worker is the fleet's sweeper now (workers/jobs/sweeper_lease.py): a redis-py Lock its
+# holder renews every maintenance pass; only it reaps, sweeps orphans, resends and sweeps sessions.
+SWEEPER_LEASE = f"{PREFIX}:sweeper:lease"
 # The Redis KV tier's report (kvstore/redis/report.py's read_report, JSON), published by one worker
 # at a time (the lock) for the api's /metrics: the api never reads the KV tier itself.
 TIER_REPORT = f"{PREFIX}:tier:report"
@@ -108,9 +111,10 @@ def session_tokens(tenant: str, session_id: str) -> str:
 SESSION_EXPIRY = f"{PREFIX}:sessions:expiry"
 
 
-def worker_prefixes(worker_name: str) -> str:
-    """ZSET of the prompt-prefix digests a worker served recently (score: last use), for routing."""
-    return f"{PREFIX}:worker:{worker_name}:prefixes"
+def prefix_holders(digest: str) -> str:
+    """ZSET of the workers that served this prompt-prefix digest (score: last use), for routing:
+    broker/prefix_index.py."""
+    return f"{PREFIX}:prefix:{digest}:holders"
 
 
 def worker_prefetch(worker_name: str) -> str:
@@ -137,6 +141,23 @@ def job_message(job_id: str) -> str:
     Redis transport pops a message before it records it as unacked, so a worker killed in between
     loses it; from this copy it is sent again (workers/jobs/lost_messages.py)."""
     return f"{PREFIX}:job:{job_id}:message"
+
+
+def job_delivery(job_id: str) -> str:
+    """String with a TTL: where a queued job's message went (broker/jobs/delivery.py: its delivery
+    tag, queue and submit time), the lost-message check's own small record: no prompt."""
+    return f"{PREFIX}:job:{job_id}:delivery"
+
+
+def message_job(delivery_tag: str) -> str:
+    """String with a TTL: the job id of the Celery message with this delivery tag ("" for a message
+    that is no job of ours): the orphan sweep reads it instead of the message's payload."""
+    return f"{PREFIX}:message:{delivery_tag}:job"
+
+
+# ZSET queue -> the latest submit time of a job a worker started from it: a pending job submitted
+# well before that was popped already (each queue is first in, first out).
+QUEUES_STARTED = f"{PREFIX}:queues:started"
 
 
 def tenant_jobs(tenant: str) -> str:

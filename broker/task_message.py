@@ -31,6 +31,7 @@ PERSISTENT = 2  # kombu's delivery_mode for 'persistent', Celery's default
 class QueuedMessage:
     key: str  # the Redis list kombu's consumers BRPOP
     payload: str
+    tag: str = ""  # its delivery tag: kombu's key for it among the unacked (broker/jobs/delivery.py)
 
 
 def check_supported(app: Celery) -> None:
@@ -63,12 +64,13 @@ def task_message(app: Celery, name: str, task_id: str, args: list[Any], queue: s
     content_type, content_encoding, body = serialize(message.body, serializer=app.conf.task_serializer)
     raw = body.encode(content_encoding) if isinstance(body, str) else body
     properties = dict(message.properties)
+    tag = str(uuid.uuid4())
     properties.update(
         delivery_mode=PERSISTENT,
         delivery_info={"exchange": "", "routing_key": queue},
         priority=0,
         body_encoding="base64",
-        delivery_tag=str(uuid.uuid4()),
+        delivery_tag=tag,
     )
     envelope = {
         "body": base64.b64encode(raw).decode("ascii"),
@@ -77,4 +79,4 @@ def task_message(app: Celery, name: str, task_id: str, args: list[Any], queue: s
         "headers": message.headers,
         "properties": properties,
     }
-    return QueuedMessage(queue, json_dumps(envelope))
+    return QueuedMessage(queue, json_dumps(envelope), tag)

@@ -11,6 +11,9 @@ from broker.codec import CodecError, decode, encode
 from broker.messages import WorkerStatus
 
 HEARTBEAT_FIELD = "status"
+# The worker's maintenance figures (workers/jobs/maintenance.py MaintenanceFigures, JSON), beside
+# its status in the same hash and the same HSET: `kvferry bench fleet` reads them.
+MAINTENANCE_FIELD = "maintenance"
 
 
 def encode_status(status: WorkerStatus) -> bytes:

@@ -177,6 +177,27 @@ def bench_gemm_cmd(json_path: Path | None, quick: bool, **opts: Any) -> None:
     _write_json(results, json_path)
 
 
+@bench.command("fleet")
+@json_option
+@click.option("--workers-list", default="2,8,32,64", show_default=True, help="fleet sizes, comma-separated")
+@click.option("--jobs-per-worker", type=int, default=20, show_default=True)
+@click.option("--max-jobs", type=int, default=1280, show_default=True, help="jobs per fleet at most")
+@click.option("--concurrency", type=int, default=4, show_default=True, help="jobs at once per worker")
+@click.option("--token-delay-s", type=float, default=0.02, show_default=True, help="simulated time per token")
+@click.option("--max-tokens", type=int, default=16, show_default=True)
+@click.option("--idle-s", type=float, default=5.0, show_default=True, help="the idle fleet's measured spell")
+@click.option(
+    "--route-digests", type=int, default=50_000, show_default=True, help="per worker, for route p99"
+)
+def bench_fleet_cmd(json_path: Path | None, workers_list: str, **opts: Any) -> None:
+    """Redis cost per job as the fleet grows: N simulated-engine workers (no model), real job path."""
+    from ops.bench.fleet import run_fleet_bench
+
+    sizes = [int(n) for n in workers_list.split(",") if n.strip()]
+    results = run_fleet_bench(sizes, **opts)
+    _write_json(results, json_path)
+
+
 @bench.command("api-features")
 @json_option
 @click.option("--quick", is_flag=True, help="shorter outputs, fewer pairs and outputs, for a smoke run")

@@ -28,6 +28,12 @@ from ops.settings import Settings
 @click.option("--debug-crash-step", type=int, hidden=True, help="test hook: the N-th step raises once")
 @click.option("--kv-redis-url", help="Redis for the KV tier's block packs (default: --redis-url)")
 @click.option("--tenant-kv-quota", help="session-pinned bytes per tenant in the Redis tier, e.g. 512M")
+@click.option(
+    "--engine",
+    type=click.Choice(["torch", "simulated"]),
+    help="simulated: the load-test engine, no model (with --model simulated only; docs/operations.md)",
+)
+@click.option("--simulated-token-delay-s", type=float, help="the simulated engine's time per token")
 @service_options
 @engine_options
 def worker_cmd(preload: bool, loglevel: str, **opts: Any) -> None:
@@ -45,7 +51,20 @@ def worker_cmd(preload: bool, loglevel: str, **opts: Any) -> None:
         preload=preload,
         tiers=settings.tier_config(),
         kv_redis_url=settings.kv_redis_url,
+        simulated=simulated_engine(settings),
     )
+
+
+def simulated_engine(settings: Settings) -> Any:
+    """The simulated engine's settings when asked for by name, else None; refused otherwise."""
+    from workers.loop.simulated import SimulatedEngineRefusedError, choose
+
+    try:
+        return choose(
+            settings.engine, settings.model, settings.simulated_token_delay_s, settings.default_max_tokens
+        )
+    except SimulatedEngineRefusedError as exc:
+        raise click.ClickException(str(exc)) from exc
 
 
 @click.command("api")

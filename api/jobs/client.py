@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 import redis.asyncio as aioredis
 from celery import states
 
+from api.fleet import FleetCache
 from api.jobs import wait
 from api.jobs.errors import UNAVAILABLE, BrokerUnavailableError
 from api.jobs.meta import JobMeta
@@ -25,6 +26,7 @@ from api.stage_clock import StageClock
 from broker import keys
 from broker.celery_app import BrokerConfig, make_celery
 from broker.codec import decode_event, encode_job
+from broker.jobs import delivery
 from broker.jobs.events import EVENT_FIELD
 from broker.jobs.lease import owner_worker
 from broker.message_copy import forget
@@ -49,6 +51,7 @@ class JobClient:
         self.celery = make_celery(broker, name="kvferry-api", send_only=True)  # it follows streams
         check_supported(self.celery)  # its messages are pushed in our own transaction
         self._pool = ThreadPoolExecutor(8, thread_name_prefix="kvferry-api-celery")
+        self.fleet = FleetCache()  # the router's view of the workers (api/router.py)
 
     async def _sync(self, fn: Callable[..., T], *args: Any) -> T:
         """Run a blocking Celery call on the pool; past SYNC_TIMEOUT_S the request stops waiting."""
@@ -80,6 +83,9 @@ class JobClient:
             # until a worker starts it (then the worker deletes both): see workers/jobs/lost_messages.py
             pipe.set(keys.job_message(meta.job_id), message, ex=self.job_ttl_s)
             pipe.zadd(keys.PENDING_JOBS, {meta.job_id: time.time()})
+            # the sweeps' own record of the message (no prompt): broker/jobs/delivery.py
+            at = job.submitted_at or meta.created
+            delivery.record(pipe, meta.job_id, delivery.Delivery(queued.tag, meta.queue, at), self.job_ttl_s)
             pipe.lpush(queued.key, queued.payload)
             await pipe.execute()
         except Exception as exc:

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
 import redis
 import redis.asyncio as aioredis
 
 from api.router import Route, choose_queue
-from broker import keys
+from broker import keys, prefix_index
 from broker.messages import ChatMessage, EngineFigures, GenerateJob, SessionRecord, WorkerStatus
 from broker.prefix_digest import chat_digests
 from broker.sessions import store as session_store
@@ -24,6 +25,13 @@ def _beat(rds: redis.Redis, name: str, waiting: int = 0) -> None:
     rds.hset(keys.worker_heartbeat(name), HEARTBEAT_FIELD, encode_status(status))
     rds.expire(keys.worker_heartbeat(name), 30)
     rds.sadd(keys.WORKERS, name)
+
+
+def advertise(rds: redis.Redis, name: str, digests: list[str]) -> None:
+    """What a worker's session keeper writes after serving these prefixes (broker/prefix_index.py)."""
+    pipe = rds.pipeline()
+    prefix_index.advertise(pipe, name, digests, time.time())
+    pipe.execute()
 
 
 def _route(redis_url: str, job: GenerateJob, routing: str = "cache-aware") -> Route:
@@ -51,12 +59,12 @@ def test_longest_prefix_wins_then_least_loaded(rds: redis.Redis, redis_url: str)
     _beat(rds, "b", waiting=1)
     question = ChatMessage("user", "q1")
     digests = chat_digests("m", "", [SYSTEM, question, ChatMessage("assistant", "a1")])
-    rds.zadd(keys.worker_prefixes("a"), {digests[0]: 1})  # a: the system prompt only
-    rds.zadd(keys.worker_prefixes("b"), dict.fromkeys(digests, 1))  # b: the whole first exchange
+    advertise(rds, "a", digests[:1])  # a: the system prompt only
+    advertise(rds, "b", digests)  # b: the whole first exchange
     follow_up = _job(SYSTEM, question, ChatMessage("assistant", "a1"), ChatMessage("user", "q2"))
     assert _route(redis_url, follow_up) == Route(keys.worker_queue("b"), "prefix match: 3/4 messages on b")
     # Both hold the system prompt: the less loaded one takes a new conversation.
-    rds.zadd(keys.worker_prefixes("b"), {digests[0]: 1})
+    advertise(rds, "b", digests[:1])
     assert _route(redis_url, _job(SYSTEM, ChatMessage("user", "new"))).queue == keys.worker_queue("a")
     assert _route(redis_url, _job(ChatMessage("user", "unknown"))) == Route(
         keys.SHARED_QUEUE, "shared: no worker holds this prefix"
@@ -92,7 +100,7 @@ def test_a_burst_of_new_conversations_is_spread_before_heartbeats_catch_up(
     _beat(rds, "b")
     digest = chat_digests("m", "", [SYSTEM])[0]
     for name in ("a", "b"):
-        rds.zadd(keys.worker_prefixes(name), {digest: 1})
+        advertise(rds, name, [digest])
     queues = [_route(redis_url, _job(SYSTEM, ChatMessage("user", f"q{i}"))).queue for i in range(10)]
     assert queues.count(keys.worker_queue("a")) == 5 and queues.count(keys.worker_queue("b")) == 5, queues
 
@@ -104,3 +112,36 @@ def test_affinity_gives_way_when_its_worker_is_clearly_busier(rds: redis.Redis, 
     reasons = [_route(redis_url, _job(SYSTEM, session="hot")).reason for _ in range(8)]
     assert reasons[:3] == ["session affinity: a"] * 3, reasons
     assert reasons[3].startswith("load balance: b (a has 3 jobs, b 0)"), reasons
+
+
+def test_a_decision_costs_redis_the_same_at_2_and_at_40_workers(rds: redis.Redis, redis_url: str) -> None:
+    """With the api's fleet cache warm, a route reads one key per digest of the job, none per
+    worker (before: one ZMSCORE and one heartbeat read per worker, every job)."""
+    from api.fleet import FleetCache
+
+    def calls() -> int:
+        stats: Any = rds.info("commandstats")
+        return sum(int(v["calls"]) for v in stats.values())
+
+    job = _job(SYSTEM, ChatMessage("user", "q"))
+    cost = {}
+    for n in (2, 40):
+        rds.flushall()
+        for i in range(n):
+            _beat(rds, f"w{i}")
+            advertise(rds, f"w{i}", chat_digests("m", "", [SYSTEM]))
+
+        async def go() -> int:
+            client = aioredis.Redis.from_url(redis_url)
+            cache = FleetCache(ttl_s=60)
+            try:
+                await choose_queue(client, job, max_waiting=4, cache=cache)  # reads the fleet once
+                before = calls()
+                for _ in range(10):
+                    await choose_queue(client, job, max_waiting=4, cache=cache)
+                return calls() - before - 1  # the INFO above
+            finally:
+                await client.aclose()
+
+        cost[n] = asyncio.run(go())
+    assert cost[2] == cost[40] <= 10 * 2, cost  # one ZRANGE per digest (2 here), per decision

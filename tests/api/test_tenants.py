@@ -23,7 +23,7 @@ from ops.settings import Settings
 from tests.api.conftest import MODEL, Served
 from tests.api.fake_worker import FakeWorker
 from tests.api.test_ops import FIGURES, heartbeat
-from tests.api.test_router import _route
+from tests.api.test_router import _route, advertise
 
 PAIRS = (("sk-alice", "alice"), ("sk-bob", "bob"))
 ALICE = {"Authorization": "Bearer sk-alice"}
@@ -170,7 +170,7 @@ def test_route_reason_never_tells_of_another_tenants_prefix(
     heartbeat(rds, "w1", FIGURES)
     messages = tuple(ChatMessage(m["role"], m["content"]) for m in MSGS)
     alice = GenerateJob(model=MODEL, endpoint="chat", messages=messages, tenant="alice")
-    rds.zadd(keys.worker_prefixes("w1"), dict.fromkeys(chat_digests(MODEL, alice.kv_salt, messages), 1))
+    advertise(rds, "w1", chat_digests(MODEL, alice.kv_salt, messages))
     assert _route(redis_url, alice).reason.startswith("prefix match: 2/2 messages on w1")
     bob = GenerateJob(model=MODEL, endpoint="chat", messages=messages, tenant="bob")
     assert _route(redis_url, bob).reason == "shared: no worker holds this prefix"

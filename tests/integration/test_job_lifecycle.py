@@ -15,6 +15,7 @@ import redis
 
 from broker import keys
 from broker.codec import encode_job
+from broker.jobs import delivery
 from broker.jobs import events as job_events
 from broker.jobs.lease import JobLeases, Lease, make_owner
 from broker.messages import GenerateJob, JobFailed
@@ -178,11 +179,15 @@ def test_a_message_lost_between_pop_and_unacked_is_sent_again(
     lost, waiting, started = (f"job-{uuid.uuid4().hex[:8]}" for _ in range(3))
     job = encode_job(GenerateJob(MODEL, prompt_token_ids=(1, 2, 3)))
     old = time.time() - 60
+    tag = _fake_unacked(redis_client, waiting, VOID)  # delivered to a live worker: present
     for job_id in (lost, waiting, started):
         redis_client.set(keys.job_message(job_id), json.dumps({"job": job, "queue": VOID}))
         redis_client.zadd(keys.PENDING_JOBS, {job_id: old})
+        pipe = redis_client.pipeline()  # the api's record of where the message went
+        record = delivery.Delivery(tag if job_id == waiting else uuid.uuid4().hex, VOID, old)
+        delivery.record(pipe, job_id, record, 600)
+        pipe.execute()
     redis_client.set(keys.job_epoch(started), 1)
-    tag = _fake_unacked(redis_client, waiting, VOID)  # delivered to a live worker: present
     try:
         lost_messages.resend_lost(redis_client, celery_app, grace_s=30)  # live workers' passes may race it
         assert set(_queued_ids(redis_client, VOID)) == {lost}  # same id: the lease lets one copy run

@@ -15,7 +15,7 @@ from broker import keys, prefetch_hint
 from broker.messages import ChatMessage, GenerateJob, SessionRecord
 from broker.prefix_digest import chat_digests
 from broker.sessions import store as session_store
-from tests.api.test_router import _beat, _route
+from tests.api.test_router import _beat, _route, advertise
 from tests.integration.conftest import WorkerProcess, wait_for
 from tests.integration.test_session_tokens import _chat, _used_prompt
 
@@ -34,7 +34,7 @@ def test_router_hints_the_worker_a_session_moves_to(redis_client: redis.Redis, r
     assert _route(redis_server.url, job).reason == f"session affinity: {a}"
     assert redis_client.llen(keys.worker_prefetch(a)) == redis_client.llen(keys.worker_prefetch(b)) == 0
     _beat(redis_client, a, waiting=9)  # busy: the turn moves to b, which served the same prefix
-    redis_client.zadd(keys.worker_prefixes(b), dict.fromkeys(chat_digests("m", "", (system,)), time.time()))
+    advertise(redis_client, b, chat_digests("m", "", (system,)))
     route = _route(redis_server.url, job)
     assert route.queue == keys.worker_queue(b), route
     raw: Any = redis_client.lpop(keys.worker_prefetch(b))

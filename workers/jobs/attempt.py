@@ -12,7 +12,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import redis
 
@@ -35,9 +35,11 @@ from workers.jobs.engine_service import EngineService
 from workers.jobs.lease_keeper import HeldLease
 from workers.jobs.logprob_text import LogprobText
 from workers.jobs.prompt import prompt_token_ids
-from workers.loop.engine_loop import EngineLoop
 from workers.loop.handle import RequestHandle
 from workers.sessions.keeper import Settle
+
+if TYPE_CHECKING:
+    from workers.loop.engine_loop import EngineLoop
 
 log = logging.getLogger(__name__)
 STREAM_FLUSH_S = 0.03

@@ -1,6 +1,10 @@
 """EngineService: one per worker process. Builds the engine and its loop lazily on the first job
 (never at import time), owns the Redis tier and its writer, and keeps the job counters.
 
+In the simulated mode (asked for by name: workers/loop/simulated.py) the loop is a SimulatedLoop
+instead, and nothing here imports torch: the engine, its loop and the tier are imported where
+they are built.
+
 Running a job is workers/jobs/runner.py; sessions and digests are workers/sessions/keeper.py; the
 heartbeat's figures are workers/process/status.py."""
 
@@ -10,19 +14,21 @@ import logging
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 from broker import keys, redis_client
 from kvstore.redis.client import KV_ERRORS, KVClient, kv_client
-from kvstore.redis.tier import RedisTier
 from workers.engine.config import EngineConfig
 from workers.engine.errors import EngineFailedError
-from workers.engine.kernels.omp_team import confine_to_this_thread
-from workers.engine.llm_engine import LLMEngine
-from workers.loop.engine_loop import EngineLoop
+from workers.loop.simulated import SimulatedEngine, SimulatedLoop
 from workers.sessions.keeper import SessionKeeper
 from workers.tiers.config import TierConfig
-from workers.tiers.prefetch import prefetch
-from workers.tiers.writer import KVWriter
+
+if TYPE_CHECKING:  # torch's: imported where they are built, never in the simulated mode
+    from kvstore.redis.tier import RedisTier
+    from workers.engine.llm_engine import LLMEngine
+    from workers.loop.engine_loop import EngineLoop
+    from workers.tiers.writer import KVWriter
 
 log = logging.getLogger(__name__)
 
@@ -52,8 +58,10 @@ class EngineService:
         identity: WorkerIdentity,
         tiers: TierConfig | None = None,
         kv_redis_url: str | None = None,
+        simulated: SimulatedEngine | None = None,
     ) -> None:
         self.config = config
+        self.simulated = simulated
         self.tier_config = tiers or TierConfig()
         self.redis_tier: RedisTier | None = None
         self.writer: KVWriter | None = None
@@ -82,7 +90,12 @@ class EngineService:
         """The engine loop, built on first use. A build that fails is the worker's failure, not
         the job's: EngineFailedError (the job is redelivered), and the supervisor sees load_error."""
         with self._lock:
+            if self._loop is None and self.simulated is not None:
+                sim = SimulatedLoop(self.simulated.token_delay_s, self.simulated.default_max_tokens)
+                self._loop = cast("EngineLoop", sim)  # the part of EngineLoop the job path uses
             if self._loop is None:
+                from workers.loop.engine_loop import EngineLoop
+
                 try:
                     self._loop = EngineLoop.build(self._build_engine)
                 except Exception as exc:
@@ -94,6 +107,10 @@ class EngineService:
 
     def _build_engine(self) -> LLMEngine:
         """On the loop's own thread: the engine, with the Redis tier's writer attached."""
+        from kvstore.redis.tier import RedisTier
+        from workers.engine.llm_engine import LLMEngine
+        from workers.tiers.writer import KVWriter
+
         engine = LLMEngine(self.config, cache_dir=self.cache_dir)
         if self.tier_config.redis_capacity_bytes > 0 and engine.spills:
             self.redis_tier = RedisTier(
@@ -142,6 +159,9 @@ class EngineService:
         loop, tier = self._loop, self.redis_tier
         if loop is None or tier is None:
             return 0
+        from workers.engine.kernels.omp_team import confine_to_this_thread
+        from workers.tiers.prefetch import prefetch
+
         confine_to_this_thread()  # decoding lossy tier blocks runs torch ops: no second OpenMP pool
         try:
             return prefetch(loop, tier, ids, salt)

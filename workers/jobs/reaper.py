@@ -6,12 +6,16 @@ whose heartbeat has expired is dead, so its jobs need not wait that long: the re
 back itself, onto the shared queue when they had been routed to the dead worker's own queue.
 A job is handed back only once its lease has lapsed (broker/jobs/lease.py): a worker whose
 heartbeat merely went missing still renews its leases, and its jobs stay where they are.
+
+Only the fleet's sweeper runs the reaper and the orphan sweep (workers/jobs/maintenance.py).
+Neither parses a payload to find a job: the unacked messages are read by tag, through their
+small records (workers/jobs/unacked.py); a payload is parsed only to move its message back.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
-import json
 import logging
 import time
 from typing import Any
@@ -19,48 +23,23 @@ from typing import Any
 import redis
 
 from broker import keys
-from broker.jobs import events as job_events
 from broker.jobs.lease import JobLeases
+from workers.jobs import unacked
 
 log = logging.getLogger(__name__)
-
-
-def _task_id(raw: bytes | str) -> tuple[str | None, dict[str, Any], str, str]:
-    payload, exchange, routing_key = json.loads(raw)
-    return payload.get("headers", {}).get("id"), payload, exchange, routing_key
-
-
-def _restore(client: redis.Redis, tag: bytes, dead_queue: str) -> str | None:
-    """Move one unacked message back onto a queue, atomically (WATCH: kombu's own sweep may race)."""
-    with client.pipeline() as pipe:
-        try:
-            pipe.watch(keys.KOMBU_UNACKED)
-            raw = pipe.hget(keys.KOMBU_UNACKED, tag)
-            if raw is None:
-                pipe.unwatch()
-                return None
-            task_id, payload, _, routing_key = _task_id(raw)
-            queue = keys.SHARED_QUEUE if routing_key == dead_queue else routing_key
-            payload["headers"]["redelivered"] = True
-            payload.setdefault("properties", {}).setdefault("delivery_info", {})["redelivered"] = True
-            pipe.multi()
-            pipe.hdel(keys.KOMBU_UNACKED, tag)
-            pipe.zrem(keys.KOMBU_UNACKED_INDEX, tag)
-            pipe.rpush(queue, json.dumps(payload))  # the consuming end: redelivered first
-            pipe.execute()
-            return task_id
-        except redis.WatchError:
-            return None
+SWEEP_LIMIT = 1000  # old unacked messages looked at per pass (the oldest first)
 
 
 def _restore_jobs(client: redis.Redis, job_ids: set[str], dead_queue: str) -> list[str]:
     moved: list[str] = []
-    if job_ids:
-        for tag, raw in client.hscan_iter(keys.KOMBU_UNACKED):
-            if _task_id(raw)[0] in job_ids:
-                task_id = _restore(client, tag, dead_queue)
-                if task_id:
-                    moved.append(task_id)
+    for tag in unacked.tags_of_jobs(client, job_ids):
+        try:
+            task_id = unacked.restore(client, tag, dead_queue)
+        except ValueError as exc:  # unreachable for a tag classified as a job; never stops the rest
+            log.warning("unacked message %s cannot be handed back: %s", tag, exc)
+            continue
+        if task_id:
+            moved.append(task_id)
     return moved
 
 
@@ -99,49 +78,66 @@ def release_own(client: redis.Redis, name: str, owner: str) -> list[str]:
     return moved
 
 
-def sweep_orphans(client: redis.Redis, grace_s: float, now: float | None = None) -> tuple[list[str], int]:
+def sweep_orphans(
+    client: redis.Redis,
+    grace_s: float,
+    now: float | None = None,
+    counts: collections.Counter[str] | None = None,
+) -> tuple[list[str], int]:
     """Unacked messages that nobody runs: delivered more than grace_s ago, no live lease, no final
     event. No job set names them when their worker lost its broker connection before it could
     requeue or ack, or was killed during a clean shutdown; without this they would wait for the
     visibility timeout. They go back to the shared queue (an extra copy is harmless: the lease lets
     one run). A job that ended has its leftover message dropped: the ack its worker could not send.
-    Returns (job ids restored, leftovers dropped)."""
-    leases = JobLeases(client, ttl_s=1.0)
+    No payload is parsed, but to move a message back: the tags' records (workers/jobs/unacked.py),
+    then EXISTS of each job's lease and end, in two round trips. Each entry fails alone (logged,
+    counted in `counts`). Returns (job ids restored, leftovers dropped)."""
+    counts = counts if counts is not None else collections.Counter()
     restored: list[str] = []
     dropped = 0
     cutoff = (now or time.time()) - grace_s
-    tags: Any = client.zrangebyscore(keys.KOMBU_UNACKED_INDEX, 0, cutoff)
-    for tag in tags:
-        raw: Any = client.hget(keys.KOMBU_UNACKED, tag)
-        if raw is None:
-            continue
-        job_id, payload, _, routing_key = _task_id(raw)
-        if job_id is None or payload.get("headers", {}).get("task") != keys.GENERATE_TASK:
-            continue
-        if job_events.ended(client, job_id):
-            pipe = client.pipeline(transaction=True)
-            pipe.hdel(keys.KOMBU_UNACKED, tag)
-            pipe.zrem(keys.KOMBU_UNACKED_INDEX, tag)
-            pipe.execute()
-            dropped += 1
-        elif leases.holder(job_id) is None:
-            # a worker's own queue may have no consumer any more: those go to the shared one
-            worker_queue = routing_key if routing_key.startswith(keys.worker_queue("")) else ""
-            if _restore(client, tag, dead_queue=worker_queue):
-                restored.append(job_id)
+    raw_tags: Any = client.zrangebyscore(keys.KOMBU_UNACKED_INDEX, 0, cutoff, start=0, num=SWEEP_LIMIT)
+    tags = [t.decode() if isinstance(t, bytes) else t for t in raw_tags]
+    jobs = [(tag, job) for tag, job in unacked.job_ids(client, tags, counts).items() if job]
+    pipe = client.pipeline(transaction=False)
+    for _, job_id in jobs:
+        pipe.exists(keys.job_end(job_id))
+        pipe.exists(keys.job_lease(job_id))
+    states = pipe.execute() if jobs else []
+    for i, (tag, job_id) in enumerate(jobs):
+        ended, leased = states[2 * i], states[2 * i + 1]
+        try:
+            if ended:
+                unacked.drop(client, tag)
+                dropped += 1
+            elif not leased:
+                raw: Any = client.hget(keys.KOMBU_UNACKED, tag)
+                if raw is None:
+                    continue
+                # a worker's own queue may have no consumer any more: those go to the shared one
+                routing_key = unacked.parse_entry(raw)[2]
+                worker_queue = routing_key if routing_key.startswith(keys.worker_queue("")) else ""
+                if unacked.restore(client, tag, dead_queue=worker_queue):
+                    restored.append(job_id)
+        except ValueError as exc:
+            counts["malformed_entries"] += 1
+            log.warning("orphan sweep: unacked message %s skipped: %s", tag, exc)
     if restored:
         log.warning("handed back %d orphaned job(s): %s", len(restored), ", ".join(restored))
     return restored, dropped
 
 
 def reap(client: redis.Redis, self_name: str) -> list[str]:
-    """Release the jobs of every worker whose heartbeat is gone; returns the job ids moved."""
+    """Release the jobs of every worker whose heartbeat is gone; returns the job ids moved. The
+    heartbeats are read in one round trip (a pipeline of EXISTS)."""
     moved: list[str] = []
-    names: Any = client.smembers(keys.WORKERS)
-    for raw_name in names:
-        name = raw_name.decode()
-        if name == self_name or client.exists(keys.worker_heartbeat(name)):
-            continue
+    names = sorted(n.decode() for n in client.smembers(keys.WORKERS))  # type: ignore[union-attr]
+    names = [n for n in names if n != self_name]
+    pipe = client.pipeline(transaction=False)
+    for name in names:
+        pipe.exists(keys.worker_heartbeat(name))
+    dead = [n for n, alive in zip(names, pipe.execute() if names else [], strict=True) if not alive]
+    for name in dead:
         # redis-py's Lock: token-checked release, so a slow reaper never frees another's lock
         lock = client.lock(keys.REAPER_LOCK, timeout=10, blocking=False)
         if not lock.acquire(blocking=False):

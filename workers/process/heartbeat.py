@@ -12,10 +12,12 @@ import threading
 import redis
 
 from broker import keys
-from broker.worker_registry import HEARTBEAT_FIELD, encode_status
+from broker.worker_registry import HEARTBEAT_FIELD, MAINTENANCE_FIELD, encode_status
+from workers.jobs.maintenance import encode_maintenance
 from workers.process.status import StatusReader
 
 log = logging.getLogger(__name__)
+ANNOUNCE_EVERY = 8  # beats
 
 
 class Heartbeat:
@@ -25,6 +27,7 @@ class Heartbeat:
         self.name = status.service.identity.name
         self.interval_s = interval_s
         self.ttl_s = ttl_s
+        self._since_announce = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="kvferry-heartbeat", daemon=True)
 
@@ -38,13 +41,22 @@ class Heartbeat:
         self.redis.srem(keys.WORKERS, self.name)
 
     def beat(self) -> None:
+        """Two commands; the announcement (SADD to keys.WORKERS, which only the reaper undoes, once
+        the heartbeat is gone) goes with the first beat, after a failed one and every ANNOUNCE_EVERY."""
         status = self.status.read()
         pipe = self.redis.pipeline(transaction=False)
         key = keys.worker_heartbeat(status.name)
-        pipe.hset(key, HEARTBEAT_FIELD, encode_status(status))
+        figures = encode_maintenance(self.status.maintenance())
+        pipe.hset(key, mapping={HEARTBEAT_FIELD: encode_status(status), MAINTENANCE_FIELD: figures})
         pipe.expire(key, self.ttl_s)
-        pipe.sadd(keys.WORKERS, status.name)
-        pipe.execute()
+        if self._since_announce == 0:
+            pipe.sadd(keys.WORKERS, status.name)
+        try:
+            pipe.execute()
+        except BaseException:
+            self._since_announce = 0  # announce again with the next beat
+            raise
+        self._since_announce = (self._since_announce + 1) % ANNOUNCE_EVERY
 
     def _run(self) -> None:
         while not self._stop.is_set():

@@ -13,6 +13,7 @@ from workers.jobs.lease_keeper import LeaseKeeper
 from workers.jobs.maintenance import Maintenance
 from workers.jobs.reaper import release_own
 from workers.jobs.runner import JobRunner
+from workers.loop.simulated import SimulatedEngine
 from workers.process.bootstep import KVFiguresStep
 from workers.process.control import register_control
 from workers.process.heartbeat import Heartbeat
@@ -36,6 +37,7 @@ def run_worker(
     preload: bool = False,
     tiers: TierConfig | None = None,
     kv_redis_url: str | None = None,
+    simulated: SimulatedEngine | None = None,
 ) -> None:
     """Blocks until the worker shuts down. Concurrency = how many jobs share the engine's batch."""
     identity = WorkerIdentity(node_name(name))
@@ -43,14 +45,15 @@ def run_worker(
     keep_freed_memory((tiers or TierConfig()).host_heap_reserve_bytes)
     app = make_celery(broker)
     app.conf.task_queues = [queue(keys.SHARED_QUEUE), queue(identity.queue)]
-    service = EngineService(engine, cache_dir, broker.redis_url, identity, tiers, kv_redis_url)
+    service = EngineService(engine, cache_dir, broker.redis_url, identity, tiers, kv_redis_url, simulated)
     leases = LeaseKeeper(service.redis, identity.name, broker.lease_ttl_s, broker.heartbeat_interval_s)
     register_tasks(app, JobRunner(service, leases, broker.job_time_limit_s, broker.result_ttl_s))
     register_control(service)  # `kvferry_integrity`, for `kvferry chaos`
-    heartbeat = Heartbeat(StatusReader(service), broker.heartbeat_interval_s, broker.heartbeat_ttl_s)
     maintenance = Maintenance(
         service, broker.heartbeat_interval_s, orphan_grace_s=3 * broker.lease_ttl_s, app=app
     )
+    status = StatusReader(service, maintenance)
+    heartbeat = Heartbeat(status, broker.heartbeat_interval_s, broker.heartbeat_ttl_s)
     parts = {"heartbeat": heartbeat, "maintenance": maintenance, "supervisor": Supervisor(service)}
     step = type("KVFigures", (KVFiguresStep,), parts)
     app.steps["worker"].add(step)

@@ -4,11 +4,15 @@ latest published snapshot (a plain attribute) and the service's immutable job co
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 from broker.messages import EngineFigures, WorkerStatus
 from workers.engine.stats import EngineStats
 from workers.jobs.engine_service import EngineService
-from workers.loop.engine_loop import EngineLoop
+from workers.jobs.maintenance import Maintenance, MaintenanceFigures
+
+if TYPE_CHECKING:
+    from workers.loop.engine_loop import EngineLoop
 
 
 def figures_of(stats: EngineStats) -> EngineFigures:
@@ -39,8 +43,9 @@ class StatusReader:
     """Builds the heartbeat's WorkerStatus. Never blocks: no engine lock, no Redis, no call into
     the loop thread (it reads the snapshot the loop publishes after each step, `latest_stats`)."""
 
-    def __init__(self, service: EngineService) -> None:
+    def __init__(self, service: EngineService, maintenance: Maintenance | None = None) -> None:
         self.service = service
+        self._maintenance = maintenance
 
     @staticmethod
     def _stats(loop: EngineLoop | None) -> EngineStats | None:
@@ -62,3 +67,7 @@ class StatusReader:
             engine=figures_of(stats) if stats is not None else None,
             healthy=loop_healthy(loop),
         )
+
+    def maintenance(self) -> MaintenanceFigures:
+        """The maintenance thread's figures (a snapshot), published beside the status."""
+        return self._maintenance.figures if self._maintenance is not None else MaintenanceFigures()

@@ -7,12 +7,14 @@ import logging
 import time
 from typing import Any
 
+import redis
 from celery import Celery, Task
 from celery.exceptions import Ignore, Reject
 
 from broker import keys
 from broker.codec import CodecError, decode_job, encode_result
 from broker.errors import InvalidRequestError
+from broker.jobs import delivery
 from broker.jobs.lease import StaleLeaseError
 from workers.engine.errors import EngineFailedError
 from workers.jobs.runner import JobRunner, LeaseBusyError
@@ -33,6 +35,12 @@ def register_tasks(app: Celery, runner: JobRunner) -> None:
             # before any engine sees it, with a 400 in its stream like any bad request.
             runner.refuse(job_id, job, exc)
             raise
+        queue = (self.request.delivery_info or {}).get("routing_key")
+        if queue and decoded.submitted_at:  # how far this queue's workers got (lost_messages.py)
+            try:
+                delivery.note_started(runner.redis, queue, decoded.submitted_at)
+            except redis.RedisError as exc:  # a lost message of this queue is then found later
+                log.warning("job %s: cannot note its queue's progress: %s", job_id, exc)
         try:
             return encode_result(runner.run(job_id, decoded, picked_at))
         except EngineFailedError as exc:

@@ -17,18 +17,19 @@ A turn's bookkeeping comes in two parts, so its answer never waits for the KV wr
 
 from __future__ import annotations
 
+import collections
 import itertools
 import logging
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import msgspec
 import redis
 
-from broker import keys
+from broker import keys, prefix_index
 from broker.messages import ChatMessage, GenerateJob, SessionRecord
 from broker.prefix_digest import chat_digests, text_digests
 from broker.sessions import store as session_store
@@ -38,18 +39,21 @@ from kvstore.chain import chain
 from kvstore.redis import pins as tier_pins
 from kvstore.redis.client import KV_ERRORS, KVClient
 from kvstore.redis.keys import TierKeys
-from kvstore.redis.tier import RedisTier
 from workers.engine.requests.output import RequestOutput
 from workers.sessions.settle import Settler
 from workers.tiers.config import TierConfig
-from workers.tiers.writer import KVWriter
+
+if TYPE_CHECKING:  # torch's: a worker in the simulated mode never loads them
+    from kvstore.redis.tier import RedisTier
+    from workers.tiers.writer import KVWriter
 
 log = logging.getLogger(__name__)
 FLUSH_TIMEOUT_S = 30.0  # the longest a preload waits for its blocks to reach Redis
 ORPHAN_GRACE_S = 120.0  # a session owner this long without a session record is an orphan
 RECONCILE_EVERY_S = 60.0
-# A worker's advertised prefix digests outlive a quiet day; routing drops a dead worker's anyway.
-PREFIXES_TTL_S = 86400
+# A digest this worker advertised is written again after this long (its holders key expires a day
+# after its last write: broker/prefix_index.py).
+ADVERTISE_EVERY_S = 600.0
 
 
 class ChainFacts(Protocol):
@@ -87,6 +91,8 @@ class SessionKeeper:
         self.writer: KVWriter | None = None
         self._reconciled_at = 0.0
         self.settler = Settler()
+        self._advertised: collections.OrderedDict[str, float] = collections.OrderedDict()
+        self._advertised_lock = threading.Lock()
 
     def attach(self, tier: RedisTier, writer: KVWriter) -> None:
         """The Redis tier and its writer, once the engine that feeds them is built."""
@@ -111,14 +117,7 @@ class SessionKeeper:
         found them (their earlier checkpoints carry on)."""
         output, text = final.token_ids, final.text
         now = time.time()
-        digests = self._digests(job, text)
-        if digests:
-            key = keys.worker_prefixes(self.worker)
-            pipe = self.redis.pipeline(transaction=False)
-            pipe.zadd(key, dict.fromkeys(digests, now))
-            pipe.zremrangebyrank(key, 0, -self.tier_config.prefix_digests_kept - 1)
-            pipe.expire(key, PREFIXES_TTL_S)
-            pipe.execute()
+        self._advertise(self._digests(job, text), now)
         bs, fingerprint, known = engine.block_size, engine.fingerprint, final.block_hashes
         tier, writer = self.redis_tier, self.writer
         if tier is None or writer is None:
@@ -195,6 +194,21 @@ class SessionKeeper:
             log.warning("session %s: cannot read its exact tokens: %s", job.session_id, exc)
             return None
 
+    def _advertise(self, digests: list[str], now: float) -> None:
+        """The prefix digests that route the next turn here (broker/prefix_index.py), each at most
+        once per ADVERTISE_EVERY_S: a conversation's earlier digests cost no write per turn."""
+        with self._advertised_lock:  # jobs' threads finish turns at once
+            fresh = [d for d in digests if now - self._advertised.get(d, 0.0) >= ADVERTISE_EVERY_S]
+            for d in fresh:
+                self._advertised[d] = now
+                self._advertised.move_to_end(d)
+            while len(self._advertised) > self.tier_config.prefix_digests_kept:
+                self._advertised.popitem(last=False)
+        if fresh:
+            pipe = self.redis.pipeline(transaction=False)
+            prefix_index.advertise(pipe, self.worker, fresh, now)
+            pipe.execute()
+
     def _digests(self, job: GenerateJob, text: str) -> list[str]:
         if job.endpoint == "chat" and job.messages:
             return chat_digests(job.model, job.kv_salt, (*job.messages, ChatMessage("assistant", text)))
@@ -202,15 +216,19 @@ class SessionKeeper:
             return text_digests(job.model, job.kv_salt, job.prompt + text)
         return []
 
-    def sweep_sessions(self) -> int:
+    def sweep_sessions(self, counts: collections.Counter[str] | None = None) -> int:
         """Release what expired (or deleted) sessions pinned, in every model's tier (even with no
-        engine loaded here: the claim is ours alone); returns how many were swept."""
+        engine loaded here: the claim is ours alone); returns how many were swept. Only the fleet's
+        sweeper runs it (workers/jobs/maintenance.py). Each session fails alone (logged, counted in
+        `counts`): what it pinned is then released by reconcile_orphans."""
         claimed = session_store.claim_expired(self.redis)
         for tenant, session_id in claimed:
             try:
                 tier_pins.release_session(self.kv_redis, tenant, session_id)
-            except KV_ERRORS as exc:  # the KV Redis away: reconcile_orphans releases them later
-                log.warning("session %s: releasing its pins failed: %s", session_id, exc)
+            except Exception as exc:  # the KV Redis away: reconcile_orphans releases them later
+                log.warning("session %s: its pins were not released: %r", session_id, exc)
+                if counts is not None:
+                    counts["session_release_failed"] += 1
         if time.monotonic() - self._reconciled_at >= RECONCILE_EVERY_S:
             self._reconciled_at = time.monotonic()
             self.reconcile_orphans()

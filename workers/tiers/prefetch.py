@@ -11,17 +11,18 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import redis
 
 from broker import keys, prefetch_hint
 from broker.sessions import store as session_store
 from kvstore.chain import chain
-from kvstore.redis.tier import RedisTier
-from kvstore.tiers.stored_block import StoredBlock
-from workers.engine.held_blocks import HeldBlocks
-from workers.engine.kernels.omp_team import confine_to_this_thread
+
+if TYPE_CHECKING:  # torch's: a worker in the simulated mode never loads them
+    from kvstore.redis.tier import RedisTier
+    from kvstore.tiers.stored_block import StoredBlock
+    from workers.engine.held_blocks import HeldBlocks
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +77,7 @@ class HintListener:
         self.block_s = block_s
         self.key = keys.worker_prefetch(worker)
         self.loaded_blocks = self.hints = 0
+        self._confined = False
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="kvferry-prefetch-hints", daemon=True)
 
@@ -86,7 +88,6 @@ class HintListener:
         self._stop.set()
 
     def _run(self) -> None:
-        confine_to_this_thread()  # decoding lossy tier blocks runs torch ops: no second OpenMP pool
         while not self._stop.is_set():
             try:
                 got: Any = self.redis.blpop([self.key], timeout=self.block_s)
@@ -103,6 +104,11 @@ class HintListener:
         hint = prefetch_hint.decode(raw)
         if hint is None or not self.ready():
             return 0
+        if not self._confined:  # the engine is built (torch loaded): only now, never in the simulated mode
+            from workers.engine.kernels.omp_team import confine_to_this_thread
+
+            confine_to_this_thread()  # decoding lossy tier blocks runs torch ops: no second OpenMP pool
+            self._confined = True
         self.hints += 1
         stored = session_store.load_tokens(self.redis, hint.tenant, hint.session_id)
         if stored is not None:
