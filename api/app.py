@@ -22,7 +22,12 @@ from api.tokenizer import Tokenizer
 
 def create_app(config: ApiConfig, tokenizer: Tokenizer | None = None) -> FastAPI:
     """tokenizer: the served model's, for /tokenize and /detokenize (None: they answer 503)."""
-    job_client = JobClient(config.broker, job_ttl_s=config.job_ttl_s)
+    job_client = JobClient(
+        config.broker,
+        job_ttl_s=config.job_ttl_s,
+        accept_replicas=config.accept_replicas,
+        accept_wait_ms=config.accept_wait_ms,
+    )
     ctx = ApiContext(
         config=config,
         jobs=job_client,

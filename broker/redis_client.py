@@ -1,15 +1,16 @@
 """Redis clients for the worker side: commands ride out a Redis restart (AOF replay, failover)
 instead of failing the job that sent them. Retrying an XADD whose reply was lost may append an
-event twice; events carry their token index and epoch, so readers drop the copy."""
+event twice; events carry their token index and epoch, so readers drop the copy. `url` may be a
+Sentinel address (broker/redis_connect.py): the client then follows a failover."""
 
 from __future__ import annotations
 
 import redis
-from redis.backoff import ExponentialBackoff
-from redis.retry import Retry
 
-RESTART_RETRIES = 40  # with the backoff below: about 30 s of retrying before an error surfaces
+from broker.redis_connect import RESTART_RETRIES, connect as _connect
+
+__all__ = ["RESTART_RETRIES", "connect"]
 
 
 def connect(url: str) -> redis.Redis:
-    return redis.Redis.from_url(url, retry=Retry(ExponentialBackoff(cap=1.0, base=0.05), RESTART_RETRIES))
+    return _connect(url, retry=True)
