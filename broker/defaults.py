@@ -94,7 +94,7 @@ class SettingsFields(BaseModel):
     # the queue service
     redis_url: str = "redis://127.0.0.1:6379/0"
     kv_redis_url: str | None = None  # the KV tier's own Redis (block packs, index); None: redis_url
-    redis_sentinels: str | None = None  # "h:p,h:p,h:p": the queue Redis under Sentinel (redis_url: password, db)
+    redis_sentinels: str | None = None  # "h:p,h:p,h:p": queue Redis under Sentinel (password: redis_url)
     redis_master: str | None = None  # the master's name the sentinels monitor (with redis_sentinels)
     accept_replicas: int = 1  # under Sentinel: replicas that hold a job before its 202 (WAIT); 0 = none
     accept_wait_ms: int = 500  # the longest a submit waits for them; short of them it is accepted anyway

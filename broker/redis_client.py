@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import redis
 
-from broker.redis_connect import RESTART_RETRIES, connect as _connect
+from broker.redis_connect import RESTART_RETRIES
+from broker.redis_connect import connect as _connect
 
 __all__ = ["RESTART_RETRIES", "connect"]
 

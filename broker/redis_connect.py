@@ -85,11 +85,12 @@ def _sentinel_kwargs(address: SentinelAddress, **connection: Any) -> dict[str, A
     return {"password": address.password, **connection} if address.password else dict(connection)
 
 
-def connect(address: str, retry: bool = True, **kwargs: Any) -> redis.Redis:
-    """A sync client; retry=True: commands ride out a restart or failover (about 30 s)."""
-    if retry:
-        kwargs.setdefault("retry", Retry(backoff(), RESTART_RETRIES))
+def connect(address: str, retry: bool | None = None, **kwargs: Any) -> redis.Redis:
+    """A sync client; retry=True: commands ride out a restart or failover (about 30 s); None:
+    under Sentinel only (a plain URL then gives redis-py's default client, as before)."""
     found = parse(address)
+    if retry or (retry is None and found is not None):
+        kwargs.setdefault("retry", Retry(backoff(), RESTART_RETRIES))
     if found is None:
         return redis.Redis.from_url(address, **kwargs)
     timeouts = {k: kwargs[k] for k in ("socket_timeout", "socket_connect_timeout") if k in kwargs}
@@ -97,11 +98,10 @@ def connect(address: str, retry: bool = True, **kwargs: Any) -> redis.Redis:
     return sentinel.master_for(found.master, password=found.password, db=found.db, **kwargs)
 
 
-def connect_async(address: str, retry: bool = False, **kwargs: Any) -> aioredis.Redis:
-    """An asyncio client (the api's); with sentinels it follows a failover, and retries a command
-    across one (a plain URL keeps today's behaviour unless retry=True)."""
+def connect_async(address: str, retry: bool | None = None, **kwargs: Any) -> aioredis.Redis:
+    """An asyncio client (the api's), retrying as connect() does."""
     found = parse(address)
-    if retry or found is not None:
+    if retry or (retry is None and found is not None):
         kwargs.setdefault("retry", AsyncRetry(backoff(), RESTART_RETRIES))
     if found is None:
         return aioredis.Redis.from_url(address, **kwargs)

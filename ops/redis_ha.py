@@ -87,9 +87,9 @@ class LocalHA:
         while True:
             try:
                 states = [self._sentinel(p).sentinel_master(self.master) for p in self.sentinel_ports]
-                if all(int(s["num-slaves"]) >= 1 and int(s["num-other-sentinels"]) >= 2 for s in states):
-                    if self.replicas_online() >= 1:
-                        return
+                known = all(int(s["num-slaves"]) >= 1 and int(s["num-other-sentinels"]) >= 2 for s in states)
+                if known and self.replicas_online() >= 1:
+                    return
             except redis.RedisError:
                 pass
             if time.monotonic() > deadline:
@@ -112,8 +112,14 @@ class LocalHA:
 
     def replicas_online(self) -> int:
         """Replicas the primary streams to (past their initial sync)."""
-        info = redis.Redis(port=self.primary_port(), password=self.password, socket_timeout=2).info("replication")
-        return sum(1 for k, v in info.items() if k.startswith("slave") and isinstance(v, dict) and v.get("state") == "online")
+        info = redis.Redis(port=self.primary_port(), password=self.password, socket_timeout=2).info(
+            "replication"
+        )
+        return sum(
+            1
+            for k, v in info.items()
+            if k.startswith("slave") and isinstance(v, dict) and v.get("state") == "online"
+        )
 
     def server_on(self, port: int) -> RedisServer:
         return next(s for s in self.servers if s.port == port)

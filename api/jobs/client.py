@@ -9,12 +9,11 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import logging
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
-
-import logging
 
 from celery import states
 
@@ -112,12 +111,22 @@ class JobClient:
         job_id = meta.job_id
         record = (keys.job_meta(job_id), keys.job_message(job_id), keys.PENDING_JOBS, queue_key)
         acked = await durable_accept.write_and_wait(
-            self.redis, record, fields, self.job_ttl_s, message, time.time(), job_id, payload,
-            self.accept_replicas, self.accept_wait_ms,
+            self.redis,
+            record,
+            fields,
+            self.job_ttl_s,
+            message,
+            time.time(),
+            job_id,
+            payload,
+            self.accept_replicas,
+            self.accept_wait_ms,
         )
         if acked < self.accept_replicas:
             self.accepts_unreplicated += 1
-            log.warning("job %s accepted on the primary alone: %d of %d replicas", job_id, acked, self.accept_replicas)
+            log.warning(
+                "job %s accepted on the primary alone: %d of %d replicas", job_id, acked, self.accept_replicas
+            )
 
     async def meta(self, job_id: str) -> JobMeta | None:
         raw: Any = await self.redis.hgetall(keys.job_meta(job_id))

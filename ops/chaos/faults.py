@@ -17,6 +17,7 @@ import redis
 
 from broker import keys
 from broker.messages import WorkerStatus
+from broker.redis_connect import connect
 from broker.worker_registry import live_workers
 from ops.stack import Stack
 
@@ -80,7 +81,7 @@ class FaultInjector:
         self.deadline = deadline
         self.log = FaultLog()
         self.done = threading.Event()
-        self.redis = redis.Redis.from_url(stack.settings.redis_url, socket_timeout=5)
+        self.redis = connect(stack.settings.queue_url, socket_timeout=5)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="kvferry-chaos-faults", daemon=True)
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from broker.redis_connect import connect
 from ops.chaos.check import report
 from ops.chaos.clients import ChaosClient, JobRecord, LoadConfig, make_scripts, run_load
 from ops.chaos.faults import FaultInjector, FaultLog, rss_mb, stamped
@@ -103,14 +104,13 @@ class RssSampler:
 
 def integrity(settings: Settings, timeout_s: float = 15.0) -> dict[str, dict[str, Any]]:
     """Every live worker's answer to the pool integrity check (workers/process/control.py)."""
-    import redis
 
     from broker.celery_app import make_celery
     from broker.worker_registry import live_workers
 
     app = make_celery(settings.broker_config())
     try:
-        expected = len(live_workers(redis.Redis.from_url(settings.redis_url)))  # answers to wait for
+        expected = len(live_workers(connect(settings.queue_url)))  # answers to wait for
         replies = (
             app.control.broadcast(INTEGRITY_COMMAND, reply=True, timeout=timeout_s, limit=expected or None)
             or []
