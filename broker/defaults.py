@@ -103,6 +103,7 @@ class SettingsFields(BaseModel):
     job_time_limit_s: int = 1800  # the longest a job may run; the visibility timeout is twice this
     job_ttl_s: int = 86400  # a finished job's result, stream and metadata live this long (no prompt)
     heartbeat_ttl_s: int = 3  # the heartbeat never waits on the engine, so a short TTL is safe
+    job_lease_ttl_s: float | None = None  # a running job's lease; None: heartbeat_ttl_s (serve --ha: longer)
     # the HTTP API
     api_host: str = "127.0.0.1"
     api_port: int = 8000

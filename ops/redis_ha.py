@@ -4,7 +4,7 @@
 One generated password guards all five: requirepass and masterauth on both data servers (either
 may be the primary after a failover), auth-pass and requirepass/sentinel-pass on the sentinels.
 It lives in 0600 config files, never on a command line. Sentinel's timing is set for a single
-machine: a primary silent for DOWN_AFTER_MS is down, and the replica is promoted a moment later.
+machine: a primary silent for about a second is down, and the replica is promoted a moment later.
 Everything binds and announces 127.0.0.1.
 """
 
@@ -14,14 +14,17 @@ import secrets
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import redis
 
 from ops.redis_server import RedisServer, find_redis_server, free_port, write_private
 
 MASTER_NAME = "kvferry"
-DOWN_AFTER_MS = 1000
-FAILOVER_TIMEOUT_MS = 3000
+# Staggered per sentinel: three that see the primary down at the same instant all ask for votes
+# at once, split them, and wait 2 x FAILOVER_TIMEOUT_MS before trying again.
+DOWN_AFTER_MS = (1000, 1250, 1500)
+FAILOVER_TIMEOUT_MS = 1500
 QUORUM = 2
 
 
@@ -30,7 +33,8 @@ class LocalHA:
         self.run_dir = run_dir
         self.password = password or secrets.token_urlsafe(24)
         self.master = master
-        auth = (f"masterauth {self.password}",)
+        # no diskless-sync delay: a restarted old primary is a replica again within a second
+        auth = (f"masterauth {self.password}", "repl-diskless-sync-delay 0")
         self.servers = [
             RedisServer(run_dir / name, persist=True, password=self.password, config_lines=auth)
             for name in ("redis-a", "redis-b")
@@ -69,7 +73,7 @@ class LocalHA:
             f"sentinel sentinel-pass {self.password}\n"
             f"sentinel monitor {m} 127.0.0.1 {primary_port} {QUORUM}\n"
             f"sentinel auth-pass {m} {self.password}\n"
-            f"sentinel down-after-milliseconds {m} {DOWN_AFTER_MS}\n"
+            f"sentinel down-after-milliseconds {m} {DOWN_AFTER_MS[i]}\n"
             f"sentinel failover-timeout {m} {FAILOVER_TIMEOUT_MS}\n"
             f"sentinel parallel-syncs {m} 1\n",
         )
@@ -86,7 +90,9 @@ class LocalHA:
         deadline = time.monotonic() + timeout_s
         while True:
             try:
-                states = [self._sentinel(p).sentinel_master(self.master) for p in self.sentinel_ports]
+                states: list[Any] = [
+                    self._sentinel(p).sentinel_master(self.master) for p in self.sentinel_ports
+                ]
                 known = all(int(s["num-slaves"]) >= 1 and int(s["num-other-sentinels"]) >= 2 for s in states)
                 if known and self.replicas_online() >= 1:
                     return
@@ -96,18 +102,19 @@ class LocalHA:
                 raise RuntimeError(f"the sentinels did not settle; logs in {self.run_dir}")
             time.sleep(0.1)
 
-    def primary_port(self) -> int:
-        """The primary's port as the sentinels (a majority of those answering) see it."""
+    def primary_port(self, unanimous: bool = False) -> int:
+        """The primary's port as the sentinels (a majority of those answering; unanimous: all
+        three, else a RuntimeError) see it."""
         seen: list[int] = []
         for port in self.sentinel_ports:
             try:
-                addr = self._sentinel(port).sentinel_get_master_addr_by_name(self.master)
+                addr: Any = self._sentinel(port).sentinel_get_master_addr_by_name(self.master)
             except redis.RedisError:
                 continue
             if addr:
                 seen.append(int(addr[1]))
-        if not seen:
-            raise RuntimeError("no sentinel answers")
+        if not seen or (unanimous and (len(seen) < len(self.sentinel_ports) or len(set(seen)) > 1)):
+            raise RuntimeError(f"the sentinels do not agree on the primary: {seen}")
         return max(set(seen), key=seen.count)
 
     def replicas_online(self) -> int:
@@ -145,14 +152,28 @@ class LocalHA:
             time.sleep(0.05)
         raise TimeoutError(f"no replica was promoted within {timeout_s:.0f}s; logs in {self.run_dir}")
 
-    def restart_as_replica(self, server: RedisServer) -> None:
+    def restart_as_replica(self, server: RedisServer, timeout_s: float = 30.0) -> None:
         """Start a killed server again as the new primary's replica (its AOF is replaced by a full
-        sync). Sentinel would reconfigure it anyway; saying so at start keeps it from serving
-        as a second primary meanwhile."""
-        primary = self.primary_port()
+        sync) and wait until it is in sync: only then could it take over in turn. Sentinel would
+        reconfigure it anyway; saying so at start keeps it from serving as a second primary.
+        It starts only once every sentinel names the new primary: a sentinel still naming the old
+        one would otherwise send clients to it, now a replica, as soon as it answers again."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                primary = self.primary_port(unanimous=True)
+                break
+            except RuntimeError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
         lines = tuple(line for line in server.config_lines if not line.startswith("replicaof"))
         server.config_lines = (*lines, f"replicaof 127.0.0.1 {primary}")
         server.start()
+        while self.replicas_online() < 1:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the old primary did not resync within {timeout_s:.0f}s")
+            time.sleep(0.05)
 
     def failover(self, timeout_s: float = 30.0) -> float:
         """Kill the primary, wait for the promotion, restart the old one as a replica; the seconds

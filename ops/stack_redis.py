@@ -14,6 +14,9 @@ from ops.settings import DEFAULT_REDIS_URL, Settings
 # counter and pins none, so Redis may drop a pack (the tier reads that as a miss) but never the
 # bookkeeping that tells which packs exist. allkeys-lru could evict the index itself.
 KV_EVICTION_POLICY = "volatile-lru"
+# Under Sentinel a running job's lease must outlast a failover (the primary's detection, the
+# promotion, the clients' reconnect), or every job running then is stopped and redelivered.
+HA_LEASE_TTL_S = 6.0
 
 
 def kv_maxmemory(redis_cache_bytes: int) -> int:
@@ -68,6 +71,9 @@ def start_ha(settings: Settings, run_dir: Path) -> tuple[LocalHA, list[RedisServ
         ha.stop()
         raise
     queue = settings.with_overrides(
-        redis_url=ha.redis_url, redis_sentinels=ha.sentinels, redis_master=ha.master
+        redis_url=ha.redis_url,
+        redis_sentinels=ha.sentinels,
+        redis_master=ha.master,
+        job_lease_ttl_s=settings.job_lease_ttl_s or HA_LEASE_TTL_S,
     )
     return ha, servers, queue.with_overrides(kv_redis_url=kv_url or queue.queue_url)

@@ -104,14 +104,15 @@ def redeliveries(records: Iterable[JobRecord], faults: FaultLog) -> list[dict[st
 
 
 def recoveries(records: Iterable[JobRecord], faults: FaultLog) -> list[float]:
-    """Per failover: from the primary's SIGKILL until a client next received a complete answer
-    (a job completed after the kill: the whole path, api, new primary and worker, works again)."""
-    ends = sorted(r.ended for r in records if r.status == "completed")
+    """Per failover: from the primary's SIGKILL until a job submitted after it completed at its
+    client (the whole path works again: the api's accept, the new primary, a worker's consumer,
+    the stream), the first such job's end."""
+    done = [r for r in records if r.status == "completed"]
     out = []
     for failover in faults.failovers:
-        after = [t for t in ends if t > failover.at]
+        after = [r.ended for r in done if r.started > failover.at]
         if after:
-            out.append(after[0] - failover.at)
+            out.append(min(after) - failover.at)
     return out
 
 
