@@ -19,9 +19,10 @@ import redis
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry as AsyncRetry
 from redis.asyncio.sentinel import Sentinel as AsyncSentinel
+from redis.asyncio.sentinel import SentinelManagedConnection as AsyncSentinelConnection
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
-from redis.sentinel import Sentinel
+from redis.sentinel import Sentinel, SentinelManagedConnection
 
 SCHEME = "redis+sentinel"
 RESTART_RETRIES = 40  # with the backoff below: about 30 s of retrying before an error surfaces
@@ -81,6 +82,30 @@ def parse(address: str) -> SentinelAddress | None:
     return SentinelAddress(parse_sentinels(hosts), master, password or None, int(path or 0))
 
 
+class _FollowingConnection(SentinelManagedConnection):
+    """redis-py 8.1 reconnects a dropped connection inside a command's retry through
+    connect_check_health, past the sentinel lookup of connect(): the retries then all go to the
+    dead (or demoted) primary's address. Here every fresh connect asks the sentinels first."""
+
+    def connect_check_health(self, check_health: bool = True, retry_socket_connect: bool = True) -> None:
+        if self._sock is None and self.connection_pool.is_master:
+            self.host, self.port = self.connection_pool.get_master_address()
+        super().connect_check_health(check_health=check_health, retry_socket_connect=retry_socket_connect)
+
+
+class _AsyncFollowingConnection(AsyncSentinelConnection):
+    """_FollowingConnection for redis.asyncio."""
+
+    async def connect_check_health(
+        self, check_health: bool = True, retry_socket_connect: bool = True
+    ) -> None:
+        if not self.is_connected and self.connection_pool.is_master:
+            self.host, self.port = await self.connection_pool.get_master_address()
+        await super().connect_check_health(
+            check_health=check_health, retry_socket_connect=retry_socket_connect
+        )
+
+
 def _sentinel_kwargs(address: SentinelAddress, **connection: Any) -> dict[str, Any]:
     return {"password": address.password, **connection} if address.password else dict(connection)
 
@@ -95,6 +120,7 @@ def connect(address: str, retry: bool | None = None, **kwargs: Any) -> redis.Red
         return redis.Redis.from_url(address, **kwargs)
     timeouts = {k: kwargs[k] for k in ("socket_timeout", "socket_connect_timeout") if k in kwargs}
     sentinel = Sentinel(list(found.sentinels), sentinel_kwargs=_sentinel_kwargs(found, **timeouts))
+    kwargs.setdefault("connection_class", _FollowingConnection)
     return sentinel.master_for(found.master, password=found.password, db=found.db, **kwargs)
 
 
@@ -107,6 +133,7 @@ def connect_async(address: str, retry: bool | None = None, **kwargs: Any) -> aio
         return aioredis.Redis.from_url(address, **kwargs)
     timeouts = {k: kwargs[k] for k in ("socket_timeout", "socket_connect_timeout") if k in kwargs}
     sentinel = AsyncSentinel(list(found.sentinels), sentinel_kwargs=_sentinel_kwargs(found, **timeouts))
+    kwargs.setdefault("connection_class", _AsyncFollowingConnection)
     return sentinel.master_for(found.master, password=found.password, db=found.db, **kwargs)
 
 

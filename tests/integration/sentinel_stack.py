@@ -15,6 +15,7 @@ from broker.redis_connect import connect, queue_address
 from broker.worker_registry import live_workers
 from ops.redis_ha import LocalHA
 from ops.redis_server import free_port
+from ops.stack_redis import HA_LEASE_TTL_S
 from tests.integration.conftest import MODEL, ROOT, WorkerProcess, wait_for
 
 
@@ -27,6 +28,7 @@ def ha_env(ha: LocalHA, kvferry_cache_dir: Path) -> dict[str, str]:
         "KVFERRY_REDIS_SENTINELS": ha.sentinels,
         "KVFERRY_REDIS_MASTER": ha.master,
         "KVFERRY_HEARTBEAT_TTL_S": "3",
+        "KVFERRY_JOB_LEASE_TTL_S": str(HA_LEASE_TTL_S),  # as serve --ha: a lease outlives a failover
     }
 
 
