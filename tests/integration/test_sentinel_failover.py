@@ -9,6 +9,8 @@ import asyncio
 import json
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -22,8 +24,9 @@ from transformers import AutoTokenizer
 from broker.jobs import events as job_events
 from broker.redis_connect import connect, connect_async
 from ops.redis_ha import LocalHA
+from ops.redis_server import free_port
 from tests.integration import sentinel_stack
-from tests.integration.conftest import MODEL, WorkerProcess, wait_for
+from tests.integration.conftest import MODEL, ROOT, WorkerProcess, wait_for
 from tests.integration.jobs import random_prompt
 from tests.integration.test_redis_restart import _assert_no_gap_and_each_token_once_to_readers
 
@@ -193,3 +196,44 @@ def test_a_failover_mid_stream_ends_the_job_exact_each_token_once_and_the_worker
     reply = httpx.post(f"{ha_api}/v1/completions", json=_body(after, 6), timeout=60)
     assert reply.status_code == 200, reply.text
     assert reply.json()["choices"][0]["text"] == _text(tiny_model_dir, tiny_reference(after, 6))
+
+
+def test_flower_follows_the_sentinels(
+    ha: LocalHA, workers: list[WorkerProcess], kvferry_cache_dir: Path
+) -> None:
+    """Flower as `serve --ha` starts it: our Celery app (ops/flower_app.py) with Sentinel's
+    transport options from the settings; its API lists the worker, after the failovers above."""
+    assert workers, "runs after the tests that start the worker"
+    port = free_port()
+    env = {**sentinel_stack.ha_env(ha, kvferry_cache_dir), "FLOWER_BASIC_AUTH": "u:p"}
+    env.pop("FLOWER_UNAUTHENTICATED_API", None)
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "ops.flower_app",
+            "flower",
+            f"--port={port}",
+            "--address=127.0.0.1",
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}/api/workers"
+    try:
+
+        def listed() -> bool:
+            try:
+                reply = httpx.get(url, params={"refresh": "1"}, auth=("u", "p"), timeout=10)
+            except httpx.HTTPError:
+                return False
+            return reply.status_code == 200 and workers[0].name in reply.json()
+
+        wait_for(listed, 45, "the worker in Flower's API")
+    finally:
+        process.terminate()
+        process.wait(10)
