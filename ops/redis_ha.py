@@ -79,7 +79,8 @@ class LocalHA:
         )
         log = (data / "sentinel.log").open("ab")
         args = [find_redis_server(), str(conf), "--sentinel"]
-        self.sentinels_procs.append(subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT))
+        # umask: a sentinel rewrites its config (with the password) and must not widen it
+        self.sentinels_procs.append(subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, umask=0o077))
 
     def _sentinel(self, port: int) -> redis.Redis:
         return redis.Redis(port=port, password=self.password, socket_timeout=2, decode_responses=True)

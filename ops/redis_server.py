@@ -104,7 +104,8 @@ class RedisServer:
             self.policy,
         ]
         log = (self.data_dir / "redis.log").open("ab")
-        self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
+        # umask: a CONFIG REWRITE (Sentinel sends one on a failover) keeps the config 0600
+        self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, umask=0o077)
         client = redis.Redis.from_url(self.url)
         deadline = time.monotonic() + timeout_s
         while True:
