@@ -45,6 +45,7 @@ class JobClient:
         state_poll_s: float = 2.0,
         accept_replicas: int = 0,
         accept_wait_ms: int = 500,
+        on_unreplicated: Callable[[], object] | None = None,
     ) -> None:
         self.job_ttl_s = job_ttl_s
         self.block_ms = block_ms
@@ -56,7 +57,7 @@ class JobClient:
         # Under Sentinel a 202 waits for this many replicas to hold the job (api/jobs/durable_accept.py)
         self.accept_replicas = accept_replicas if redis_connect.is_sentinel(broker.redis_url) else 0
         self.accept_wait_ms = accept_wait_ms
-        self.accepts_unreplicated = 0  # accepted short of accept_replicas (the replica was down)
+        self.on_unreplicated = on_unreplicated  # a job accepted short of them (the replica was down)
         self.celery = make_celery(broker, name="kvferry-api", send_only=True)  # it follows streams
         check_supported(self.celery)  # its messages are pushed in our own transaction
         self._pool = ThreadPoolExecutor(8, thread_name_prefix="kvferry-api-celery")
@@ -123,7 +124,8 @@ class JobClient:
             self.accept_wait_ms,
         )
         if acked < self.accept_replicas:
-            self.accepts_unreplicated += 1
+            if self.on_unreplicated is not None:
+                self.on_unreplicated()
             log.warning(
                 "job %s accepted on the primary alone: %d of %d replicas", job_id, acked, self.accept_replicas
             )

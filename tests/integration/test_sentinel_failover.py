@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -21,13 +22,16 @@ import httpx
 import pytest
 from transformers import AutoTokenizer
 
+from api.jobs.client import JobClient
+from api.jobs.meta import JobMeta
+from broker.celery_app import BrokerConfig
 from broker.jobs import events as job_events
 from broker.redis_connect import connect, connect_async
 from ops.redis_ha import LocalHA
 from ops.redis_server import free_port
 from tests.integration import sentinel_stack
 from tests.integration.conftest import MODEL, ROOT, WorkerProcess, wait_for
-from tests.integration.jobs import random_prompt
+from tests.integration.jobs import random_prompt, token_job
 from tests.integration.test_redis_restart import _assert_no_gap_and_each_token_once_to_readers
 
 Reference = Callable[[list[int], int], list[int]]
@@ -92,6 +96,39 @@ def test_clients_retry_a_command_on_the_new_primary_after_a_failover(ha: LocalHA
     assert value == 2 and took < 5
     started = time.monotonic()
     assert script(keys=["t:sync"]) == 2 and time.monotonic() - started < 5
+
+
+def test_with_the_replica_down_a_job_is_accepted_after_the_wait_and_counted(ha: LocalHA) -> None:
+    """The documented choice: no replica within accept_wait_ms, the job is accepted anyway (as
+    safe as on one Redis) and counted, rather than refused."""
+    replica = next(s for s in ha.servers if s.port != ha.primary_port())
+    assert replica.process is not None
+    missed: list[int] = []
+
+    async def submit() -> float:
+        client = JobClient(
+            BrokerConfig(redis_url=sentinel_stack.address(ha)),
+            job_ttl_s=60,
+            accept_replicas=1,
+            accept_wait_ms=300,
+            on_unreplicated=lambda: missed.append(1),
+        )
+        meta = JobMeta(str(uuid.uuid4()), "/v1/completions", MODEL, "kvferry.test.void", "test", time.time())
+        started = time.monotonic()
+        try:
+            await client.submit(meta, token_job(random_prompt(264), 4))
+            assert await client.meta(meta.job_id) is not None
+            return time.monotonic() - started
+        finally:
+            await client.close()
+
+    os.kill(replica.process.pid, signal.SIGSTOP)
+    try:
+        took = asyncio.run(submit())
+    finally:
+        os.kill(replica.process.pid, signal.SIGCONT)
+    assert missed == [1] and 0.3 <= took < 5
+    connect(sentinel_stack.address(ha)).delete("kvferry.test.void")
 
 
 def test_a_202d_job_is_on_the_replica_before_its_202_and_survives_the_primarys_sigkill(
