@@ -22,11 +22,18 @@ from api.tokenizer import Tokenizer
 
 def create_app(config: ApiConfig, tokenizer: Tokenizer | None = None) -> FastAPI:
     """tokenizer: the served model's, for /tokenize and /detokenize (None: they answer 503)."""
-    job_client = JobClient(config.broker, job_ttl_s=config.job_ttl_s)
+    metrics = ApiMetrics()
+    job_client = JobClient(
+        config.broker,
+        job_ttl_s=config.job_ttl_s,
+        accept_replicas=config.accept_replicas,
+        accept_wait_ms=config.accept_wait_ms,
+        on_unreplicated=metrics.accepts_unreplicated.inc,
+    )
     ctx = ApiContext(
         config=config,
         jobs=job_client,
-        metrics=ApiMetrics(),
+        metrics=metrics,
         started=int(time.time()),
         keys=KeyRing(config.api_key, config.api_keys, config.api_keys_file),
         tier=TierReader(job_client.redis),

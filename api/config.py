@@ -14,7 +14,9 @@ __all__ = ["ApiConfig", "Routing"]
 
 @dataclass(frozen=True, slots=True)
 class ApiConfig:
-    redis_url: str = DEFAULTS.redis_url
+    redis_url: str = DEFAULTS.redis_url  # or a Sentinel address (broker/redis_connect.py)
+    accept_replicas: int = DEFAULTS.accept_replicas  # under Sentinel: WAIT for them before a 202
+    accept_wait_ms: int = DEFAULTS.accept_wait_ms
     served_models: tuple[str, ...] = (DEFAULTS.model,)  # a request naming another model gets 404
     api_key: str | None = None  # None: no auth; else "Authorization: Bearer <key>" is required
     job_timeout_s: float = float(DEFAULTS.job_time_limit_s)  # the longest a request waits for its job

@@ -183,6 +183,11 @@ class ApiMetrics:
             buckets=TTFT_BUCKETS,
             registry=r,
         )
+        self.accepts_unreplicated = Counter(
+            "kvferry_api_accepts_unreplicated",
+            "Jobs accepted under Sentinel with no replica holding them yet (api/jobs/durable_accept.py)",
+            registry=r,
+        )
         self._redis = _FromRedis()
         r.register(self._redis)
 

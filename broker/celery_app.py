@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from celery import Celery
 from kombu import Exchange, Queue
 
-from broker import keys, redis_transport
+from broker import keys, redis_connect, redis_transport
 from broker.defaults import DEFAULTS
 from broker.result_backend import send_only_url
 
@@ -19,7 +19,7 @@ def heartbeat_interval_for(ttl_s: float) -> float:
 
 @dataclass(frozen=True, slots=True)
 class BrokerConfig:
-    redis_url: str = DEFAULTS.redis_url
+    redis_url: str = DEFAULTS.redis_url  # or a Sentinel address (broker/redis_connect.py)
     job_time_limit_s: int = DEFAULTS.job_time_limit_s  # the longest a job may run
     result_ttl_s: int = DEFAULTS.job_ttl_s
     # Redelivery of a dead worker's jobs: its heartbeat expires after heartbeat_ttl_s, a live
@@ -57,8 +57,10 @@ def make_celery(config: BrokerConfig, name: str = "kvferry", send_only: bool = F
     sending then subscribes to nothing (broker/result_backend.py). The broker's Redis transport
     is kombu's, fixed so that a Redis restart does not end a worker (broker/redis_transport.py)."""
     redis_transport.install()
-    backend = send_only_url(config.redis_url) if send_only else config.redis_url
-    app = Celery(name, broker=config.redis_url, backend=backend)
+    url = redis_connect.celery_url(config.redis_url)  # under Sentinel: kombu's sentinel:// list
+    sentinel = redis_connect.transport_options(config.redis_url)  # {} without Sentinel
+    backend = send_only_url(url) if send_only else url
+    app = Celery(name, broker=url, backend=backend)
     app.conf.update(
         task_serializer="json",
         result_serializer="json",
@@ -102,7 +104,8 @@ def make_celery(config: BrokerConfig, name: str = "kvferry", send_only: bool = F
             "unacked_restore_interval": config.restore_interval_s,
             "unacked_restore_throttle": 1,
             "unacked_mutex_expire": 60,
+            **sentinel,
         },
-        result_backend_transport_options={"visibility_timeout": config.visibility_timeout_s},
+        result_backend_transport_options={"visibility_timeout": config.visibility_timeout_s, **sentinel},
     )
     return app

@@ -97,11 +97,16 @@ class SettingsFields(BaseModel):
     redis_url: str = "redis://127.0.0.1:6379/0"
     kv_redis_url: str | None = None  # the KV tier's own Redis (block packs, index); None: redis_url
     kv_shards: int = 0  # serve: the KV tier on a local Redis Cluster of this many primaries; 0: one Redis
+    redis_sentinels: str | None = None  # "h:p,h:p,h:p": queue Redis under Sentinel (password: redis_url)
+    redis_master: str | None = None  # the master's name the sentinels monitor (with redis_sentinels)
+    accept_replicas: int = 1  # under Sentinel: replicas that hold a job before its 202 (WAIT); 0 = none
+    accept_wait_ms: int = 500  # the longest a submit waits for them; short of them it is accepted anyway
     worker_name: str | None = None
     worker_concurrency: int = 32  # jobs one worker runs at once (they share its engine's batches)
     job_time_limit_s: int = 1800  # the longest a job may run; the visibility timeout is twice this
     job_ttl_s: int = 86400  # a finished job's result, stream and metadata live this long (no prompt)
     heartbeat_ttl_s: int = 3  # the heartbeat never waits on the engine, so a short TTL is safe
+    job_lease_ttl_s: float | None = None  # a running job's lease; None: heartbeat_ttl_s (serve --ha: longer)
     # the HTTP API
     api_host: str = "127.0.0.1"
     api_port: int = 8000

@@ -21,11 +21,15 @@ failover to another URL of the list, which kombu resolves again by scheme, keeps
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Iterator
 from typing import Any
 
 from kombu import transport as kombu_transport
 from kombu.transport import redis as kombu_redis
+
+FAILOVER_WAIT_S = 15.0
+FAILOVER_POLL_S = 0.1
 
 
 def _collected(channel: Any) -> bool:
@@ -77,7 +81,22 @@ class Transport(kombu_redis.Transport):
 
 
 class SentinelTransport(kombu_redis.SentinelTransport):
+    """A connection made while the sentinels still name a dead primary (a failover under way)
+    is tried again every FAILOVER_POLL_S for up to FAILOVER_WAIT_S, asking the sentinels anew
+    each time: the worker's consumer then takes jobs again as soon as the replica is promoted,
+    not after Celery's reconnect backoff (2 s, then 4 s, ...) on top of it."""
+
     Channel = SentinelChannel
+
+    def establish_connection(self) -> Any:
+        deadline = time.monotonic() + FAILOVER_WAIT_S
+        while True:
+            try:
+                return super().establish_connection()
+            except self.connection_errors:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(FAILOVER_POLL_S)
 
 
 ALIASES = {

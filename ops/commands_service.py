@@ -96,16 +96,19 @@ def api_cmd(**opts: Any) -> None:
 @click.option(
     "--kv-shards", type=int, help="the KV tier on a local Redis Cluster of N primaries (0: one Redis)"
 )
+@click.option("--ha", is_flag=True, help="the queue Redis under Sentinel: a primary, a replica, 3 sentinels")
 @tenant_options
 @service_options
 @engine_options
-def serve_cmd(num_workers: int, demo: bool, exit_after_demo: bool, run_dir: Path | None, **opts: Any) -> None:
+def serve_cmd(
+    num_workers: int, demo: bool, exit_after_demo: bool, run_dir: Path | None, ha: bool, **opts: Any
+) -> None:
     """The whole stack on this machine: two Redis (queue; KV cache), N workers, the API, Flower
     (basic auth). Passwords are generated; they and the URLs go to RUN_DIR/stack.json. Ctrl-C stops it."""
     from ops.stack import Stack
 
     settings = settings_from(opts)
-    stack = Stack(settings, num_workers, run_dir=run_dir)
+    stack = Stack(settings, num_workers, run_dir=run_dir, ha=ha)
     click.echo(f"run directory: {stack.run_dir}")
     with stack:
         click.echo(f"URLs and secrets: {stack.stack_file} (mode 0600); waiting for the workers...")

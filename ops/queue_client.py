@@ -9,8 +9,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-import redis
-
 from broker import keys
 from broker.celery_app import make_celery
 from broker.codec import encode_job
@@ -25,6 +23,7 @@ from broker.messages import (
     TokenDelta,
     WorkerStatus,
 )
+from broker.redis_connect import connect
 from broker.sampling import SamplingParams
 from broker.worker_registry import live_workers, queue_depths
 from ops.settings import Settings
@@ -60,7 +59,7 @@ def submit_and_follow(
         submitted_at=time.time(),
     )
     app = make_celery(settings.broker_config())
-    client = redis.Redis.from_url(settings.redis_url)
+    client = connect(settings.queue_url)
     job_id = str(uuid.uuid4())
     app.send_task(
         keys.GENERATE_TASK, args=[encode_job(job)], task_id=job_id, queue=queue or keys.SHARED_QUEUE
@@ -104,7 +103,7 @@ class PingReport:
 
 
 def ping(settings: Settings, timeout: float) -> PingReport:
-    client = redis.Redis.from_url(settings.redis_url)
+    client = connect(settings.queue_url)
     workers = live_workers(client)
     replies = make_celery(settings.broker_config()).control.ping(timeout=timeout) or []
     answered = {name for reply in replies for name in reply}
@@ -113,7 +112,7 @@ def ping(settings: Settings, timeout: float) -> PingReport:
 
 def worker_stats(settings: Settings) -> list[dict[str, Any]]:
     rows = []
-    for w in live_workers(redis.Redis.from_url(settings.redis_url)):
+    for w in live_workers(connect(settings.queue_url)):
         row: dict[str, Any] = {
             "worker": w.name,
             "model": w.model,
@@ -147,7 +146,7 @@ def redis_tier_report(settings: Settings) -> dict[str, Any]:
     from kvstore.redis.client import kv_client
     from kvstore.redis.report import read_report
 
-    queue_client = redis.Redis.from_url(settings.redis_url)
+    queue_client = connect(settings.queue_url)
     kv = kv_client(settings.kv_redis_url) if settings.kv_redis_url else queue_client
     return read_report(kv, queue_client)
 
@@ -156,7 +155,7 @@ def preload(settings: Settings, path: Path, out: TextIO, tenant: str = "") -> in
     """Compute and pin prompt templates (JSONL: {"messages": [...]} or {"prompt": "..."}; a plain
     text line is a system prompt) so their blocks stay in the Redis tier for every worker."""
     app = make_celery(settings.broker_config())
-    client = redis.Redis.from_url(settings.redis_url)
+    client = connect(settings.queue_url)
     handles = []
     for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
         if not line.strip():

@@ -63,6 +63,7 @@ class RedisServer:
         password: str | None = None,
         maxmemory_bytes: int = 0,
         policy: str = "noeviction",
+        config_lines: tuple[str, ...] = (),
     ) -> None:
         self.data_dir = data_dir
         self.port = port or free_port()
@@ -70,6 +71,7 @@ class RedisServer:
         self.password = password
         self.maxmemory_bytes = maxmemory_bytes
         self.policy = policy
+        self.config_lines = config_lines  # more of redis.conf (ops/redis_ha.py: masterauth, replicaof)
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -81,7 +83,8 @@ class RedisServer:
         self.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.data_dir.chmod(0o700)
         config = self.data_dir / "redis.conf"
-        write_private(config, f"requirepass {self.password}\n" if self.password else "")
+        lines = [f"requirepass {self.password}"] if self.password else []
+        write_private(config, "".join(f"{line}\n" for line in [*lines, *self.config_lines]))
         args = [
             find_redis_server(),
             str(config),
@@ -101,7 +104,8 @@ class RedisServer:
             self.policy,
         ]
         log = (self.data_dir / "redis.log").open("ab")
-        self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
+        # umask: a CONFIG REWRITE (Sentinel sends one on a failover) keeps the config 0600
+        self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, umask=0o077)
         client = redis.Redis.from_url(self.url)
         deadline = time.monotonic() + timeout_s
         while True:
@@ -114,6 +118,13 @@ class RedisServer:
                         f"redis-server did not start; see {self.data_dir / 'redis.log'}"
                     ) from None
                 time.sleep(0.05)
+
+    def kill(self) -> None:
+        """SIGKILL: no AOF sync, no goodbye to replicas or sentinels (what a crash looks like)."""
+        if self.process and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(10)
+        self.process = None
 
     def stop(self) -> None:
         if self.process and self.process.poll() is None:

@@ -12,7 +12,7 @@ import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Self, TypeVar
 
-from pydantic import ValidationError
+from pydantic import ValidationError, model_validator
 from pydantic_settings import (
     BaseSettings,
     EnvSettingsSource,
@@ -21,6 +21,7 @@ from pydantic_settings import (
 )
 
 from broker.defaults import DEFAULTS, SettingsFields, parse_size
+from broker.redis_connect import queue_address
 
 if TYPE_CHECKING:
     from api.config import ApiConfig
@@ -68,6 +69,11 @@ class Settings(SettingsFields, BaseSettings):
         # from_env's job, so a test's Settings(redis_url=...) means exactly that.
         return (init_settings,)
 
+    @model_validator(mode="after")
+    def _sentinels_named(self) -> Self:
+        queue_address(self.redis_url, self.redis_sentinels, self.redis_master)  # a ValueError if not
+        return self
+
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Self:
         """KVFERRY_<FIELD> variables, then overrides (None values are ignored)."""
@@ -93,6 +99,12 @@ class Settings(SettingsFields, BaseSettings):
         return self.served_model_name or self.model
 
     @property
+    def queue_url(self) -> str:
+        """The queue Redis's address for every client: redis_url, or under Sentinel the
+        sentinels' address with redis_url's password and db (broker/redis_connect.py)."""
+        return queue_address(self.redis_url, self.redis_sentinels, self.redis_master)
+
+    @property
     def redis_tier_on(self) -> bool:
         """Whether workers run the Redis tier: it hangs off the warm tier, which prefix caching
         feeds (workers/jobs/engine_service.py, workers/engine/llm_engine.py)."""
@@ -107,6 +119,7 @@ class Settings(SettingsFields, BaseSettings):
             BrokerConfig,
             heartbeat_interval_s=heartbeat_interval_for(self.heartbeat_ttl_s),
             result_ttl_s=self.job_ttl_s,
+            redis_url=self.queue_url,
         )
 
     def tier_config(self) -> TierConfig:
@@ -137,6 +150,7 @@ class Settings(SettingsFields, BaseSettings):
         return self._project(
             ApiConfig,
             served_models=(self.served_model,),
+            redis_url=self.queue_url,
             api_keys=parse_pairs(self.api_keys),
             job_timeout_s=float(self.job_time_limit_s),
             # The worker applies Settings.default_max_tokens, capped by the room the context

@@ -19,13 +19,14 @@ from pathlib import Path
 from types import TracebackType
 
 import httpx
-import redis
 
+from broker.redis_connect import connect
 from broker.worker_registry import live_workers
 from ops.redis_cluster import LocalCluster
+from ops.redis_ha import LocalHA
 from ops.redis_server import RedisServer, write_private
 from ops.settings import Settings
-from ops.stack_redis import KV_EVICTION_POLICY, kv_maxmemory, start_redis
+from ops.stack_redis import KV_EVICTION_POLICY, kv_maxmemory, start_ha, start_redis
 
 __all__ = ["KV_EVICTION_POLICY", "Stack", "kv_maxmemory", "redact"]
 FLOWER_USER = "kvferry"
@@ -39,9 +40,16 @@ def redact(url: str) -> str:
 
 class Stack:
     def __init__(
-        self, settings: Settings, num_workers: int, run_dir: Path | None = None, with_flower: bool = True
+        self,
+        settings: Settings,
+        num_workers: int,
+        run_dir: Path | None = None,
+        with_flower: bool = True,
+        ha: bool = False,
     ) -> None:
         self.settings = settings
+        self.with_ha = ha  # the queue Redis under Sentinel (ops/redis_ha.py)
+        self.ha: LocalHA | None = None
         self.num_workers = num_workers
         self.with_flower = with_flower
         self.run_dir = run_dir or settings.cache_dir / "run"
@@ -71,7 +79,7 @@ class Stack:
 
     @property
     def kv_redis_url(self) -> str:
-        return self.settings.kv_redis_url or self.settings.redis_url
+        return self.settings.kv_redis_url or self.settings.queue_url
 
     def __enter__(self) -> Stack:
         try:
@@ -95,7 +103,10 @@ class Stack:
         )
 
     def _start_redis(self) -> None:
-        servers, self.settings = start_redis(self.settings, self.run_dir)
+        if self.with_ha:
+            self.ha, servers, self.settings = start_ha(self.settings, self.run_dir)
+        else:
+            servers, self.settings = start_redis(self.settings, self.run_dir)
         self.redis_servers.extend(servers)
 
     def start(self) -> None:
@@ -116,18 +127,22 @@ class Stack:
 
     def _start_flower(self, env: dict[str, str]) -> None:
         # Broker URL and credentials through the environment (celery's BROKER_URL, Flower's
-        # FLOWER_<OPTION>), not argv. FLOWER_UNAUTHENTICATED_API never reaches it.
-        flower_env = {
-            **env,
-            "BROKER_URL": self.settings.redis_url,
-            "FLOWER_BASIC_AUTH": f"{self.flower_user}:{self.flower_password}",
-        }
+        # FLOWER_<OPTION>), not argv. FLOWER_UNAUTHENTICATED_API never reaches it. Under Sentinel
+        # the broker needs transport options too: Flower then loads our own Celery app, which
+        # builds them from the KVFERRY_* settings (ops/flower_app.py).
+        flower_env = {**env, "FLOWER_BASIC_AUTH": f"{self.flower_user}:{self.flower_password}"}
+        app: list[str] = []
+        if self.settings.redis_sentinels:
+            app = ["-A", "ops.flower_app"]
+        else:
+            flower_env["BROKER_URL"] = self.settings.redis_url
         self._spawn(
             "flower",
             [
                 sys.executable,
                 "-m",
                 "celery",
+                *app,
                 "flower",
                 f"--port={self.settings.flower_port}",
                 "--address=127.0.0.1",
@@ -139,7 +154,9 @@ class Stack:
     def _write_stack_file(self) -> None:
         info = {
             "api_url": self.api_url,
-            "redis_url": self.settings.redis_url,
+            "redis_url": self.settings.queue_url,
+            "redis_sentinels": self.settings.redis_sentinels,
+            "redis_master": self.settings.redis_master,
             "kv_redis_url": self.kv_redis_url,
             "flower_url": self.flower_url if self.with_flower else None,
             "flower_user": self.flower_user if self.with_flower else None,
@@ -160,7 +177,7 @@ class Stack:
                 )
 
     def wait_ready(self, timeout_s: float = 300.0) -> None:
-        client = redis.Redis.from_url(self.settings.redis_url)
+        client = connect(self.settings.queue_url)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             self._check_children()
@@ -188,7 +205,7 @@ class Stack:
             f"kvferry is up: {self.num_workers} worker(s) serving {self.settings.served_model!r}\n"
             f"  API (OpenAI-compatible): {self.api_url}/v1   metrics: {self.api_url}/metrics\n"
             f"  Flower:                  {flower if self.with_flower else 'off'}\n"
-            f"  Redis (queue):           {redact(self.settings.redis_url)}\n"
+            f"  Redis (queue):           {redact(self.settings.queue_url)}\n"
             f"  Redis (KV tier):         {redact(self.kv_redis_url)}\n"
             f"  URLs and secrets:        {self.stack_file} (mode 0600)\n"
             f"  logs:                    {self.run_dir}"
@@ -243,6 +260,9 @@ class Stack:
         for server in reversed(self.redis_servers):
             server.stop()
         self.redis_servers.clear()
+        if self.ha is not None:
+            self.ha.stop()
+            self.ha = None
         if self._wrote_stack_file:  # its passwords die with the servers; a stale file misleads
             self.stack_file.unlink(missing_ok=True)
             self._wrote_stack_file = False

@@ -9,6 +9,7 @@ import secrets
 from pathlib import Path
 
 from ops.redis_cluster import LocalCluster
+from ops.redis_ha import LocalHA
 from ops.redis_server import RedisServer
 from ops.settings import DEFAULT_REDIS_URL, Settings
 
@@ -16,6 +17,9 @@ from ops.settings import DEFAULT_REDIS_URL, Settings
 # counter and pins none, so Redis may drop a pack (the tier reads that as a miss) but never the
 # bookkeeping that tells which packs exist. allkeys-lru could evict the index itself.
 KV_EVICTION_POLICY = "volatile-lru"
+# Under Sentinel a running job's lease must outlast a failover (the primary's detection, the
+# promotion, the clients' reconnect), or every job running then is stopped and redelivered.
+HA_LEASE_TTL_S = 6.0
 
 
 def kv_maxmemory(redis_cache_bytes: int) -> int:
@@ -54,3 +58,33 @@ def start_redis(settings: Settings, run_dir: Path) -> tuple[list[RedisServer | L
         servers.append(kv.start())
         kv_url = kv.url
     return servers, settings.with_overrides(redis_url=queue_url, kv_redis_url=kv_url or queue_url)
+
+
+def start_ha(settings: Settings, run_dir: Path) -> tuple[LocalHA, list[RedisServer], Settings]:
+    """`serve --ha`: the queue Redis as a primary, a replica and three sentinels (ops/redis_ha.py),
+    and the KV tier's own Redis (a cache: no failover, each secret its own) unless one is given;
+    returns them (started) and the settings pointing every client at the sentinels."""
+    ha = LocalHA(run_dir / "queue-ha").start()
+    servers: list[RedisServer] = []
+    try:
+        kv_url = settings.kv_redis_url
+        cap = int(settings.redis_cache_size)
+        if kv_url is None and cap > 0:
+            kv = RedisServer(
+                run_dir / "kv-redis",
+                password=secrets.token_urlsafe(24),
+                maxmemory_bytes=kv_maxmemory(cap),
+                policy=KV_EVICTION_POLICY,
+            )
+            servers.append(kv.start())
+            kv_url = kv.url
+    except BaseException:
+        ha.stop()
+        raise
+    queue = settings.with_overrides(
+        redis_url=ha.redis_url,
+        redis_sentinels=ha.sentinels,
+        redis_master=ha.master,
+        job_lease_ttl_s=settings.job_lease_ttl_s or HA_LEASE_TTL_S,
+    )
+    return ha, servers, queue.with_overrides(kv_redis_url=kv_url or queue.queue_url)

@@ -9,21 +9,21 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import logging
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-import redis.asyncio as aioredis
 from celery import states
 
 from api.fleet import FleetCache
-from api.jobs import wait
+from api.jobs import durable_accept, wait
 from api.jobs.errors import UNAVAILABLE, BrokerUnavailableError
 from api.jobs.meta import JobMeta
 from api.jobs.outcome import CeleryState
 from api.stage_clock import StageClock
-from broker import keys
+from broker import keys, redis_connect
 from broker.celery_app import BrokerConfig, make_celery
 from broker.codec import decode_event, encode_job
 from broker.jobs import delivery
@@ -33,21 +33,33 @@ from broker.message_copy import forget
 from broker.messages import GenerateJob, StreamEvent
 from broker.task_message import check_supported, task_message
 
+log = logging.getLogger(__name__)
 T = TypeVar("T")
 SYNC_TIMEOUT_S = 10.0  # the longest a request waits for a blocking Celery call
 
 
 class JobClient:
     def __init__(
-        self, broker: BrokerConfig, job_ttl_s: int, block_ms: int = 1000, state_poll_s: float = 2.0
+        self,
+        broker: BrokerConfig,
+        job_ttl_s: int,
+        block_ms: int = 1000,
+        state_poll_s: float = 2.0,
+        accept_replicas: int = 0,
+        accept_wait_ms: int = 500,
+        on_unreplicated: Callable[[], object] | None = None,
     ) -> None:
         self.job_ttl_s = job_ttl_s
         self.block_ms = block_ms
         self.state_poll_s = state_poll_s
-        # socket_timeout must outlast the longest XREAD BLOCK
-        self.redis = aioredis.Redis.from_url(
+        # socket_timeout must outlast the longest XREAD BLOCK; under Sentinel it follows a failover
+        self.redis = redis_connect.connect_async(
             broker.redis_url, socket_connect_timeout=5, socket_timeout=block_ms / 1000 + 10
         )
+        # Under Sentinel a 202 waits for this many replicas to hold the job (api/jobs/durable_accept.py)
+        self.accept_replicas = accept_replicas if redis_connect.is_sentinel(broker.redis_url) else 0
+        self.accept_wait_ms = accept_wait_ms
+        self.on_unreplicated = on_unreplicated  # a job accepted short of them (the replica was down)
         self.celery = make_celery(broker, name="kvferry-api", send_only=True)  # it follows streams
         check_supported(self.celery)  # its messages are pushed in our own transaction
         self._pool = ThreadPoolExecutor(8, thread_name_prefix="kvferry-api-celery")
@@ -77,6 +89,13 @@ class JobClient:
             queued = task_message(self.celery, keys.GENERATE_TASK, meta.job_id, [encoded], meta.queue)
             if clock is not None:
                 clock.mark("meta")
+            at = job.submitted_at or meta.created
+            record = delivery.Delivery(queued.tag, meta.queue, at)
+            if self.accept_replicas > 0:
+                await self._submit_durable(meta, fields, message, queued.key, queued.payload, record)
+                if clock is not None:
+                    clock.mark("published")
+                return
             pipe = self.redis.pipeline(transaction=True)
             pipe.hset(key, mapping=fields)
             pipe.expire(key, self.job_ttl_s)
@@ -84,8 +103,7 @@ class JobClient:
             pipe.set(keys.job_message(meta.job_id), message, ex=self.job_ttl_s)
             pipe.zadd(keys.PENDING_JOBS, {meta.job_id: time.time()})
             # the sweeps' own record of the message (no prompt): broker/jobs/delivery.py
-            at = job.submitted_at or meta.created
-            delivery.record(pipe, meta.job_id, delivery.Delivery(queued.tag, meta.queue, at), self.job_ttl_s)
+            delivery.record(pipe, meta.job_id, record, self.job_ttl_s)
             pipe.lpush(queued.key, queued.payload)
             await pipe.execute()
         except Exception as exc:
@@ -94,6 +112,37 @@ class JobClient:
             raise BrokerUnavailableError(f"could not queue the job: {type(exc).__name__}: {exc}") from exc
         if clock is not None:
             clock.mark("published")
+
+    async def _submit_durable(
+        self,
+        meta: JobMeta,
+        fields: dict[Any, Any],
+        message: str,
+        queue_key: str,
+        payload: str | bytes,
+        sweep_record: delivery.Delivery,
+    ) -> None:
+        job_id = meta.job_id
+        record = (keys.job_meta(job_id), keys.job_message(job_id), keys.PENDING_JOBS, queue_key)
+        acked = await durable_accept.write_and_wait(
+            self.redis,
+            record,
+            fields,
+            self.job_ttl_s,
+            message,
+            time.time(),
+            job_id,
+            payload,
+            self.accept_replicas,
+            self.accept_wait_ms,
+            also=lambda pipe: delivery.record(pipe, job_id, sweep_record, self.job_ttl_s),
+        )
+        if acked < self.accept_replicas:
+            if self.on_unreplicated is not None:
+                self.on_unreplicated()
+            log.warning(
+                "job %s accepted on the primary alone: %d of %d replicas", job_id, acked, self.accept_replicas
+            )
 
     async def meta(self, job_id: str) -> JobMeta | None:
         raw: Any = await self.redis.hgetall(keys.job_meta(job_id))

@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import redis
 
 from api.stage_clock import REQUEST_HEADER
+from broker.redis_connect import connect
 from broker.sampling import SamplingParams
 from ops.bench import queue_stages
 from ops.bench.queue_stages import pct
@@ -52,7 +52,7 @@ def bench_overhead(settings: Settings, requests: int, run_dir: Path) -> dict[str
         stack.wait_ready()
         body = {"model": settings.served_model, "prompt": PROMPT, "max_tokens": 1, "temperature": 0}
         asks = {REQUEST_HEADER: "1"}
-        rds = redis.Redis.from_url(stack.settings.redis_url)
+        rds = connect(stack.settings.queue_url)
         with httpx.Client(base_url=stack.api_url, timeout=60) as client:
             for i in range(requests + WARMUP):
                 started = time.perf_counter()

@@ -103,6 +103,19 @@ def redeliveries(records: Iterable[JobRecord], faults: FaultLog) -> list[dict[st
     return out
 
 
+def recoveries(records: Iterable[JobRecord], faults: FaultLog) -> list[float]:
+    """Per failover: from the primary's SIGKILL until a job submitted after it completed at its
+    client (the whole path works again: the api's accept, the new primary, a worker's consumer,
+    the stream), the first such job's end."""
+    done = [r for r in records if r.status == "completed"]
+    out = []
+    for failover in faults.failovers:
+        after = [r.ended for r in done if r.started > failover.at]
+        if after:
+            out.append(min(after) - failover.at)
+    return out
+
+
 def recomputed_tokens(usage: Any) -> int | None:
     """The api's count of tokens recomputed after a redelivery, under whatever key holds it."""
     if not isinstance(usage, dict):
@@ -132,6 +145,7 @@ def report(
     recomputed = [recomputed_tokens(r.usage) for r in submitted if r.job_id in redelivered]
     known = [n for n in recomputed if n is not None]
     back = [k.back_after_s for k in faults.kills]
+    recovered = recoveries(submitted, faults)
     by_key = {r.key: r for r in submitted}
     out = {
         "jobs": len(records),  # never-submitted ones too: each is a job the run did not do
@@ -146,6 +160,12 @@ def report(
         "kills": len(faults.kills),
         "kills_that_hit_jobs": sum(bool(k.jobs) for k in faults.kills),
         "redis_restarts": len(faults.redis_restarts),
+        "failovers": len(faults.failovers),
+        "promotion_p50_s": _median([f.promoted_after_s for f in faults.failovers]),
+        "recovery_p50_s": _median(recovered),
+        "recovery_max_s": round(max(recovered), 3) if recovered else None,
+        # jobs the api accepted (it answered with their id) that never completed
+        "accepted_lost": sum(r.job_id is not None and r.status != "completed" for r in submitted),
         "jobs_hit_by_kills": len(redelivered),
         "redelivery_p50_s": _median(delays),
         "redelivery_max_s": round(max(delays), 3) if delays else None,
@@ -187,6 +207,12 @@ def verdict(result: dict[str, Any]) -> list[str]:
     need(integrity, "no worker answered the pool integrity check")
     need(all(integrity.values()), f"pool integrity failed: {[n for n, ok in integrity.items() if not ok]}")
     need(not result["kills"] or result["jobs_hit_by_kills"], f"{result['kills']} kill(s) hit no job")
+    need(not result.get("accepted_lost"), f"{result.get('accepted_lost')} accepted job(s) never completed")
+    failovers = result.get("failovers") or 0
+    need(
+        not failovers or result.get("recovery_p50_s") is not None,
+        f"no job completed after any of the {failovers} failover(s)",
+    )
     need("hf_checked" in result, f"not checked against HF generate: {result.get('hf_error', 'not run')}")
     need(result.get("hf_checked", 1) or not completed, "no job checked against HF generate")
     need(not result.get("hf_mismatches"), f"{result.get('hf_mismatches')} job(s) differ from HF generate")

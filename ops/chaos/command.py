@@ -16,6 +16,11 @@ from ops.cli_options import engine_options, service_options, settings_from
 @click.option("--clients", type=int, help="concurrent streaming clients (16; --quick: 4)")
 @click.option("--kills", type=int, help="workers SIGKILLed and restarted (20; --quick: 2; --soak: 0)")
 @click.option("--redis-restarts", type=int, help="restarts of the queue's Redis (1; --soak: 0)")
+@click.option(
+    "--failovers",
+    type=int,
+    help="SIGKILLs of the queue's primary; the stack then runs the queue Redis under Sentinel (--ha)",
+)
 @click.option("--turns", type=int, help="chat turns per session (3; --quick: 2)")
 @click.option("--max-tokens", type=int, help="tokens per answer (32; --quick: 8)")
 @click.option("--quick", is_flag=True, help="a small run (2 kills, 1 Redis restart, 4 clients, tiny prompts)")
@@ -45,11 +50,18 @@ def chaos_cmd(
     from ops.chaos.check import render
     from ops.chaos.run import ChaosConfig, run_chaos
 
-    load = {k: opts.pop(k) for k in ("clients", "kills", "redis_restarts", "turns", "max_tokens")}
+    load = {
+        k: opts.pop(k) for k in ("clients", "kills", "redis_restarts", "failovers", "turns", "max_tokens")
+    }
     if api_url is not None and redis_url is None:
         raise click.UsageError("--api-url needs --redis-url too (the workers' integrity check uses it)")
     if soak_minutes:
-        load = {"kills": 0, "redis_restarts": 0, **{k: v for k, v in load.items() if v is not None}}
+        load = {
+            "kills": 0,
+            "redis_restarts": 0,
+            "failovers": 0,
+            **{k: v for k, v in load.items() if v is not None},
+        }
     overrides = {**load, "workers": workers, "seed": seed}
     config = ChaosConfig.quick(**overrides) if quick else ChaosConfig(**_given(overrides))
     if soak_minutes:

@@ -1,6 +1,9 @@
 """The faults of `kvferry chaos`: SIGKILL a random worker (mid-job when one is busy) and start it
-again under the same name, K times; restart the queue's Redis; all on one thread, while the load
-runs. Every wait is bounded; the kill times are time.monotonic(), the clients' clock."""
+again under the same name, K times; restart the queue's Redis; under Sentinel (`serve --ha`),
+SIGKILL the queue's primary (Sentinel promotes the replica, the old primary comes back as its
+replica); all on one thread, while the load runs. Every wait is bounded; the kill times are
+time.monotonic(), the clients' clock. A new kind of fault is a name in the plan and a method in
+FaultInjector.actions (e.g. a KV shard kill)."""
 
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ import redis
 
 from broker import keys
 from broker.messages import WorkerStatus
+from broker.redis_connect import connect
 from broker.worker_registry import live_workers
 from ops.stack import Stack
 
@@ -34,10 +38,19 @@ class KillEvent:
     back_after_s: float  # until its restarted process's heartbeat said ready
 
 
+@dataclass(frozen=True, slots=True)
+class FailoverEvent:
+    at: float  # time.monotonic() just before the primary's SIGKILL
+    promoted_after_s: float  # until the sentinels named the replica and it accepted a write
+    old_primary: int  # its port
+    new_primary: int
+
+
 @dataclass
 class FaultLog:
     kills: list[KillEvent] = field(default_factory=list)
     redis_restarts: list[float] = field(default_factory=list)
+    failovers: list[FailoverEvent] = field(default_factory=list)
     unexpected_exits: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     events: list[str] = field(default_factory=list)  # "HH:MM:SS.mmm what", to read beside the logs
@@ -71,25 +84,34 @@ class FaultInjector:
         gap_s: tuple[float, float],
         deadline: float,
         say: Callable[[str], object] = lambda line: None,
+        failovers: int = 0,
     ) -> None:
         self.say = say
         self.stack = stack
-        self.plan = self._plan(kills, redis_restarts)
+        self.plan = self._plan(kills, redis_restarts, failover=failovers)
+        self.actions: dict[str, Callable[[], None]] = {
+            "kill": self._kill,
+            "redis": self._restart_redis,
+            "failover": self._failover,
+        }
         self.rng = rng
         self.gap_s = gap_s
         self.deadline = deadline
         self.log = FaultLog()
         self.done = threading.Event()
-        self.redis = redis.Redis.from_url(stack.settings.redis_url, socket_timeout=5)
+        self.redis = connect(stack.settings.queue_url, socket_timeout=5)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="kvferry-chaos-faults", daemon=True)
 
     @staticmethod
-    def _plan(kills: int, restarts: int) -> list[str]:
-        """Redis restarts spread among the kills (not first: the load must be running)."""
+    def _plan(kills: int, restarts: int = 0, **others: int) -> list[str]:
+        """Redis restarts, then each other kind of fault (by its name in `actions`), spread
+        evenly among the kills (not first: the load must be running)."""
         plan = ["kill"] * kills
-        for n in range(restarts):
-            plan.insert(min(len(plan), (n + 1) * (kills + 1) // (restarts + 1)), "redis")
+        for action, count in {"redis": restarts, **others}.items():
+            slots = len(plan)
+            for n in range(count):
+                plan.insert(min(len(plan), (n + 1) * (slots + 1) // (count + 1) + n), action)
         return plan
 
     @property
@@ -112,10 +134,7 @@ class FaultInjector:
                     break
                 self._wait_all_ready()
                 self._stop.wait(self.rng.uniform(*self.gap_s))
-                if action == "kill":
-                    self._kill()
-                else:
-                    self._restart_redis()
+                self.actions[action]()
             self._wait_all_ready()
         except Exception as exc:  # a broken fault thread must not hang the run
             log.exception("fault injection failed")
@@ -167,6 +186,23 @@ class FaultInjector:
             self.log.redis_restarts.append(at)
         else:
             self.log.notes.append("the queue's Redis is not this stack's own: not restarted")
+
+    def _failover(self) -> None:
+        ha = self.stack.ha
+        if ha is None:
+            self.log.notes.append("the queue Redis is not under Sentinel (--ha): no failover")
+            return
+        old = ha.primary_port()
+        at = time.monotonic()
+        killed = ha.kill_primary()
+        self.say(self.log.event(f"SIGKILL the queue's primary (port {old})"))
+        new = ha.wait_promoted(killed.port)
+        took = time.monotonic() - at
+        self.say(
+            self.log.event(f"port {new} promoted after {took:.1f}s; the old primary rejoins as its replica")
+        )
+        ha.restart_as_replica(killed)
+        self.log.failovers.append(FailoverEvent(at, took, old, new))
 
     def _wait_ready(self, node: str, after: float) -> float:
         """Until `node` beats again (a heartbeat sent after `after`, unix time) with its engine up."""

@@ -21,6 +21,7 @@ from broker import keys
 from broker.codec import decode_event
 from broker.jobs.events import EVENT_FIELD
 from broker.messages import ChatMessage, GenerateJob, GenerateResult, JobDone
+from broker.redis_connect import connect
 from broker.sessions import store as session_store
 from broker.sessions.tokens import SessionTokens
 from ops.chaos.clients import JobRecord
@@ -202,7 +203,7 @@ def hf_check(settings: Settings, records: list[JobRecord], kills: Sequence[KillE
     stack's Redis, so it runs before the stack stops."""
     plan = groups(records, kills)
     greedy = HFGreedy(settings)
-    client = redis.Redis.from_url(settings.redis_url)
+    client = connect(settings.queue_url)
     try:
 
         def ids(record: JobRecord) -> JobIds | str:

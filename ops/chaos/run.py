@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from broker.redis_connect import connect
 from ops.chaos.check import report
 from ops.chaos.clients import ChaosClient, JobRecord, LoadConfig, make_scripts, run_load
 from ops.chaos.faults import FaultInjector, FaultLog, rss_mb, stamped
@@ -38,6 +39,7 @@ class ChaosConfig:
     clients: int = 16
     kills: int = 20
     redis_restarts: int = 1
+    failovers: int = 0  # SIGKILLs of the queue's primary under Sentinel (the stack runs --ha)
     turns: int = 3  # chat turns per session
     words: int = 12  # per user turn
     max_tokens: int = 32
@@ -103,14 +105,13 @@ class RssSampler:
 
 def integrity(settings: Settings, timeout_s: float = 15.0) -> dict[str, dict[str, Any]]:
     """Every live worker's answer to the pool integrity check (workers/process/control.py)."""
-    import redis
 
     from broker.celery_app import make_celery
     from broker.worker_registry import live_workers
 
     app = make_celery(settings.broker_config())
     try:
-        expected = len(live_workers(redis.Redis.from_url(settings.redis_url)))  # answers to wait for
+        expected = len(live_workers(connect(settings.queue_url)))  # answers to wait for
         replies = (
             app.control.broadcast(INTEGRITY_COMMAND, reply=True, timeout=timeout_s, limit=expected or None)
             or []
@@ -184,10 +185,10 @@ def run_chaos(
     if api_url is None:
         run_dir = run_dir or Path(tempfile.mkdtemp(prefix="kvferry-chaos-"))
         settings = settings.with_overrides(api_port=free_port())
-        stack = Stack(settings, config.workers, run_dir=run_dir, with_flower=False)
+        stack = Stack(settings, config.workers, run_dir=run_dir, with_flower=False, ha=config.failovers > 0)
         sizes = log_sizes(run_dir)
         log(stamped(f"starting {config.workers} worker(s), the api and Redis; logs in {run_dir}"))
-    elif config.kills or config.redis_restarts:
+    elif config.kills or config.redis_restarts or config.failovers:
         notes.append("running stack: this run did not start its workers or Redis, so it kills none")
     try:
         faults = None
@@ -198,10 +199,13 @@ def run_chaos(
             rng = random.Random(config.seed)
             deadline = time.monotonic() + config.timeout_s
             gap = config.gap_s
-            if config.soak_s > 0 and config.kills + config.redis_restarts:
-                spread = config.soak_s / (config.kills + config.redis_restarts + 1)
+            faults_planned = config.kills + config.redis_restarts + config.failovers
+            if config.soak_s > 0 and faults_planned:
+                spread = config.soak_s / (faults_planned + 1)
                 gap = (0.5 * spread, 1.5 * spread)
-            faults = FaultInjector(stack, config.kills, config.redis_restarts, rng, gap, deadline, log)
+            faults = FaultInjector(
+                stack, config.kills, config.redis_restarts, rng, gap, deadline, log, config.failovers
+            )
         assert api_url is not None
         sampler = RssSampler(stack, config.rss_every_s).start()
         references, records, duration = asyncio.run(_passes(api_url, settings, config, faults, log))

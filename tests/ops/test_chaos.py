@@ -69,6 +69,10 @@ def test_workload_is_seeded_and_faults_are_planned() -> None:
     assert [len(s.prompts) for s in make_scripts(1, 1, 3, 4, 0)[0]] == [3, 1, 1]
     assert FaultInjector._plan(2, 1) == ["kill", "redis", "kill"]
     assert FaultInjector._plan(20, 1).count("redis") == 1 and FaultInjector._plan(20, 1)[0] == "kill"
+    spread = FaultInjector._plan(9, 0, failover=3)
+    assert (
+        spread.count("failover") == 3 and spread[0] == "kill" and "failover failover" not in " ".join(spread)
+    )
     assert node_of(["python", "-m", "ops.cli", "worker", "--name", "w2", "--preload"]) == "w2"
 
 

@@ -11,12 +11,11 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-import redis
-
 from broker import keys, prefetch_hint
 from broker.celery_app import BrokerConfig, make_celery
 from broker.codec import decode_result, encode_job
 from broker.messages import ChatMessage, GenerateJob, GenerateResult
+from broker.redis_connect import connect
 from broker.sampling import SamplingParams
 from ops.redis_server import free_port
 from ops.settings import Settings
@@ -47,8 +46,8 @@ def bench_prefetch(
     rows: list[dict[str, Any]] = []
     with Stack(stack_settings, 2, run_dir=run_dir, with_flower=False) as stack:
         stack.wait_ready()
-        url = stack.settings.redis_url
-        client = redis.Redis.from_url(url)
+        url = stack.settings.queue_url
+        client = connect(url)
         app = make_celery(BrokerConfig(redis_url=url))
         names = sorted(k.decode().split(":")[2] for k in client.scan_iter(match="kvferry:worker:*:heartbeat"))
         first, second = names[0], names[1]

@@ -1,0 +1,44 @@
+"""`kvferry chaos --failovers`: the queue's primary SIGKILLed under Sentinel during the load; no
+accepted job is lost, every job is exact, and the report says how long recovery took."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.integration.conftest import ROOT
+
+HA_KEYS = ("failovers", "promotion_p50_s", "recovery_p50_s", "recovery_max_s", "accepted_lost")
+
+
+def test_chaos_failovers_lose_no_accepted_job(
+    tiny_model_dir: Path, kvferry_cache_dir: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "chaos.json"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "KVFERRY_CACHE_DIR": str(kvferry_cache_dir)}
+    for name in ("KVFERRY_REDIS_URL", "KVFERRY_KV_REDIS_URL", "KVFERRY_API_KEY", "KVFERRY_REDIS_SENTINELS"):
+        env.pop(name, None)  # the run brings its own Redis
+    args = ["chaos", "--quick", "--failovers", "2", "--kills", "0", "--redis-restarts", "0", "--workers", "1"]
+    args += ["--json", str(out), "--run-dir", str(tmp_path / "run"), "--model", str(tiny_model_dir)]
+    args += ["--served-model-name", "tiny", "--cache-size", "8M", "--torch-threads", "1"]
+    done = subprocess.run(
+        [sys.executable, "-m", "ops.cli", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    print(done.stderr[-2000:], done.stdout, sep="\n")
+    assert out.exists(), done.stdout[-3000:] + done.stderr[-3000:]
+    result = json.loads(out.read_text())
+    summary = f"{done.stdout[-4000:]}\nlogs: {tmp_path / 'run'}"
+    assert all(key in result for key in HA_KEYS), result
+    assert result["failovers"] == 2 and result["accepted_lost"] == 0 and result["lost"] == 0, summary
+    assert result["jobs"] > 0 and result["exact"] == result["completed"] == result["jobs"], summary
+    assert result["duplicated_tokens"] == result["missing_tokens"] == 0, summary
+    assert result["recovery_p50_s"] is not None and result["recovery_p50_s"] <= 10, summary
+    assert not result["unexpected_exits"] and done.returncode == 0, summary
