@@ -38,46 +38,52 @@ def start_redis(settings: Settings, run_dir: Path) -> tuple[list[RedisServer | L
         queue = RedisServer(run_dir / "redis", persist=True, password=secrets.token_urlsafe(24))
         servers.append(queue.start())
         queue_url = queue.url
+    try:
+        kv_url = _start_kv(settings, run_dir, own, servers)
+    except BaseException:
+        for server in reversed(servers):
+            server.stop()
+        raise
+    return servers, settings.with_overrides(redis_url=queue_url, kv_redis_url=kv_url or queue_url)
+
+
+def _start_kv(
+    settings: Settings, run_dir: Path, own: bool, servers: list[RedisServer | LocalCluster]
+) -> str | None:
+    """The KV tier's own Redis (a cache: capped, evicting, no persistence, its own secret) or local
+    Redis Cluster (--kv-shards), unless a URL is given; appended to `servers`; its URL."""
     kv_url = settings.kv_redis_url
     cap = int(settings.redis_cache_size)
-    if kv_url is None and cap > 0 and settings.kv_shards > 0:
+    if kv_url is not None or cap <= 0:
+        return kv_url
+    if settings.kv_shards > 0:
         # packs spread unevenly over the shards: each may hold a quarter more than its share
         share = kv_maxmemory(cap * 5 // 4 // settings.kv_shards)
         cluster = LocalCluster(
             run_dir / "kv-cluster", settings.kv_shards, maxmemory_bytes=share, policy=KV_EVICTION_POLICY
         )
         servers.append(cluster.start())
-        kv_url = cluster.url
-    if own and kv_url is None and cap > 0:
-        kv = RedisServer(
-            run_dir / "kv-redis",
-            password=secrets.token_urlsafe(24),
-            maxmemory_bytes=kv_maxmemory(cap),
-            policy=KV_EVICTION_POLICY,
-        )
-        servers.append(kv.start())
-        kv_url = kv.url
-    return servers, settings.with_overrides(redis_url=queue_url, kv_redis_url=kv_url or queue_url)
+        return cluster.url
+    if not own:
+        return None
+    kv = RedisServer(
+        run_dir / "kv-redis",
+        password=secrets.token_urlsafe(24),
+        maxmemory_bytes=kv_maxmemory(cap),
+        policy=KV_EVICTION_POLICY,
+    )
+    servers.append(kv.start())
+    return kv.url
 
 
-def start_ha(settings: Settings, run_dir: Path) -> tuple[LocalHA, list[RedisServer], Settings]:
+def start_ha(settings: Settings, run_dir: Path) -> tuple[LocalHA, list[RedisServer | LocalCluster], Settings]:
     """`serve --ha`: the queue Redis as a primary, a replica and three sentinels (ops/redis_ha.py),
-    and the KV tier's own Redis (a cache: no failover, each secret its own) unless one is given;
-    returns them (started) and the settings pointing every client at the sentinels."""
+    and the KV tier's own Redis or cluster (a cache: no failover) unless one is given; returns
+    them (started) and the settings pointing every client at the sentinels."""
     ha = LocalHA(run_dir / "queue-ha").start()
-    servers: list[RedisServer] = []
+    servers: list[RedisServer | LocalCluster] = []
     try:
-        kv_url = settings.kv_redis_url
-        cap = int(settings.redis_cache_size)
-        if kv_url is None and cap > 0:
-            kv = RedisServer(
-                run_dir / "kv-redis",
-                password=secrets.token_urlsafe(24),
-                maxmemory_bytes=kv_maxmemory(cap),
-                policy=KV_EVICTION_POLICY,
-            )
-            servers.append(kv.start())
-            kv_url = kv.url
+        kv_url = _start_kv(settings, run_dir, True, servers)
     except BaseException:
         ha.stop()
         raise
