@@ -161,6 +161,7 @@ def report(
         "kills_that_hit_jobs": sum(bool(k.jobs) for k in faults.kills),
         "redis_restarts": len(faults.redis_restarts),
         "failovers": len(faults.failovers),
+        "kv_shard_kills": len(faults.kv_shard_kills),
         "promotion_p50_s": _median([f.promoted_after_s for f in faults.failovers]),
         "recovery_p50_s": _median(recovered),
         "recovery_max_s": round(max(recovered), 3) if recovered else None,
@@ -199,6 +200,8 @@ def verdict(result: dict[str, Any]) -> list[str]:
         need(result[key] == 0, f"{result[key]} job(s) {key.replace('_', ' ')}")
     need(exact == completed == jobs, f"of {jobs} jobs, {completed} completed, {exact} exact")
     need(result["duplicated_tokens"] == result["missing_tokens"] == 0, "streams repeated or dropped tokens")
+    raw = (result.get("raw_duplicated_tokens"), result.get("raw_duplicated_finals"))
+    need(raw == (0, 0), f"raw streams held repeated tokens or finals: {raw}")
     need(not result["unexpected_exits"], f"unexpected exits: {result['unexpected_exits']}")
     need(
         not result.get("engine_step_failures"), f"{result.get('engine_step_failures')} engine step(s) failed"

@@ -21,6 +21,11 @@ from ops.cli_options import engine_options, service_options, settings_from
     type=int,
     help="SIGKILLs of the queue's primary; the stack then runs the queue Redis under Sentinel (--ha)",
 )
+@click.option(
+    "--kv-shard-kills",
+    type=int,
+    help="SIGKILLs of a KV shard, each started again empty; the KV tier then runs on a local 3-shard cluster",
+)
 @click.option("--turns", type=int, help="chat turns per session (3; --quick: 2)")
 @click.option("--max-tokens", type=int, help="tokens per answer (32; --quick: 8)")
 @click.option("--quick", is_flag=True, help="a small run (2 kills, 1 Redis restart, 4 clients, tiny prompts)")
@@ -50,9 +55,8 @@ def chaos_cmd(
     from ops.chaos.check import render
     from ops.chaos.run import ChaosConfig, run_chaos
 
-    load = {
-        k: opts.pop(k) for k in ("clients", "kills", "redis_restarts", "failovers", "turns", "max_tokens")
-    }
+    faults = ("kills", "redis_restarts", "failovers", "kv_shard_kills")
+    load = {k: opts.pop(k) for k in ("clients", *faults, "turns", "max_tokens")}
     if api_url is not None and redis_url is None:
         raise click.UsageError("--api-url needs --redis-url too (the workers' integrity check uses it)")
     if soak_minutes:
@@ -60,6 +64,7 @@ def chaos_cmd(
             "kills": 0,
             "redis_restarts": 0,
             "failovers": 0,
+            "kv_shard_kills": 0,
             **{k: v for k, v in load.items() if v is not None},
         }
     overrides = {**load, "workers": workers, "seed": seed}

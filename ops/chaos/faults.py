@@ -26,6 +26,7 @@ from ops.stack import Stack
 
 log = logging.getLogger(__name__)
 READY_TIMEOUT_S = 120.0  # a restarted worker loads its model again
+KV_SHARD_DOWN_S = (2.0, 5.0)  # a killed KV shard stays down this long, the load running
 BUSY_WAIT_S = 5.0  # a kill waits this long at most for a worker that is running a job
 
 
@@ -46,11 +47,19 @@ class FailoverEvent:
     new_primary: int
 
 
+@dataclass(frozen=True, slots=True)
+class KvShardKill:
+    at: float  # time.monotonic() just before the shard's SIGKILL
+    shard: int
+    down_s: float  # until it was started again (empty: its packs are gone, read as misses)
+
+
 @dataclass
 class FaultLog:
     kills: list[KillEvent] = field(default_factory=list)
     redis_restarts: list[float] = field(default_factory=list)
     failovers: list[FailoverEvent] = field(default_factory=list)
+    kv_shard_kills: list[KvShardKill] = field(default_factory=list)
     unexpected_exits: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     events: list[str] = field(default_factory=list)  # "HH:MM:SS.mmm what", to read beside the logs
@@ -85,14 +94,16 @@ class FaultInjector:
         deadline: float,
         say: Callable[[str], object] = lambda line: None,
         failovers: int = 0,
+        kv_shard_kills: int = 0,
     ) -> None:
         self.say = say
         self.stack = stack
-        self.plan = self._plan(kills, redis_restarts, failover=failovers)
+        self.plan = self._plan(kills, redis_restarts, failover=failovers, kv_shard=kv_shard_kills)
         self.actions: dict[str, Callable[[], None]] = {
             "kill": self._kill,
             "redis": self._restart_redis,
             "failover": self._failover,
+            "kv_shard": self._kill_kv_shard,
         }
         self.rng = rng
         self.gap_s = gap_s
@@ -203,6 +214,23 @@ class FaultInjector:
         )
         ha.restart_as_replica(killed)
         self.log.failovers.append(FailoverEvent(at, took, old, new))
+
+    def _kill_kv_shard(self) -> None:
+        """SIGKILL one shard of the KV cluster under the load, leave it down a while (its packs read
+        as misses, its writes are dropped), then start it again, empty."""
+        cluster = self.stack.kv_cluster
+        if cluster is None:
+            self.log.notes.append("the KV tier is not on a local cluster (--kv-shards): no shard killed")
+            return
+        shard = self.rng.randrange(cluster.shards)
+        at = time.monotonic()
+        cluster.kill_shard(shard)
+        self.say(self.log.event(f"SIGKILL KV shard {shard} (port {cluster.ports[shard]})"))
+        self._stop.wait(self.rng.uniform(*KV_SHARD_DOWN_S))
+        cluster.restart_shard(shard)
+        down = time.monotonic() - at
+        self.say(self.log.event(f"KV shard {shard} back (empty) after {down:.1f}s"))
+        self.log.kv_shard_kills.append(KvShardKill(at, shard, down))
 
     def _wait_ready(self, node: str, after: float) -> float:
         """Until `node` beats again (a heartbeat sent after `after`, unix time) with its engine up."""

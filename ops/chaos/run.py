@@ -26,10 +26,12 @@ from ops.chaos.check import report
 from ops.chaos.clients import ChaosClient, JobRecord, LoadConfig, make_scripts, run_load
 from ops.chaos.faults import FaultInjector, FaultLog, rss_mb, stamped
 from ops.chaos.hf import hf_check
+from ops.chaos.raw_streams import raw_duplicates
 from ops.settings import Settings
 from ops.stack import Stack
 
 INTEGRITY_COMMAND = "kvferry_integrity"  # workers/process/control.py
+KV_SHARDS = 3  # the KV cluster a run with --kv-shard-kills starts
 ENGINE_STEP_FAILED = "engine step failed; failing"  # workers/loop/dispatcher.py, once a step
 
 
@@ -40,6 +42,7 @@ class ChaosConfig:
     kills: int = 20
     redis_restarts: int = 1
     failovers: int = 0  # SIGKILLs of the queue's primary under Sentinel (the stack runs --ha)
+    kv_shard_kills: int = 0  # SIGKILLs of a KV shard (the KV tier then runs on a local cluster)
     turns: int = 3  # chat turns per session
     words: int = 12  # per user turn
     max_tokens: int = 32
@@ -185,10 +188,12 @@ def run_chaos(
     if api_url is None:
         run_dir = run_dir or Path(tempfile.mkdtemp(prefix="kvferry-chaos-"))
         settings = settings.with_overrides(api_port=free_port())
+        if config.kv_shard_kills:
+            settings = settings.with_overrides(kv_shards=settings.kv_shards or KV_SHARDS)
         stack = Stack(settings, config.workers, run_dir=run_dir, with_flower=False, ha=config.failovers > 0)
         sizes = log_sizes(run_dir)
         log(stamped(f"starting {config.workers} worker(s), the api and Redis; logs in {run_dir}"))
-    elif config.kills or config.redis_restarts or config.failovers:
+    elif config.kills or config.redis_restarts or config.failovers or config.kv_shard_kills:
         notes.append("running stack: this run did not start its workers or Redis, so it kills none")
     try:
         faults = None
@@ -199,12 +204,20 @@ def run_chaos(
             rng = random.Random(config.seed)
             deadline = time.monotonic() + config.timeout_s
             gap = config.gap_s
-            faults_planned = config.kills + config.redis_restarts + config.failovers
+            faults_planned = config.kills + config.redis_restarts + config.failovers + config.kv_shard_kills
             if config.soak_s > 0 and faults_planned:
                 spread = config.soak_s / (faults_planned + 1)
                 gap = (0.5 * spread, 1.5 * spread)
             faults = FaultInjector(
-                stack, config.kills, config.redis_restarts, rng, gap, deadline, log, config.failovers
+                stack,
+                config.kills,
+                config.redis_restarts,
+                rng,
+                gap,
+                deadline,
+                log,
+                config.failovers,
+                config.kv_shard_kills,
             )
         assert api_url is not None
         sampler = RssSampler(stack, config.rss_every_s).start()
@@ -225,6 +238,8 @@ def run_chaos(
         if stack is not None:
             extra["rss_mb"] = rss
             extra["engine_step_failures"] = engine_step_failures(run_dir, sizes)
+        job_ids = [r.job_id for r in records if r.job_id is not None]
+        extra.update(raw_duplicates(connect(settings.queue_url, socket_timeout=10), job_ids))
         fault_log = faults.log if faults is not None else FaultLog()
         log(stamped("checking a sample of jobs against HF generate"))
         try:

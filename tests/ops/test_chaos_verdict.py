@@ -5,12 +5,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from broker.messages import ChatMessage, GenerateResult, Usage
+from broker.codec import encode_event
+from broker.jobs.events import EVENT_FIELD
+from broker.messages import ChatMessage, GenerateResult, JobDone, TokenDelta, Usage
 from broker.sessions.tokens import after_turn
 from ops.chaos.check import report, verdict
 from ops.chaos.clients import JobRecord
 from ops.chaos.faults import FaultLog, KillEvent
 from ops.chaos.hf import Group, JobIds, compare, groups, ids_of
+from ops.chaos.raw_streams import _repeats
 
 SYSTEM = {"role": "system", "content": "be brief"}
 CLEAN_HF = {"hf_checked": 3, "hf_mismatches": 0, "hf_uncovered": [], "hf_unverified": [], "hf_examples": []}
@@ -29,7 +32,9 @@ def _job(key: str, text: str = "ab", status: str = "completed", **request: Any) 
 def _run(records: list[JobRecord], kills: list[KillEvent] | None = None, **extra: Any) -> dict[str, Any]:
     references = {r.key: _job(r.key) for r in records}
     faults = FaultLog(kills=kills or [])
-    extra = {"integrity_ok": {"w1@h": True, "w2@h": True}, "engine_step_failures": 0, **CLEAN_HF, **extra}
+    raw = {"raw_duplicated_tokens": 0, "raw_duplicated_finals": 0}
+    pools = {"integrity_ok": {"w1@h": True, "w2@h": True}, "engine_step_failures": 0}
+    extra = {**pools, **CLEAN_HF, **raw, **extra}
     return report(records, references, faults, 1.0, extra)
 
 
@@ -40,6 +45,23 @@ def _kill(*jobs: str) -> KillEvent:
 def test_a_clean_run_passes() -> None:
     result = _run([_job("a"), _job("b")], [_kill("id-a")])
     assert result["passed"] and result["failures"] == [], result["failures"]
+
+
+def test_verdict_fails_on_a_raw_stream_repeat_or_an_unread_stream_check() -> None:
+    assert not _run([_job("a")], raw_duplicated_tokens=1)["passed"]
+    assert not _run([_job("a")], raw_duplicated_finals=1)["passed"]
+    assert not _run([_job("a")], raw_duplicated_tokens=None)["passed"]
+
+
+def test_raw_repeats_count_each_index_held_twice_and_finals_past_the_first() -> None:
+    done = JobDone(_result([7], [1, 2, 3]))
+    again = TokenDelta("c", (3,), start=2)
+    deltas = [TokenDelta("ab", (1, 2), start=0), again, again]
+    entries = [(b"0-%d" % i, {EVENT_FIELD: encode_event(e)}) for i, e in enumerate([*deltas, done, done])]
+    assert _repeats(entries) == (1, 1)
+    assert _repeats(entries[:2] + entries[3:4]) == (0, 0)
+    unindexed = [(b"0-9", {EVENT_FIELD: encode_event(TokenDelta("d", (4,)))})]
+    assert _repeats(entries[:2] + unindexed) == (0, 0)
 
 
 def test_verdict_fails_when_a_pool_fails_its_integrity_check() -> None:
