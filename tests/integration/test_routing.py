@@ -11,6 +11,7 @@ import redis
 
 from broker import keys
 from tests.integration.conftest import MODEL, WorkerProcess, wait_for
+from tests.integration.jobs import wait_settled
 from tests.integration.test_sessions import _chat
 
 Reference = Callable[[list[int], int], list[int]]
@@ -94,6 +95,7 @@ def test_dead_workers_session_falls_back_and_stays_exact(
     turn1 = [{"role": "system", "content": "Dead worker test. " * 12}, {"role": "user", "content": "one"}]
     r1 = _chat(celery_app, turn1, session, doomed.queue)
     assert r1.worker == doomed.name
+    wait_settled(redis_client, "", session)  # its blocks reach Redis just after the answer
     doomed.kill()
     wait_for(
         lambda: not redis_client.exists(keys.worker_heartbeat(doomed.name)), 15, "the heartbeat to expire"
