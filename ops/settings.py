@@ -21,7 +21,7 @@ from pydantic_settings import (
 )
 
 from broker.defaults import DEFAULTS, SettingsFields, parse_size
-from broker.redis_connect import queue_address
+from broker.sentinel_address import queue_address
 
 if TYPE_CHECKING:
     from api.config import ApiConfig

@@ -17,7 +17,7 @@ from broker.jobs import events as job_events
 from broker.messages import TokenDelta
 from kvstore.redis.report import read_report
 from tests.integration.conftest import WorkerProcess
-from tests.integration.jobs import chat, random_prompt, send, token_job
+from tests.integration.jobs import chat, random_prompt, send, token_job, wait_settled
 from tests.integration.test_sessions import _continued
 
 Reference = Callable[[list[int], int], list[int]]
@@ -51,6 +51,7 @@ def test_a_worker_killed_with_writes_deferred_loses_no_job_and_no_session(
     assert r1.worker == doomed.name and r_plain.worker == doomed.name
     assert list(r_plain.token_ids) == tiny_reference(plain, 4)
     assert not busy.ready(), "the busy job must outlast the turns (the engine never went idle)"
+    wait_settled(redis_client, "", session)  # the turn's record and pins, just after its answer
     doomed.kill()
 
     # The job the kill interrupted runs again elsewhere, token-exact.

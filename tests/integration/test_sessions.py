@@ -15,6 +15,7 @@ from broker.sessions import store as session_store
 from ops.redis_server import RedisServer
 from tests.integration.conftest import MODEL, WorkerProcess, wait_for
 from tests.integration.jobs import chat as _chat
+from tests.integration.jobs import wait_settled
 
 Reference = Callable[[list[int], int], list[int]]
 SYSTEM = "You are a patient assistant who answers every question in full sentences. " * 4  # ~64+ tokens
@@ -64,6 +65,7 @@ def test_session_migrates_to_another_worker_from_redis(
         {"role": "assistant", "content": r1.text},
         {"role": "user", "content": "and a second one"},
     ]
+    wait_settled(redis_client, "", session)  # its blocks reach Redis just after the answer
     r2 = _chat(celery_app, turn2, session, w2.queue)  # a worker that never saw this session
     assert r2.worker == w2.name
     assert list(r2.token_ids) == _continued(redis_client, session, r2, tiny_reference)
