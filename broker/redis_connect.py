@@ -81,10 +81,7 @@ def connect(address: str, retry: bool | None = None, **kwargs: Any) -> redis.Red
         kwargs.setdefault("retry", Retry(backoff(), RESTART_RETRIES))
     if found is None:
         return redis.Redis.from_url(address, **kwargs)
-    timeouts = {k: kwargs[k] for k in ("socket_timeout", "socket_connect_timeout") if k in kwargs}
-    sentinel = Sentinel(list(found.sentinels), sentinel_kwargs=_sentinel_kwargs(found, **timeouts))
-    kwargs.setdefault("connection_class", _FollowingConnection)
-    return sentinel.master_for(found.master, password=found.password, db=found.db, **kwargs)
+    return _master(Sentinel, _FollowingConnection, found, kwargs)
 
 
 def connect_async(address: str, retry: bool | None = None, **kwargs: Any) -> aioredis.Redis:
@@ -94,7 +91,14 @@ def connect_async(address: str, retry: bool | None = None, **kwargs: Any) -> aio
         kwargs.setdefault("retry", AsyncRetry(backoff(), RESTART_RETRIES))
     if found is None:
         return aioredis.Redis.from_url(address, **kwargs)
+    return _master(AsyncSentinel, _AsyncFollowingConnection, found, kwargs)
+
+
+def _master(
+    sentinel_class: Any, connection_class: Any, found: SentinelAddress, kwargs: dict[str, Any]
+) -> Any:
+    """The client of the master the sentinels name, asking them again on every reconnect."""
     timeouts = {k: kwargs[k] for k in ("socket_timeout", "socket_connect_timeout") if k in kwargs}
-    sentinel = AsyncSentinel(list(found.sentinels), sentinel_kwargs=_sentinel_kwargs(found, **timeouts))
-    kwargs.setdefault("connection_class", _AsyncFollowingConnection)
+    sentinel = sentinel_class(list(found.sentinels), sentinel_kwargs=_sentinel_kwargs(found, **timeouts))
+    kwargs.setdefault("connection_class", connection_class)
     return sentinel.master_for(found.master, password=found.password, db=found.db, **kwargs)
