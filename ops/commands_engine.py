@@ -198,6 +198,22 @@ def bench_fleet_cmd(json_path: Path | None, workers_list: str, **opts: Any) -> N
     _write_json(results, json_path)
 
 
+@bench.command("durable-accept")
+@json_option
+@click.option("--submissions", type=int, default=400, show_default=True)
+def bench_durable_accept_cmd(json_path: Path | None, submissions: int) -> None:
+    """The durable accept's cost under Sentinel: p50 submit latency with the WAIT for a replica vs
+    without, on the api's own submission path (a local primary, replica and sentinels)."""
+    from ops.bench.durable_accept import bench_accept
+
+    result = bench_accept(submissions)
+    click.echo(
+        f"p50 submit: {result['without_wait_p50_ms']:.3f} ms without WAIT, "
+        f"{result['with_wait_p50_ms']:.3f} ms with it: x{result['p50_ratio']:.2f}"
+    )
+    _write_json(result, json_path)
+
+
 @bench.command("api-features")
 @json_option
 @click.option("--quick", is_flag=True, help="shorter outputs, fewer pairs and outputs, for a smoke run")

@@ -3,21 +3,19 @@ JobClient.submit, against a LocalHA primary with its replica on this machine, wi
 one replica and without it (the plain MULTI of a single Redis), alternating submission by
 submission so both see the same machine. Jobs go to a queue nobody consumes.
 
-    python -m ops.bench.durable_accept --submissions 400 --json accept.json
+    kvferry bench durable-accept --submissions 400 --json accept.json  (ops/commands_engine.py)
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import tempfile
 import time
 import uuid
 from pathlib import Path
 from typing import Any
 
-import click
-from rich.progress import track
+from tqdm import tqdm
 
 from api.jobs.client import JobClient
 from api.jobs.meta import JobMeta
@@ -53,7 +51,7 @@ async def _run(address: str, submissions: int) -> dict[str, list[float]]:
         for client in clients.values():
             for _ in range(WARMUP):
                 await _submit_ms(client, job)
-        for _ in track(range(submissions), description="submitting"):
+        for _ in tqdm(range(submissions), desc="submitting", unit="job"):
             for name, client in clients.items():
                 times[name].append(await _submit_ms(client, job))
     finally:
@@ -71,20 +69,3 @@ def bench_accept(submissions: int) -> dict[str, Any]:
         out[f"{name}_p99_ms"] = round(pct(ms, 99), 3)
     out["p50_ratio"] = round(out["with_wait_p50_ms"] / out["without_wait_p50_ms"], 3)
     return out
-
-
-@click.command()
-@click.option("--submissions", type=int, default=400, show_default=True)
-@click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path))
-def main(submissions: int, json_path: Path | None) -> None:
-    result = bench_accept(submissions)
-    click.echo(
-        f"p50 submit: {result['without_wait_p50_ms']:.3f} ms without WAIT, "
-        f"{result['with_wait_p50_ms']:.3f} ms with it: x{result['p50_ratio']:.2f}"
-    )
-    if json_path is not None:
-        json_path.write_text(json.dumps(result, indent=2) + "\n")
-
-
-if __name__ == "__main__":
-    main()
