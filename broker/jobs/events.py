@@ -18,114 +18,14 @@ import msgspec
 import redis
 
 from broker import keys
-from broker.codec import decode_event, encode_event
+from broker.codec import decode_event
 from broker.defaults import DEFAULTS
 from broker.jobs.lease import StaleLeaseError
+from broker.jobs.stream_append import FENCED_XADD, NO_FENCE, is_final, script_args, script_keys
 from broker.messages import JobDone, JobFailed, StreamEvent, TokenDelta, TokenLogprob
 
 STREAM_TTL_S = DEFAULTS.job_ttl_s  # as long as results and job metadata live
 EVENT_FIELD = b"e"
-
-STAGES_TTL_S = 3600  # a job's stage times are read right after it ends (`bench queue`), or never
-NO_FENCE = "-"  # the epoch argument of producers without leases (test doubles, tools)
-
-# One round trip appends a run of events (the last token delta and the final event ride together).
-# KEYS: stream, epoch, cancel flag, the tenant's job set, end stream, stage-times hash, and
-# keys.job_written: how far the stream goes (t: next token index, c: next text character, f: 1
-# once its final event is in).
-# ARGV: epoch (or NO_FENCE), stream TTL, job id, final ("1": the last event ends the job, which
-# also ends its place in the tenant's job limit), n, then n groups of 5 (encoded event, its first
-# token index, tokens, first character, characters; an index -1: right after what is held), then
-# stage name/time pairs (final only; Redis' own clock adds "written"), stages TTL last.
-# Returns -1 when the epoch is not current (nothing written), else whether the job is cancelled.
-# Idempotent by index: a delta is appended only if it goes past the held token or character end,
-# a final only if none is in (a stream that holds its final takes nothing more), and the final's
-# bookkeeping (end stream, tenant job set, stage times) runs with the final it appends. So a
-# script that redis-py retried after its reply was lost appends nothing twice. A delta that only
-# partly overlaps what is held is appended whole (the client encoded it; readers cut it): a
-# redelivered attempt resumes exactly at the held end, so none is sent.
-_FENCED_XADD = """
-if ARGV[1] ~= '-' and tonumber(redis.call('GET', KEYS[2]) or '0') ~= tonumber(ARGV[1]) then
-  return -1
-end
-local held = redis.call('HMGET', KEYS[7], 't', 'c', 'f')
-local t, c = tonumber(held[1] or '0'), tonumber(held[2] or '0')
-if held[3] ~= '1' then
-  local n = tonumber(ARGV[5])
-  local last = n
-  if ARGV[4] == '1' then last = n - 1 end
-  for i = 0, last - 1 do
-    local at = 6 + 5 * i
-    local s, cs = tonumber(ARGV[at + 1]), tonumber(ARGV[at + 3])
-    if s < 0 then s = t end
-    if cs < 0 then cs = c end
-    local e, ce = s + tonumber(ARGV[at + 2]), cs + tonumber(ARGV[at + 4])
-    if e > t or ce > c then
-      redis.call('XADD', KEYS[1], '*', 'e', ARGV[at])
-      t, c = math.max(t, e), math.max(c, ce)
-    end
-  end
-  redis.call('HSET', KEYS[7], 't', t, 'c', c)
-  if ARGV[4] == '1' then
-    local final = ARGV[6 + 5 * (n - 1)]
-    redis.call('XADD', KEYS[1], '*', 'e', final)
-    redis.call('HSET', KEYS[7], 'f', '1')
-    redis.call('ZREM', KEYS[4], ARGV[3])
-    if redis.call('EXISTS', KEYS[5]) == 0 then
-      redis.call('XADD', KEYS[5], '*', 'e', final)
-      redis.call('EXPIRE', KEYS[5], ARGV[2])
-    end
-    local stages = 6 + 5 * n
-    if #ARGV > stages then
-      local now = redis.call('TIME')
-      local written = now[1] .. '.' .. string.format('%06d', tonumber(now[2]))
-      redis.call('HSET', KEYS[6], 'written', written, unpack(ARGV, stages, #ARGV - 1))
-      redis.call('EXPIRE', KEYS[6], ARGV[#ARGV])
-    end
-  end
-end
-redis.call('EXPIRE', KEYS[1], ARGV[2])
-redis.call('EXPIRE', KEYS[7], ARGV[2])
-return redis.call('EXISTS', KEYS[3])
-"""
-
-
-def _script_keys(job_id: str, tenant: str) -> list[str]:
-    return [
-        keys.job_stream(job_id),
-        keys.job_epoch(job_id),
-        keys.job_cancel(job_id),
-        keys.tenant_jobs(tenant),
-        keys.job_end(job_id),
-        keys.job_stages(job_id),
-        keys.job_written(job_id),
-    ]
-
-
-def _span(event: StreamEvent) -> tuple[int, int, int, int]:
-    """(first token index, tokens, first character, characters) of an event; a final spans none."""
-    if isinstance(event, TokenDelta):
-        return event.start, len(event.token_ids), event.text_start, len(event.text)
-    return 0, 0, 0, 0
-
-
-def _script_args(
-    epoch: int | str, ttl_s: int, job_id: str, events: list[StreamEvent], stages: dict[str, float] | None
-) -> list[Any]:
-    final = is_final(events[-1])
-    args: list[Any] = [epoch, ttl_s, job_id, "1" if final else "0", len(events)]
-    for event in events:
-        args.append(encode_event(event))
-        args.extend(_span(event))
-    if final and stages:
-        for name, at in stages.items():
-            args.extend((name, repr(at)))
-        args.append(STAGES_TTL_S)
-    return args
-
-
-def is_final(event: StreamEvent | None) -> bool:
-    return isinstance(event, (JobDone, JobFailed))
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,9 +81,9 @@ class TokenCursor:
 def publish(client: redis.Redis, job_id: str, event: StreamEvent, check_cancel: bool = False) -> bool:
     """Append one event unfenced (producers without leases: test doubles, tools); returns whether
     the job has been cancelled when check_cancel is set. Workers use FencedStream."""
-    script = client.register_script(_FENCED_XADD)
+    script = client.register_script(FENCED_XADD)
     reply = script(
-        keys=_script_keys(job_id, ""), args=_script_args(NO_FENCE, STREAM_TTL_S, job_id, [event], None)
+        keys=script_keys(job_id, ""), args=script_args(NO_FENCE, STREAM_TTL_S, job_id, [event], None)
     )
     return bool(check_cancel and int(reply))
 
@@ -192,7 +92,7 @@ class FencedStream:
     """Epoch-checked appends to job streams (the script is registered once per client)."""
 
     def __init__(self, client: redis.Redis, ttl_s: int = STREAM_TTL_S) -> None:
-        self._xadd = client.register_script(_FENCED_XADD)
+        self._xadd = client.register_script(FENCED_XADD)
         self.ttl_s = ttl_s
 
     def publish(self, job_id: str, tenant: str, event: StreamEvent) -> bool:
@@ -208,7 +108,7 @@ class FencedStream:
         epoch = events[-1].epoch
         assert all(e.epoch == epoch for e in events) and not any(is_final(e) for e in events[:-1])
         reply = self._xadd(
-            keys=_script_keys(job_id, tenant), args=_script_args(epoch, self.ttl_s, job_id, events, stages)
+            keys=script_keys(job_id, tenant), args=script_args(epoch, self.ttl_s, job_id, events, stages)
         )
         if int(reply) < 0:
             raise StaleLeaseError(f"job {job_id}: epoch {epoch} is no longer current; write refused")

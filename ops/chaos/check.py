@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ops.chaos.clients import JobRecord
-from ops.chaos.faults import FaultLog
+from ops.chaos.fault_log import FaultLog
 
 EXAMPLES_KEPT = 5
 REDELIVERIES_KEPT = 100

@@ -25,7 +25,7 @@ from broker.redis_connect import connect
 from broker.sessions import store as session_store
 from broker.sessions.tokens import SessionTokens
 from ops.chaos.clients import JobRecord
-from ops.chaos.faults import KillEvent
+from ops.chaos.fault_log import KillEvent
 from ops.settings import Settings
 from workers.jobs.prompt import prompt_token_ids
 

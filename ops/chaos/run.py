@@ -24,7 +24,8 @@ from typing import Any
 from broker.redis_connect import connect
 from ops.chaos.check import report
 from ops.chaos.clients import ChaosClient, JobRecord, LoadConfig, make_scripts, run_load
-from ops.chaos.faults import FaultInjector, FaultLog, rss_mb, stamped
+from ops.chaos.fault_log import FaultLog, stamped
+from ops.chaos.faults import FaultInjector, rss_mb
 from ops.chaos.hf import hf_check
 from ops.chaos.raw_streams import raw_duplicates
 from ops.settings import Settings

@@ -11,7 +11,7 @@ from broker.messages import ChatMessage, GenerateResult, JobDone, TokenDelta, Us
 from broker.sessions.tokens import after_turn
 from ops.chaos.check import report, verdict
 from ops.chaos.clients import JobRecord
-from ops.chaos.faults import FaultLog, KillEvent
+from ops.chaos.fault_log import FaultLog, KillEvent
 from ops.chaos.hf import Group, JobIds, compare, groups, ids_of
 from ops.chaos.raw_streams import _repeats
 
