@@ -1,7 +1,8 @@
-"""The attempt cap counts engine failures, not lease takes. A real worker whose engine step crashes
-once (--debug-crash-step) fails two jobs in flight: one whose epoch is already high (nine lease
-takes, as worker deaths and takeovers leave it) is redelivered and finishes token-exact; one whose
-engine already failed MAX_ATTEMPTS - 1 times ends failed, with a 500 in its stream."""
+"""The attempt cap counts engine failures, not lease takes. Real workers whose engine step crashes
+once (--debug-crash-step 2: the second step, which a job running alone is sure to be in) fail the
+job they run: one whose epoch is already high (nine lease takes, as worker deaths and takeovers
+leave it) is redelivered and finishes token-exact; one whose engine already failed
+MAX_ATTEMPTS - 1 times ends failed, with a 500 in its stream."""
 
 from __future__ import annotations
 
@@ -29,17 +30,15 @@ def test_lease_takes_do_not_use_up_the_engine_failure_budget(
     redis_client: redis.Redis,
     tiny_reference: Reference,
 ) -> None:
-    crashy = worker_factory("capped", "--debug-crash-step", "6")
     retaken, poison = str(uuid.uuid4()), str(uuid.uuid4())
     redis_client.set(keys.job_epoch(retaken), 9, ex=600)  # nine lease takes before this one
     redis_client.set(keys.job_engine_failures(poison), MAX_ATTEMPTS - 1, ex=600)
     prompts = {retaken: random_prompt(61, 30), poison: random_prompt(62, 30)}
-    handles = {
-        job_id: celery_app.send_task(
-            keys.GENERATE_TASK, args=[encode_job(token_job(p, 24))], task_id=job_id, queue=crashy.queue
-        )
-        for job_id, p in prompts.items()
-    }
+    handles = {}
+    for job_id, name in ((retaken, "capped"), (poison, "poisoned")):  # each alone on its own worker
+        args = [encode_job(token_job(prompts[job_id], 24))]
+        queue = worker_factory(name, "--debug-crash-step", "2").queue
+        handles[job_id] = celery_app.send_task(keys.GENERATE_TASK, args=args, task_id=job_id, queue=queue)
     result = decode_result(handles[retaken].get(timeout=90))
     assert list(result.token_ids) == tiny_reference(prompts[retaken], 24)
     assert followed_tokens(redis_client, retaken) == list(result.token_ids)
