@@ -56,9 +56,14 @@ class WriteQueue:
         return self.arena.take(min(n, self.arena.free_blocks)) or [], dropped
 
     def take(self, max_batch_bytes: int) -> list[PendingWrite]:
-        """The writer's next batch, oldest first: at least one write, more up to max_batch_bytes."""
+        """The writer's next batch, oldest first: at least one write, more up to max_batch_bytes;
+        while a waiter waits, none past the latest waiter's mark (the waiters hurry the writer, and
+        a write queued after them must not be hurried along in their batch)."""
         batch_bytes = 0
+        upto = max((mark for mark, _ in self._waiters), default=None)
         while self._entries and (not self._in_flight or batch_bytes < max_batch_bytes):
+            if self._in_flight and upto is not None and self._entries[0][0] > upto:
+                break
             entry = self._entries.popleft()
             self._in_flight.append(entry)
             batch_bytes += entry[1].nbytes
