@@ -185,7 +185,7 @@ class ApiMetrics:
         )
         self.accepts_unreplicated = Counter(
             "kvferry_api_accepts_unreplicated",
-            "Jobs accepted under Sentinel with no replica holding them yet (api/jobs/durable_accept.py)",
+            "Jobs accepted under Sentinel with no replica holding them yet (api/jobs/submit_write.py)",
             registry=r,
         )
         self._redis = _FromRedis()

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 from celery import states
 
 from api.fleet import FleetCache
-from api.jobs import durable_accept, wait
+from api.jobs import submit_write, wait
 from api.jobs.errors import UNAVAILABLE, BrokerUnavailableError
 from api.jobs.meta import JobMeta
 from api.jobs.outcome import CeleryState
@@ -56,9 +56,10 @@ class JobClient:
         self.redis = redis_connect.connect_async(
             broker.redis_url, socket_connect_timeout=5, socket_timeout=block_ms / 1000 + 10
         )
-        # Under Sentinel a 202 waits for this many replicas to hold the job (api/jobs/durable_accept.py)
+        # Under Sentinel a 202 waits for this many replicas to hold the job (api/jobs/submit_write.py)
         self.accept_replicas = accept_replicas if redis_connect.is_sentinel(broker.redis_url) else 0
         self.accept_wait_ms = accept_wait_ms
+        self._write = submit_write.register(self.redis)
         self.on_unreplicated = on_unreplicated  # a job accepted short of them (the replica was down)
         self.celery = make_celery(broker, name="kvferry-api", send_only=True)  # it follows streams
         check_supported(self.celery)  # its messages are pushed in our own transaction
@@ -79,9 +80,8 @@ class JobClient:
         self.celery.close()
 
     async def submit(self, meta: JobMeta, job: GenerateJob, clock: StageClock | None = None) -> None:
-        """Record the job's metadata and queue its Celery message, in one Redis transaction: both
-        land or neither does (broker/task_message.py)."""
-        key = keys.job_meta(meta.job_id)
+        """Record the job and queue its Celery message in one Redis script: all land or none does
+        (api/jobs/submit_write.py; under Sentinel, on a replica too before this returns)."""
         fields: dict[Any, Any] = meta.to_hash()
         encoded = encode_job(job)
         message = json.dumps({"job": encoded, "queue": meta.queue})
@@ -91,58 +91,25 @@ class JobClient:
                 clock.mark("meta")
             at = job.submitted_at or meta.created
             record = delivery.Delivery(queued.tag, meta.queue, at)
-            if self.accept_replicas > 0:
-                await self._submit_durable(meta, fields, message, queued.key, queued.payload, record)
-                if clock is not None:
-                    clock.mark("published")
-                return
-            pipe = self.redis.pipeline(transaction=True)
-            pipe.hset(key, mapping=fields)
-            pipe.expire(key, self.job_ttl_s)
-            # until a worker starts it (then the worker deletes both): see workers/jobs/lost_messages.py
-            pipe.set(keys.job_message(meta.job_id), message, ex=self.job_ttl_s)
-            pipe.zadd(keys.PENDING_JOBS, {meta.job_id: time.time()})
-            # the sweeps' own record of the message (no prompt): broker/jobs/delivery.py
-            delivery.record(pipe, meta.job_id, record, self.job_ttl_s)
-            pipe.lpush(queued.key, queued.payload)
-            await pipe.execute()
+            args = (meta.job_id, fields, message, queued.key, queued.payload, record, self.job_ttl_s)
+            acked = await submit_write.write_job(
+                self.redis, self._write, *args, time.time(), self.accept_replicas, self.accept_wait_ms
+            )
+            if acked < self.accept_replicas:
+                if self.on_unreplicated is not None:
+                    self.on_unreplicated()
+                log.warning(
+                    "job %s accepted on the primary alone: %d of %d replicas",
+                    meta.job_id,
+                    acked,
+                    self.accept_replicas,
+                )
         except Exception as exc:
             if not isinstance(exc, UNAVAILABLE):
                 raise  # a bug of ours (a CodecError, say): a 500, never "unavailable"
             raise BrokerUnavailableError(f"could not queue the job: {type(exc).__name__}: {exc}") from exc
         if clock is not None:
             clock.mark("published")
-
-    async def _submit_durable(
-        self,
-        meta: JobMeta,
-        fields: dict[Any, Any],
-        message: str,
-        queue_key: str,
-        payload: str | bytes,
-        sweep_record: delivery.Delivery,
-    ) -> None:
-        job_id = meta.job_id
-        record = (keys.job_meta(job_id), keys.job_message(job_id), keys.PENDING_JOBS, queue_key)
-        acked = await durable_accept.write_and_wait(
-            self.redis,
-            record,
-            fields,
-            self.job_ttl_s,
-            message,
-            time.time(),
-            job_id,
-            payload,
-            self.accept_replicas,
-            self.accept_wait_ms,
-            also=lambda pipe: delivery.record(pipe, job_id, sweep_record, self.job_ttl_s),
-        )
-        if acked < self.accept_replicas:
-            if self.on_unreplicated is not None:
-                self.on_unreplicated()
-            log.warning(
-                "job %s accepted on the primary alone: %d of %d replicas", job_id, acked, self.accept_replicas
-            )
 
     async def meta(self, job_id: str) -> JobMeta | None:
         raw: Any = await self.redis.hgetall(keys.job_meta(job_id))

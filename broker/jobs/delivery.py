@@ -40,10 +40,14 @@ class Delivery:
     submitted_at: float
 
 
+def encode(delivery: Delivery) -> str:
+    """A job_delivery value (parse() reads it)."""
+    return json.dumps({"tag": delivery.tag, "queue": delivery.queue, "at": delivery.submitted_at})
+
+
 def record(pipe: Pipe, job_id: str, delivery: Delivery, ttl_s: int) -> None:
     """Queue both records' writes on `pipe` (with the message's own push, in one transaction)."""
-    doc = {"tag": delivery.tag, "queue": delivery.queue, "at": delivery.submitted_at}
-    pipe.set(keys.job_delivery(job_id), json.dumps(doc), ex=ttl_s)
+    pipe.set(keys.job_delivery(job_id), encode(delivery), ex=ttl_s)
     pipe.set(keys.message_job(delivery.tag), job_id, ex=ttl_s)
 
 

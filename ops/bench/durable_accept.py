@@ -1,6 +1,6 @@
-"""The durable accept's cost (api/jobs/durable_accept.py): the api's own submission path,
+"""The durable accept's cost (api/jobs/submit_write.py): the api's own submission path,
 JobClient.submit, against a LocalHA primary with its replica on this machine, with the WAIT for
-one replica and without it (the plain MULTI of a single Redis), alternating submission by
+one replica and without it (the same script, no WAIT), alternating submission by
 submission so both see the same machine. Jobs go to a queue nobody consumes.
 
     kvferry bench durable-accept --submissions 400 --json accept.json  (ops/commands_engine.py)

@@ -166,28 +166,18 @@ def tiny_reference(tiny_model_dir: Path) -> Callable[[list[int], int], list[int]
     return greedy
 
 
-@pytest.fixture(scope="session")
-def api_url(redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """`kvferry api` as a process, serving the tiny model's name."""
+def running_api(args: list[str], env: dict[str, str], log: Path) -> Iterator[str]:
+    """`kvferry api` as a process with `args` (besides its port) and `env`; its URL once /healthz
+    answers, until the caller is done (a generator: `yield from` it in a fixture)."""
+    import httpx
+
     from ops.redis_server import free_port
 
     port = free_port()
-    log = tmp_path_factory.mktemp("api") / "api.log"
     process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "ops.cli",
-            "api",
-            "--port",
-            str(port),
-            "--redis-url",
-            redis_server.url,
-            "--model",
-            MODEL,
-        ],
+        [sys.executable, "-m", "ops.cli", "api", "--port", str(port), *args],
         cwd=ROOT,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        env={"PYTHONUNBUFFERED": "1", **env},
         stdout=log.open("wb"),
         stderr=subprocess.STDOUT,
     )
@@ -197,16 +187,23 @@ def api_url(redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory)
         if process.poll() is not None:
             raise RuntimeError(f"api exited:\n{log.read_text()[-3000:]}")
         try:
-            import httpx
-
             return httpx.get(f"{url}/healthz", timeout=1).status_code == 200
-        except Exception:
+        except httpx.HTTPError:
             return False
 
-    wait_for(up, 30, "the api")
-    yield url
-    process.terminate()
-    process.wait(10)
+    try:
+        wait_for(up, 30, "the api")
+        yield url
+    finally:
+        process.terminate()
+        process.wait(10)
+
+
+@pytest.fixture(scope="session")
+def api_url(redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """`kvferry api` as a process, serving the tiny model's name."""
+    log = tmp_path_factory.mktemp("api") / "api.log"
+    yield from running_api(["--redis-url", redis_server.url, "--model", MODEL], dict(os.environ), log)
 
 
 @pytest.fixture

@@ -9,13 +9,11 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
-
 from broker.redis_connect import connect, queue_address
 from broker.worker_registry import live_workers
 from ops.redis_ha import LocalHA
-from ops.redis_server import free_port
 from ops.stack_redis import HA_LEASE_TTL_S
+from tests.integration import conftest
 from tests.integration.conftest import MODEL, ROOT, WorkerProcess, wait_for
 
 
@@ -57,27 +55,5 @@ def start_worker(ha: LocalHA, name: str, model_dir: Path, cache_dir: Path, log: 
 
 
 def running_api(ha: LocalHA, cache_dir: Path, log: Path, **env: str) -> Iterator[str]:
-    port = free_port()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "ops.cli", "api", "--port", str(port), "--model", MODEL],
-        cwd=ROOT,
-        env={**ha_env(ha, cache_dir), **env},
-        stdout=log.open("wb"),
-        stderr=subprocess.STDOUT,
-    )
-    url = f"http://127.0.0.1:{port}"
-
-    def up() -> bool:
-        if process.poll() is not None:
-            raise RuntimeError(f"api exited:\n{log.read_text()[-3000:]}")
-        try:
-            return httpx.get(f"{url}/healthz", timeout=1).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    try:
-        wait_for(up, 30, "the api")
-        yield url
-    finally:
-        process.terminate()
-        process.wait(10)
+    """`kvferry api` pointed at the sentinels (tests/integration/conftest.py's launcher)."""
+    yield from conftest.running_api(["--model", MODEL], {**ha_env(ha, cache_dir), **env}, log)

@@ -1,5 +1,5 @@
 """The queue Redis under Sentinel, its primary SIGKILLed: a 202'd job is on the replica before
-its 202 (api/jobs/durable_accept.py) and completes after the promotion; a job streaming through
+its 202 (api/jobs/submit_write.py) and completes after the promotion; a job streaming through
 the api when the primary dies ends token-exact, each token once in what the client received, and
 the worker lives on."""
 
