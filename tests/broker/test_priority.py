@@ -3,7 +3,7 @@ and the band lists are the ones kombu's Redis channel itself pushes to and BRPOP
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 from kombu.transport import redis as kombu_redis
@@ -19,11 +19,11 @@ from broker.messages import GenerateJob
     [
         ("interactive", 0, 2),
         ("interactive", -1, 1),
-        ("interactive", -2**31, 0),
+        ("interactive", -(2**31), 0),
         ("interactive", 2, 4),
         ("interactive", 2**31 - 1, 4),
         ("batch", 0, 7),
-        ("batch", -2**31, 5),
+        ("batch", -(2**31), 5),
         ("batch", -1, 6),
         ("batch", 99, 9),
     ],
@@ -41,7 +41,7 @@ class _Channel:
     """Just enough of kombu's Redis channel to call its own key mapping."""
 
     sep = kombu_redis.Channel.sep
-    priority_steps = list(priority.PRIORITY_STEPS)
+    priority_steps: ClassVar[list[int]] = list(priority.PRIORITY_STEPS)
     priority = kombu_redis.Channel.priority
     _q_for_pri = kombu_redis.Channel._q_for_pri
 
@@ -50,7 +50,7 @@ def test_queue_keys_are_kombus() -> None:
     app = make_celery(BrokerConfig(), send_only=True)
     options: dict[str, Any] = app.conf.broker_transport_options
     assert tuple(options["priority_steps"]) == priority.PRIORITY_STEPS
-    assert priority.SEP == kombu_redis.Channel.sep
+    assert kombu_redis.Channel.sep == priority.SEP
     channel = _Channel()
     for band in priority.PRIORITY_STEPS:
         key = priority.queue_key(keys.SHARED_QUEUE, band)
