@@ -152,3 +152,16 @@ def test_over_limit_upload_streamed_is_refused_without_reading_it_all(
     assert sent < total / 2, f"the sender was drained: {sent} of {total} bytes"
     assert stored(files_dir) == []
     assert rds.zcard(keys.tenant_files("alice")) == 0
+
+
+def test_settings_reach_the_api_config(tmp_path: Path) -> None:
+    from ops.api_server import api_config
+    from ops.settings import Settings
+
+    default = api_config(Settings.from_env({"KVFERRY_CACHE_DIR": str(tmp_path)}))
+    assert default.files_dir == tmp_path / "files"
+    assert (default.files_max_bytes, default.files_max_lines) == (200 * 1024 * 1024, 50000)
+    env = {"KVFERRY_FILES_DIR": str(tmp_path / "shared"), "KVFERRY_FILES_MAX_BYTES": "1M"}
+    config = api_config(Settings.from_env({**env, "KVFERRY_FILES_MAX_LINES": "7"}))
+    assert config.files_dir == tmp_path / "shared"
+    assert (config.files_max_bytes, config.files_max_lines) == (2**20, 7)
