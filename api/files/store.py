@@ -157,11 +157,11 @@ class DirStore:
     """Files as `root/<id>`; uploads in progress under `root/.tmp/` (same disk, so rename is atomic)."""
 
     def __init__(self, root: Path) -> None:
-        self.root = root
-        (root / _TMP).mkdir(parents=True, exist_ok=True)
+        self.root = root  # made on the first write: building the app touches no disk
 
     def create(self, file_id: str) -> _DirWriter:
         final = self.root / check_name(file_id)
+        (self.root / _TMP).mkdir(parents=True, exist_ok=True)
         return _DirWriter(self.root / _TMP / f"{file_id}.{uuid.uuid4().hex}", final)
 
     def open(self, file_id: str) -> BinaryIO:
@@ -171,7 +171,9 @@ class DirStore:
         (self.root / check_name(file_id)).unlink(missing_ok=True)
 
     def append(self, name: str) -> _DirAppender:
-        return _DirAppender(self.root / check_name(name))
+        path = self.root / check_name(name)
+        self.root.mkdir(parents=True, exist_ok=True)
+        return _DirAppender(path)
 
     def path(self, file_id: str) -> Path | None:
         found = self.root / check_name(file_id)

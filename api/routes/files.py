@@ -16,7 +16,7 @@ from api.auth import Tenant
 from api.context import Ctx
 from api.errors import ApiError
 from api.files import records
-from api.files.records import FileRecord
+from api.files.records import PURPOSES, FileRecord
 from api.files.store import new_file_id
 from api.files.upload import check_declared_size, receive
 
@@ -36,7 +36,21 @@ async def _record(ctx: Ctx, tenant: str, file_id: str) -> FileRecord:
     return rec
 
 
-@router.post("", openapi_extra={"requestBody": {"content": {"multipart/form-data": {}}}})
+# The body is read by api/files/upload.py as it streams, so FastAPI cannot see the form: described here.
+_FORM = {
+    "type": "object",
+    "required": ["file", "purpose"],
+    "properties": {
+        "file": {"type": "string", "format": "binary"},
+        "purpose": {"type": "string", "enum": list(PURPOSES)},
+    },
+}
+
+
+@router.post(
+    "",
+    openapi_extra={"requestBody": {"required": True, "content": {"multipart/form-data": {"schema": _FORM}}}},
+)
 async def create_file(request: Request, ctx: Ctx, tenant: Tenant) -> dict[str, Any]:
     config = ctx.config
     file_id = new_file_id()
