@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import openai
+import httpx
 import pytest
 
 from ops.redis_server import RedisServer
@@ -78,11 +78,10 @@ def test_submit_status_wait(api: str, tmp_path: Path) -> None:
 
     got = [json.loads(line) for line in out.read_text().splitlines()]
     assert sorted(line["custom_id"] for line in got) == [f"c-{i}" for i in range(len(PROMPTS))]
-    online = openai.OpenAI(base_url=f"{api}/v1", api_key="none", max_retries=0, timeout=60)
     for line in got:
         assert line["error"] is None and line["response"]["status_code"] == 200
         prompt = PROMPTS[int(line["custom_id"].removeprefix("c-"))]
-        want = online.completions.create(**body(prompt)).choices[0].text  # type: ignore[call-overload]
+        want = httpx.post(f"{api}/v1/completions", json=body(prompt), timeout=60).json()["choices"][0]["text"]
         assert line["response"]["body"]["choices"][0]["text"] == want
     errors = [json.loads(line) for line in err.read_text().splitlines()]
     assert [e["custom_id"] for e in errors] == ["bad"]
