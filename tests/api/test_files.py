@@ -115,19 +115,26 @@ def test_declared_length_over_the_limit_is_refused_before_reading(api: Served, f
     assert stored(files_dir) == []
 
 
+@pytest.mark.parametrize(
+    ("purpose", "chunk", "status", "code"),
+    [
+        ("user_data", b"y" * 65536, 413, "file_too_large"),  # past the byte limit
+        ("batch", b"{}\n" * 4096, 400, "too_many_lines"),  # past the line limit, far below the byte one
+    ],
+)
 def test_over_limit_upload_streamed_is_refused_without_reading_it_all(
-    api: Served, files_dir: Path, rds: redis.Redis
+    api: Served, files_dir: Path, rds: redis.Redis, purpose: str, chunk: bytes, status: int, code: str
 ) -> None:
-    """A chunked body (no Content-Length) from a slow sender: the api answers 413 once the file
-    passes the limit, drops the partial file, and the sender is not drained to its end."""
+    """A chunked body (no Content-Length) from a slow sender: the api refuses it once the file
+    passes a limit, drops the partial file, and the sender is not drained to its end."""
     boundary = "kvferry-test-boundary"
-    chunk, total = b"y" * 65536, 8 * MAX_BYTES
+    total = 8 * MAX_BYTES
     sent = 0
 
     def body() -> Iterator[bytes]:
         nonlocal sent
         head = (
-            f'--{boundary}\r\nContent-Disposition: form-data; name="purpose"\r\n\r\nuser_data\r\n'
+            f'--{boundary}\r\nContent-Disposition: form-data; name="purpose"\r\n\r\n{purpose}\r\n'
             f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="big"\r\n'
             "Content-Type: application/octet-stream\r\n\r\n"
         ).encode()
@@ -145,8 +152,8 @@ def test_over_limit_upload_streamed_is_refused_without_reading_it_all(
     try:
         with httpx.Client(base_url=api.url, timeout=30) as http:
             response = http.post("/v1/files", content=body(), headers=headers)
-        assert response.status_code == 413
-        assert response.json()["error"]["code"] == "file_too_large"
+        assert response.status_code == status
+        assert response.json()["error"]["code"] == code
     except httpx.TransportError:
         pass  # the api closed the connection on a sender still writing: refused all the same
     assert sent < total / 2, f"the sender was drained: {sent} of {total} bytes"
