@@ -11,6 +11,7 @@ from typing import Annotated, Any, BinaryIO, Literal
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import StreamingResponse
+from starlette.requests import ClientDisconnect
 
 from api.auth import Tenant
 from api.context import Ctx
@@ -63,6 +64,8 @@ async def create_file(request: Request, ctx: Ctx, tenant: Tenant) -> dict[str, A
     except BaseException as exc:
         if writer is not None:
             writer.abort()  # a refusal, a client gone or a cancel: no partial file stays
+        if isinstance(exc, ClientDisconnect):  # nobody to answer; not a server error either
+            raise ApiError(400, "the upload ended before its body did") from None
         if isinstance(exc, ApiError):
             # The rest of the body is never read, so this connection cannot carry another request:
             # closing it (not draining it, as a kept-alive one would be) stops the sender.

@@ -161,6 +161,34 @@ def test_over_limit_upload_streamed_is_refused_without_reading_it_all(
     assert rds.zcard(keys.tenant_files("alice")) == 0
 
 
+def test_an_upload_cut_short_leaves_nothing(api: Served, files_dir: Path) -> None:
+    boundary = "kvferry-test-boundary"
+
+    def body() -> Iterator[bytes]:
+        yield (
+            f'--{boundary}\r\nContent-Disposition: form-data; name="purpose"\r\n\r\nuser_data\r\n'
+            f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="cut"\r\n\r\n'
+        ).encode()
+        yield b"z" * 65536
+        deadline = time.monotonic() + 10
+        while not stored(files_dir):  # the api has begun writing the upload
+            assert time.monotonic() < deadline, "the upload never reached the store"
+            time.sleep(0.01)
+        raise ConnectionAbortedError("the client gives up")
+
+    headers = {
+        "authorization": "Bearer sk-alice",
+        "content-type": f"multipart/form-data; boundary={boundary}",
+    }
+    with pytest.raises(ConnectionAbortedError), httpx.Client(base_url=api.url, timeout=30) as http:
+        http.post("/v1/files", content=body(), headers=headers)
+    deadline = time.monotonic() + 10
+    while stored(files_dir):
+        assert time.monotonic() < deadline, f"a partial upload stayed: {stored(files_dir)}"
+        time.sleep(0.01)
+    assert client(api).files.list().data == []
+
+
 def test_settings_reach_the_api_config(tmp_path: Path) -> None:
     from ops.api_server import api_config
     from ops.settings import Settings
