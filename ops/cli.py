@@ -6,6 +6,7 @@ import sys
 
 import click
 
+from ops.batch_cli import batch_cmd
 from ops.chaos.command import chaos_cmd
 from ops.commands_engine import bench, run_batch_cmd
 from ops.commands_service import api_cmd, ping_cmd, preload_cmd, serve_cmd, stats_cmd, submit_cmd, worker_cmd
@@ -36,6 +37,7 @@ for command in (
     stats_cmd,
     preload_cmd,
     chaos_cmd,
+    batch_cmd,
 ):
     main.add_command(command)
 

@@ -86,16 +86,18 @@ class ServerThread:
 
 
 @pytest.fixture(scope="session")
-def serve(redis_url: str) -> Iterator[Callable[..., Served]]:
+def serve(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., Served]]:
     """serve(tokenizer=None, **ApiConfig fields) -> a running api; each distinct config is
-    started once."""
+    started once. Its file store is a temporary directory unless files_dir is given."""
+    files_dir = tmp_path_factory.mktemp("files")
     running: dict[tuple[tuple[str, object], ...], Served] = {}
     stack: list[ServerThread] = []
 
     def start(tokenizer: Tokenizer | None = None, **fields: object) -> Served:
         key = tuple(sorted({**fields, "tokenizer": id(tokenizer)}.items()))
         if key not in running:
-            config = ApiConfig(**{"redis_url": redis_url, "served_models": (MODEL,), **fields})  # type: ignore[arg-type]
+            defaults = {"redis_url": redis_url, "served_models": (MODEL,), "files_dir": files_dir}
+            config = ApiConfig(**{**defaults, **fields})  # type: ignore[arg-type]
             app = create_app(config, tokenizer)
             server = ServerThread(app)
             running[key] = Served(app, server.__enter__())
@@ -120,9 +122,9 @@ def api(serve: Callable[..., Served], rds: redis.Redis) -> Served:
 
 
 @pytest.fixture
-def fresh_api(redis_url: str, rds: redis.Redis) -> Iterator[Served]:
+def fresh_api(redis_url: str, rds: redis.Redis, tmp_path: Path) -> Iterator[Served]:
     """An api of its own (fresh counters), without auth."""
-    app = create_app(ApiConfig(redis_url=redis_url, served_models=(MODEL,)))
+    app = create_app(ApiConfig(redis_url=redis_url, served_models=(MODEL,), files_dir=tmp_path / "files"))
     with ServerThread(app) as url:
         yield Served(app, url)
 
