@@ -19,13 +19,14 @@ from prometheus_client.registry import Collector
 from starlette.routing import BaseRoute
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from api import fleet
+from api import dispatch_metrics, fleet
 from api.fleet import WorkerView
 from api.jobs import tenant_jobs
 from broker.messages import EngineFigures, Usage
 
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320, 640)
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80)
+QUEUE_WAIT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 1800, 7200, 86400)
 
 # per-worker gauges from the heartbeat's EngineFigures: name -> (help, value)
 _ENGINE_GAUGES = {
@@ -188,8 +189,22 @@ class ApiMetrics:
             "Jobs accepted under Sentinel with no replica holding them yet (api/jobs/submit_write.py)",
             registry=r,
         )
+        self.queue_wait = Histogram(
+            "kvferry_queue_wait_seconds",
+            "From submission to a worker starting the job (parked time included), by tenant and class",
+            ["tenant", "class"],
+            buckets=QUEUE_WAIT_BUCKETS,
+            registry=r,
+        )
         self._redis = _FromRedis()
         r.register(self._redis)
+        self._dispatch = dispatch_metrics.DispatchCollector()
+        r.register(self._dispatch)
+
+    def observe_queue_wait(self, tenant: str, job_class: str, seconds: float) -> None:
+        """A finished job's queue wait (its result's queue_wait_s), once per job; job_class is
+        "interactive" or "batch" (the batch runner observes its lines)."""
+        self.queue_wait.labels(tenant, job_class).observe(max(0.0, seconds))
 
     def tokens(self, tenant: str, usage: Usage) -> None:
         """A finished job's usage (counted once per job: see tenant_jobs.finish)."""
@@ -198,10 +213,15 @@ class ApiMetrics:
         self.tenant_completion_tokens.labels(tenant).inc(usage.completion_tokens)
 
     async def render(
-        self, client: aioredis.Redis, tenants: list[str], tier: dict[str, Any] | None = None
+        self,
+        client: aioredis.Redis,
+        tenants: list[str],
+        tier: dict[str, Any] | None = None,
+        headroom: int = 0,
     ) -> bytes:
-        """Read what lives in Redis, then the exposition text."""
+        """Read what lives in Redis, then the exposition text (headroom: the dispatch window's)."""
         views = await fleet.workers(client)
+        self._dispatch.snapshot = await dispatch_metrics.read(client, views, headroom)
         depths = await fleet.queue_depths(client, [v.name for v in views])
         jobs = await tenant_jobs.running(client, tenants)
         self._redis.snapshot = Snapshot(

@@ -110,8 +110,14 @@ def tenant_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     fn = click.option(
         "--tenant-max-jobs", type=int, help="unfinished jobs per tenant at once, over it 429 (0 = no cap)"
     )(fn)
+    fn = click.option(
+        "--dispatch-headroom", type=int, help="seats per worker kept from parked and batch work"
+    )(fn)
+    fn = click.option("--fair-quota", type=int, help="released jobs per unit of weight a tenant always gets")(
+        fn
+    )
     return click.option(
         "--api-keys-file",
         type=click.Path(dir_okay=False, path_type=Path),
-        help="one 'key tenant' per line (# comments); re-read when it changes",
+        help="one 'key tenant [weight]' per line (# comments); re-read when it changes",
     )(fn)
