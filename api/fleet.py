@@ -9,7 +9,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from broker import keys
+from broker import keys, priority
 from broker.codec import CodecError
 from broker.messages import WorkerStatus
 from broker.worker_registry import HEARTBEAT_FIELD, decode_status
@@ -69,9 +69,13 @@ def _status(raw: bytes | None) -> WorkerStatus | None:
 
 
 async def queue_depths(client: aioredis.Redis, worker_names: list[str]) -> dict[str, int]:
-    """Messages waiting in the shared queue and in each worker's own queue (LLEN)."""
+    """Messages waiting in the shared queue and in each worker's own queue (LLEN of every
+    priority band's list, broker/priority.py, summed)."""
     queues = [keys.SHARED_QUEUE, *(keys.worker_queue(n) for n in worker_names)]
     pipe = client.pipeline(transaction=False)
     for q in queues:
-        pipe.llen(q)
-    return dict(zip(queues, (int(n) for n in await pipe.execute()), strict=True))
+        for key in priority.queue_keys(q):
+            pipe.llen(key)
+    lengths = [int(n) for n in await pipe.execute()]
+    bands = len(priority.PRIORITY_STEPS)
+    return {q: sum(lengths[i * bands : (i + 1) * bands]) for i, q in enumerate(queues)}

@@ -9,6 +9,7 @@ from kombu import Exchange, Queue
 
 from broker import keys, redis_connect, redis_transport
 from broker.defaults import DEFAULTS
+from broker.priority import PRIORITY_STEPS
 from broker.result_backend import send_only_url
 
 
@@ -104,6 +105,9 @@ def make_celery(config: BrokerConfig, name: str = "kvferry", send_only: bool = F
             "unacked_restore_interval": config.restore_interval_s,
             "unacked_restore_throttle": 1,
             "unacked_mutex_expire": 60,
+            # One list per band of each queue, BRPOPed band-major across all of a worker's queues
+            # (broker/priority.py); queue_order_strategy stays kombu's default.
+            "priority_steps": list(PRIORITY_STEPS),
             **sentinel,
         },
         result_backend_transport_options={"visibility_timeout": config.visibility_timeout_s, **sentinel},

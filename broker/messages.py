@@ -10,6 +10,7 @@ from typing import Literal
 
 import msgspec
 
+from broker.priority import JobClass
 from broker.sampling import SamplingParams
 
 Endpoint = Literal["chat", "completion"]
@@ -82,6 +83,10 @@ class GenerateJob(Message, frozen=True):
     cache_salt: str = ""  # as vLLM's: requests with different salts never share KV blocks
     echo: bool = False  # the result carries the prompt's text (prompt_text), as completions' echo
     tools: tuple[ToolSpec, ...] = ()  # a chat's tools, rendered by the chat template
+    # Who goes first (broker/priority.py): the class, then vLLM's priority (lower is earlier).
+    job_class: JobClass = "interactive"
+    priority: int = 0
+    batch_id: str = ""  # the Batch API batch a line belongs to ("" for any other job)
 
     @property
     def kv_salt(self) -> str:

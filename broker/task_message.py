@@ -8,7 +8,8 @@ own send_task is synchronous (a thread hop each way) and takes a round trip of i
 Celery builds the message (headers and body: `app.amqp.create_task_message`, task protocol 2)
 and kombu serialises it; what is left is the transport's envelope, as kombu's virtual channel
 and Redis `_put` write it for a direct queue: the anonymous exchange, the queue's name as the
-routing key and as the list's key, a base64 body and a fresh delivery tag. A test compares the
+routing key, the priority band's list as the key (broker/priority.py), a base64 body and a fresh
+delivery tag. A test compares the
 payload with what `send_task` itself pushes (tests/broker/test_task_message.py), so a Celery or
 kombu upgrade that changes the envelope fails there, not in production.
 """
@@ -24,34 +25,44 @@ from celery import Celery
 from kombu.serialization import dumps as serialize
 from kombu.utils.json import dumps as json_dumps
 
+from broker.priority import PRIORITY_STEPS, queue_key
+
 PERSISTENT = 2  # kombu's delivery_mode for 'persistent', Celery's default
 
 
 @dataclass(frozen=True, slots=True)
 class QueuedMessage:
-    key: str  # the Redis list kombu's consumers BRPOP
+    key: str  # the Redis list kombu's consumers BRPOP: the queue's list for the message's band
     payload: str
     tag: str = ""  # its delivery tag: kombu's key for it among the unacked (broker/jobs/delivery.py)
 
 
 def check_supported(app: Celery) -> None:
-    """The envelope below is the anonymous exchange's at priority 0, under the bare queue name:
-    a configuration that would route, prioritise or prefix otherwise is refused, not mis-sent."""
+    """The envelope below is the anonymous exchange's, under the queue's own name, in the band's
+    list with the bands broker/priority.py knows: a configuration that would route, prioritise
+    or prefix otherwise is refused, not mis-sent."""
     conf = app.conf
     options = conf.broker_transport_options or {}
+    steps = options.get("priority_steps")
     unsupported = {
         "task_default_priority": conf.task_default_priority,
         "task_routes": conf.task_routes,
         "global_keyprefix": options.get("global_keyprefix"),
+        "priority_steps": steps if steps is None or tuple(steps) != PRIORITY_STEPS else None,
+        "sep": options.get("sep"),
     }
     configured = {k: v for k, v in unsupported.items() if v}
     if configured:
         raise ValueError(f"broker/task_message.py does not build messages for {configured}: use send_task")
 
 
-def task_message(app: Celery, name: str, task_id: str, args: list[Any], queue: str) -> QueuedMessage:
-    """The message `app.send_task(name, args=args, task_id=task_id, queue=queue)` would push
-    (for an app check_supported accepts)."""
+def task_message(
+    app: Celery, name: str, task_id: str, args: list[Any], queue: str, priority: int = 0
+) -> QueuedMessage:
+    """The message `app.send_task(name, args=args, task_id=task_id, queue=queue, priority=priority)`
+    would push (for an app check_supported accepts); priority is the band, 0..9."""
+    if priority not in PRIORITY_STEPS:
+        raise ValueError(f"priority band {priority!r} is not one of {PRIORITY_STEPS}")
     message = app.amqp.create_task_message(
         task_id,
         name,
@@ -68,7 +79,7 @@ def task_message(app: Celery, name: str, task_id: str, args: list[Any], queue: s
     properties.update(
         delivery_mode=PERSISTENT,
         delivery_info={"exchange": "", "routing_key": queue},
-        priority=0,
+        priority=priority,
         body_encoding="base64",
         delivery_tag=tag,
     )
@@ -79,4 +90,4 @@ def task_message(app: Celery, name: str, task_id: str, args: list[Any], queue: s
         "headers": message.headers,
         "properties": properties,
     }
-    return QueuedMessage(queue, json_dumps(envelope), tag)
+    return QueuedMessage(queue_key(queue, priority), json_dumps(envelope), tag)

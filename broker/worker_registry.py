@@ -6,7 +6,7 @@ from typing import Any
 
 import redis
 
-from broker import keys
+from broker import keys, priority
 from broker.codec import CodecError, decode, encode
 from broker.messages import WorkerStatus
 
@@ -40,9 +40,13 @@ def live_workers(client: redis.Redis) -> list[WorkerStatus]:
 
 
 def queue_depths(client: redis.Redis, workers: list[WorkerStatus]) -> dict[str, int]:
-    """Messages waiting per queue (the shared one and each live worker's own)."""
+    """Messages waiting per queue (the shared one and each live worker's own), every priority
+    band's list (broker/priority.py) summed."""
     names = [keys.SHARED_QUEUE, *(w.queue for w in workers)]
     pipe = client.pipeline(transaction=False)
     for name in names:
-        pipe.llen(name)
-    return dict(zip(names, (int(n) for n in pipe.execute()), strict=True))
+        for key in priority.queue_keys(name):
+            pipe.llen(key)
+    lengths = [int(n) for n in pipe.execute()]
+    bands = len(priority.PRIORITY_STEPS)
+    return {q: sum(lengths[i * bands : (i + 1) * bands]) for i, q in enumerate(names)}

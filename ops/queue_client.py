@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from broker import keys
+from broker import keys, priority
 from broker.celery_app import make_celery
 from broker.codec import encode_job
 from broker.errors import KvferryError
@@ -62,7 +62,11 @@ def submit_and_follow(
     client = connect(settings.queue_url)
     job_id = str(uuid.uuid4())
     app.send_task(
-        keys.GENERATE_TASK, args=[encode_job(job)], task_id=job_id, queue=queue or keys.SHARED_QUEUE
+        keys.GENERATE_TASK,
+        args=[encode_job(job)],
+        task_id=job_id,
+        queue=queue or keys.SHARED_QUEUE,
+        priority=priority.job_band(job),
     )
     for event in job_events.follow(client, job_id, timeout_s=settings.job_time_limit_s):
         if isinstance(event, TokenDelta) and out is not None:
@@ -180,7 +184,10 @@ def preload(settings: Settings, path: Path, out: TextIO, tenant: str = "") -> in
             submitted_at=time.time(),
         )
         job_id = str(uuid.uuid4())
-        app.send_task(keys.GENERATE_TASK, args=[encode_job(job)], task_id=job_id, queue=keys.SHARED_QUEUE)
+        band = priority.job_band(job)
+        app.send_task(
+            keys.GENERATE_TASK, args=[encode_job(job)], task_id=job_id, queue=keys.SHARED_QUEUE, priority=band
+        )
         handles.append((n, job_id))
     for n, job_id in handles:
         for event in job_events.follow(client, job_id, timeout_s=settings.job_time_limit_s):

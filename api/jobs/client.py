@@ -25,7 +25,7 @@ from api.jobs.leave import leave
 from api.jobs.meta import JobMeta
 from api.jobs.outcome import CeleryState
 from api.stage_clock import StageClock
-from broker import keys, redis_connect
+from broker import keys, priority, redis_connect
 from broker.celery_app import BrokerConfig, make_celery
 from broker.codec import decode_event, encode_job
 from broker.jobs import delivery
@@ -91,11 +91,12 @@ class JobClient:
         encoded = encode_job(job)
         message = json.dumps({"job": encoded, "queue": meta.queue})
         try:
-            queued = task_message(self.celery, keys.GENERATE_TASK, meta.job_id, [encoded], meta.queue)
+            band = priority.band(job.job_class, job.priority)
+            queued = task_message(self.celery, keys.GENERATE_TASK, meta.job_id, [encoded], meta.queue, band)
             if clock is not None:
                 clock.mark("meta")
             at = job.submitted_at or meta.created
-            record = delivery.Delivery(queued.tag, meta.queue, at)
+            record = delivery.Delivery(queued.tag, queued.key, at)  # the band's list (FIFO within it)
             args = (meta.job_id, fields, message, queued.key, queued.payload, record, self.job_ttl_s)
             now = time.time()
             place = (

@@ -42,6 +42,7 @@ class CompletionRequest:
     n: int = 1  # choices per prompt
     best_of: int = 1  # candidates per prompt (>= n); the n with the highest logprob sum come back
     tool_calling: ToolCalling | None = None  # chat with tools the model may call
+    priority: int = 0  # vLLM's: lower is served earlier, within the job's class (broker/priority.py)
 
     @property
     def choices_per_prompt(self) -> int:
@@ -92,6 +93,7 @@ class CompletionRequest:
             cache_salt=self.cache_salt,
             echo=self.echo,
             tools=self.tool_calling.tools if self.tool_calling else (),
+            priority=self.priority,
         )
 
 
@@ -185,4 +187,5 @@ def parse_request(
         n=b.n or 1,
         best_of=max(best_of, b.n or 1),
         tool_calling=tools,
+        priority=b.priority or 0,
     )

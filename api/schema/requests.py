@@ -23,6 +23,7 @@ from broker.penalty_params import (
     MAX_STOP_TOKEN_IDS,
     PENALTY_MAX,
 )
+from broker.priority import PRIORITY_LIMIT
 from broker.sampling import MAX_LOGPROBS, MAX_STOP_STRINGS, MAX_TEMPERATURE, MIN_TEMPERATURE, SEED_MAX
 
 # A session id or cache salt: safe in a URL path segment and a Redis key; no '/', no spaces, and
@@ -144,6 +145,8 @@ class _Common(_NoOp, StructuredFields):
     min_p: Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)] | None = None
     min_tokens: Annotated[int, Field(ge=0, le=MAX_TOKENS_CAP)] | None = None
     stop_token_ids: Annotated[list[TokenId], Field(max_length=MAX_STOP_TOKEN_IDS)] | None = None
+    # vLLM's: lower is served earlier (default 0), among the jobs of its class (broker/priority.py)
+    priority: Annotated[int, Field(ge=-PRIORITY_LIMIT, le=PRIORITY_LIMIT)] | None = None
 
     @field_validator("temperature")
     @classmethod

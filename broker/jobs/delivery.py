@@ -1,10 +1,12 @@
 """The sweeps' own small records of a job's Celery message, so that no sweep parses a payload.
 
 Two strings with a TTL, written with the message itself (the api's submit transaction, a resend):
-- keys.job_delivery(job_id): the message's delivery tag, its queue and the job's submit time;
-  the lost-message check (workers/jobs/lost_messages.py) finds the job in O(1) from it: among
-  the unacked messages by its tag (HEXISTS), or still queued by its queue's depth and how far
-  the queue's workers got (QUEUES_STARTED).
+- keys.job_delivery(job_id): the message's delivery tag, its list (the queue's list for the
+  message's priority band, broker/priority.py: each band list is first in, first out, the queue
+  as a whole is not) and the job's submit time; the lost-message check
+  (workers/jobs/lost_messages.py) finds the job in O(1) from it: among the unacked messages by
+  its tag (HEXISTS), or still queued by its list's depth and how far the list's workers got
+  (QUEUES_STARTED, per band list).
 - keys.message_job(tag): the job id behind a delivery tag, for the orphan sweep
   (workers/jobs/reaper.py), which finds old unacked messages by tag. A message some other
   producer queued (a plain send_task) has none: the sweep reads its payload once and writes it
@@ -36,7 +38,7 @@ SUBMIT_SLACK_S = 1.0
 @dataclass(frozen=True, slots=True)
 class Delivery:
     tag: str
-    queue: str
+    queue: str  # the Redis list the message was pushed to: its queue's list for its band
     submitted_at: float
 
 
@@ -62,13 +64,14 @@ def parse(raw: bytes | str | None) -> Delivery | None:
         return None
 
 
-def note_started(client: redis.Redis, queue: str, submitted_at: float) -> None:
-    """A worker starts a job it took from `queue`: the queue's workers got at least this far."""
-    client.zadd(keys.QUEUES_STARTED, {queue: submitted_at}, gt=True)
+def note_started(client: redis.Redis, queue_key: str, submitted_at: float) -> None:
+    """A worker starts a job it took from the list `queue_key` (a queue's list for one band,
+    broker/priority.queue_key): that list's workers got at least this far."""
+    client.zadd(keys.QUEUES_STARTED, {queue_key: submitted_at}, gt=True)
 
 
 def popped(delivery: Delivery, queue_depth: int, started_up_to: float | None) -> bool:
-    """Whether the job's message must have left its queue: the queue is empty, or a worker started
+    """Whether the job's message must have left its list: the list is empty, or a worker started
     a job from it that was submitted after this one (first in, first out)."""
     if queue_depth == 0:
         return True

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import redis
 from celery import Celery
 
-from broker import keys
+from broker import keys, priority
 from broker.codec import decode_job, encode_result
 from broker.jobs import events as job_events
 from broker.jobs.lease import JobLeases, make_owner
@@ -80,7 +80,7 @@ class FakeWorker:
                 time.sleep(0.02)
                 continue
             self._paused.clear()
-            popped = self.redis.brpop([keys.SHARED_QUEUE], timeout=0.1)
+            popped = self.redis.brpop(priority.queue_keys(keys.SHARED_QUEUE), timeout=0.1)  # every band
             if popped is None:
                 continue
             message = json.loads(popped[1])

@@ -18,13 +18,18 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from api.app import create_app
 from api.config import ApiConfig
 from api.jobs import client as job_client
-from broker import keys
+from broker import keys, priority
 from broker.errors import CodecError
 from broker.jobs import events as job_events
 from tests.api.conftest import MODEL, Served
 
 CHAT = "/v1/chat/completions"
 MSGS = [{"role": "user", "content": "hi"}]
+
+
+def _depth(rds: redis.Redis) -> int:
+    """Messages on the shared queue, every priority band's list (broker/priority.py)."""
+    return sum(int(rds.llen(key)) for key in priority.queue_keys(keys.SHARED_QUEUE))
 
 
 def assert_error(r: Any, status: int, param: str | None = None, code: str | None = None) -> dict[str, Any]:
@@ -66,7 +71,7 @@ def test_invalid_bodies_are_400(
     with api.client() as c:
         error = assert_error(c.post(path, json=body), status, param)
     assert error["type"] == "invalid_request_error"
-    assert rds.llen(keys.SHARED_QUEUE) == 0 and not rds.keys("kvferry:job:*")
+    assert _depth(rds) == 0 and not rds.keys("kvferry:job:*")
 
 
 def test_invalid_json_is_400(api: Served) -> None:
@@ -125,7 +130,7 @@ def test_broker_down_at_submit_is_503_and_leaves_nothing(
             error = assert_error(r, 503)
             assert "could not queue the job" in error["message"]
     assert not rds.keys("kvferry:job:*")
-    assert rds.llen(keys.SHARED_QUEUE) == 0
+    assert _depth(rds) == 0
 
 
 def test_unknown_route_and_method(api: Served) -> None:
@@ -174,7 +179,7 @@ def test_redis_down_is_503() -> None:
 
 def _queued_job_id(rds: redis.Redis, timeout_s: float = 10) -> str:
     """Take the job the api just queued off the shared queue (no worker runs here); its id."""
-    popped = rds.brpop([keys.SHARED_QUEUE], timeout=timeout_s)
+    popped = rds.brpop(priority.queue_keys(keys.SHARED_QUEUE), timeout=timeout_s)
     assert popped is not None, "the api queued nothing"
     job_id: str = json.loads(popped[1])["headers"]["id"]
     return job_id

@@ -147,6 +147,6 @@ def test_allow_listed_fields_are_accepted_and_change_nothing(api: Served, worker
 
 def test_unknown_job_envelope_fields_are_refused(api: Served, rds: redis.Redis) -> None:
     with api.client() as c:
-        r = c.post("/v1/jobs", json={"endpoint": CHAT, "body": chat(), "priority": 1})
-    assert_error(r, 400, "priority", "unsupported_parameter")
+        r = c.post("/v1/jobs", json={"endpoint": CHAT, "body": chat(), "deadline": 1})
+    assert_error(r, 400, "deadline", "unsupported_parameter")  # a job's priority is in its body
     assert rds.dbsize() == 0

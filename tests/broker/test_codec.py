@@ -110,7 +110,7 @@ def _job_wire(**changes: Any) -> dict[str, Any]:
 @pytest.mark.parametrize(
     "wire",
     [
-        _job_wire(priority=3),  # unknown top-level field
+        _job_wire(deadline=3),  # unknown top-level field
         _job_wire(params={**_job_wire()["params"], "beam_width": 4}),  # unknown nested field
         _job_wire(messages=[{"role": "user", "content": "x", "name": "bob"}]),  # unknown, in a list
         _job_wire(logprobs=True),  # an OpenAI field a worker does not implement

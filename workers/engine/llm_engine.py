@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 
 from broker.errors import InvalidRequestError
+from broker.priority import JobClass
 from broker.sampling import SamplingParams
 from kvstore.layout import KVFormat
 from kvstore.pool.block_pool import BlockPool
@@ -121,6 +122,8 @@ class LLMEngine:
         streamed_chars: int = 0,
         keep_tail: bool = False,
         grammar: CompiledGrammar | None = None,
+        job_class: JobClass = "interactive",
+        priority: int = 0,
     ) -> None:
         """Queue a request. Raises InvalidRequestError (nothing queued) when it cannot run.
 
@@ -129,7 +132,8 @@ class LLMEngine:
         already sent to the client. keep_tail: a session turn, whose next turn starts with its
         partial last block: the pool keeps that block once it finishes (KeptTails). grammar:
         params.structured_outputs compiled by self.grammars (compiled here, on the engine's
-        thread, when not given).
+        thread, when not given). job_class and priority: its place in the waiting order, and
+        whether it yields to interactive requests (workers/engine/scheduler.py).
         """
         if request_id in self._seqs:
             raise InvalidRequestError(f"request id {request_id!r} is already running", "request_id")
@@ -144,6 +148,7 @@ class LLMEngine:
             default_max_tokens=self.config.default_max_tokens,
         )
         seq = EngineRequest(request_id, list(prompt_token_ids), params, max_tokens, cache_salt)
+        seq.job_class, seq.priority = job_class, priority
         if params.structured_outputs is not None:
             compiled = grammar or self.grammars.compile(params.structured_outputs)
             seq.grammar = compiled.matcher() if compiled is not None else None

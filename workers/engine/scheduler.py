@@ -1,49 +1,29 @@
-"""Scheduler: waiting and running queues, admission by pool capacity, preemption by recompute."""
+"""Scheduler: waiting and running queues, admission by pool capacity, preemption by recompute,
+interactive sequences before batch ones (broker/priority.py).
+
+A step is planned in up to three phases. (1) The running interactive sequences: decodes, then
+unfinished prefill chunks. (2) Waiting interactive sequences are admitted, in the waiting order
+(workers/engine/wait_queue.py); one that finds no seat (max_num_seqs) or no room in the pool
+takes them from the newest running batch sequence, which goes back to waiting (preemption by
+recompute: token-exact). (3) Unless an interactive sequence computes prompt tokens this step,
+the running batch sequences, then new batch sequences, only while no interactive one waits. So
+a batch line never starts while an interactive request waits, and a step that prefills an
+interactive prompt carries no batch work (batch decodes wait that step out). With no batch
+sequence, phases 1 and 2 are the whole step: running first, then arrivals, as before classes.
+"""
 
 from __future__ import annotations
 
-from collections import deque
-from dataclasses import dataclass
-
 from kvstore.chain import BlockHash
 from kvstore.tiers.stored_block import StoredBlock
-from workers.engine.block_manager import BlockCopy, BlockLoad, BlockManager
+from workers.engine.block_manager import BlockManager
 from workers.engine.config import EngineConfig
 from workers.engine.requests.sequence import EngineRequest, RequestStatus
+from workers.engine.step_plan import ScheduledSeq, SchedulerOutput, StepPlan, is_decoding
 from workers.engine.tier_bridge import TierBridge
+from workers.engine.wait_queue import WaitQueue
 
-
-@dataclass(frozen=True, slots=True)
-class ScheduledSeq:
-    seq: EngineRequest
-    num_new_tokens: int
-
-    @property
-    def samples(self) -> bool:
-        """True when this step reaches the end of the known tokens, so its logits pick a token."""
-        return self.seq.num_computed_tokens + self.num_new_tokens == self.seq.num_tokens
-
-
-@dataclass(frozen=True, slots=True)
-class SchedulerOutput:
-    """Everything one step must do, as decided by Scheduler.schedule()."""
-
-    scheduled: tuple[ScheduledSeq, ...]  # decodes first, then prefill chunks
-    loads: tuple[BlockLoad, ...]  # tier bytes to write into the pool before the forward
-    outgrown: tuple[EngineRequest, ...]  # alone they outgrow the whole pool: they end ("length")
-    preempted: tuple[EngineRequest, ...]  # sent back to waiting, their blocks freed (recompute)
-    num_decodes: int  # scheduled sequences that compute one generated token
-    num_prefill_tokens: int  # tokens of the others: prompt chunks, recomputes after preemption
-    copies: tuple[BlockCopy, ...] = ()  # partial blocks forked into new sequences' blocks
-
-    @property
-    def num_tokens(self) -> int:
-        return sum(s.num_new_tokens for s in self.scheduled)
-
-
-def is_decoding(seq: EngineRequest) -> bool:
-    """Its whole prompt is in the pool and one token is left to compute: the last one sampled."""
-    return seq.num_uncomputed_tokens == 1 and seq.num_computed_tokens >= seq.num_prompt_tokens
+__all__ = ["ScheduledSeq", "Scheduler", "SchedulerOutput", "is_decoding"]
 
 
 class Scheduler:
@@ -53,65 +33,65 @@ class Scheduler:
         self.config = config
         self.blocks = block_manager
         self.tiers = tiers
-        self.waiting: deque[EngineRequest] = deque()
+        self.waiting = WaitQueue()
         self.running: list[EngineRequest] = []
         self.num_preemptions = 0
 
     def add(self, seq: EngineRequest) -> None:
-        self.waiting.append(seq)
+        self.waiting.add(seq)
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 
     def schedule(self) -> SchedulerOutput:
-        budget = self.config.max_num_batched_tokens
-        scheduled: list[ScheduledSeq] = []
-        loads: list[BlockLoad] = []
-        outgrown: list[EngineRequest] = []
-        preempted: list[EngineRequest] = []
-        copies: list[BlockCopy] = []
-        num_decodes = num_prefill = 0
-
-        def out() -> SchedulerOutput:
-            return SchedulerOutput(
-                tuple(scheduled),
-                tuple(loads),
-                tuple(outgrown),
-                tuple(preempted),
-                num_decodes,
-                num_prefill,
-                tuple(copies),
-            )
-
+        plan = StepPlan(self.config.max_num_batched_tokens)
         # Running sequences first: decodes, then unfinished prefill chunks; each oldest first.
-        for seq in sorted(self.running, key=lambda s: not is_decoding(s)):
-            if budget <= 0:
+        ordered = sorted(self.running, key=lambda s: not is_decoding(s))
+        if not self._run(plan, [s for s in ordered if not s.is_batch]):
+            return plan.output()  # it had to preempt: no room to spare for arrivals
+        pending = self._pending_prefix_hashes()
+        self._admit(plan, pending, batch=False)
+        if plan.interactive_prefill:
+            return plan.output()
+        if not self._run(plan, [s for s in ordered if s.is_batch]):
+            return plan.output()
+        if not self.waiting or self.waiting.first.is_batch:  # no interactive one waits
+            self._admit(plan, pending, batch=True)
+        return plan.output()
+
+    def _run(self, plan: StepPlan, seqs: list[EngineRequest]) -> bool:
+        """Schedule running sequences (decodes first); False when one had to be preempted."""
+        for seq in seqs:
+            if plan.budget <= 0:
                 break
             if seq.status is not RequestStatus.RUNNING:
                 continue  # preempted by one scheduled before it
             decode = is_decoding(seq)
-            room = budget if decode else self._prefill_room(budget, num_decodes, num_prefill)
+            room = plan.budget if decode else self._prefill_room(plan)
             n = min(seq.num_uncomputed_tokens, room)
             if n <= 0:
                 break  # the prefill cap is spent, and only prefills follow
-            if not self._make_room(seq, n, scheduled, preempted, outgrown):
+            if not self._make_room(seq, n, plan):
                 break
             self.blocks.append(seq, n)
-            scheduled.append(ScheduledSeq(seq, n))
-            num_decodes += decode
-            num_prefill += 0 if decode else n
-            budget -= n
+            plan.take(seq, n, decode)
+        return not plan.preempted
 
-        # Then new arrivals, unless this step had to preempt (no room to spare).
-        if preempted:
-            return out()
-        pending = self._pending_prefix_hashes()
+    def _admit(self, plan: StepPlan, pending: set[BlockHash], batch: bool) -> None:
+        """Admit waiting sequences of one class, first to last, while there is room; an
+        interactive one makes room by preempting running batch sequences."""
         deferred: list[EngineRequest] = []
-        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
-            room = self._prefill_room(budget, num_decodes, num_prefill)
+        while self.waiting and plan.budget > 0:
+            seq = self.waiting.first
+            if seq.is_batch != batch:
+                break
+            room = self._prefill_room(plan)
             if room <= 0:
                 break
-            seq = self.waiting[0]
+            if len(self.running) >= self.config.max_num_seqs:
+                if batch or not self._yield_batch(plan):
+                    break
+                continue
             hits, hashes = self.blocks.match_prefix(seq)
             computes_all = seq.needs_prompt_logits  # no hit, no load, nothing to wait for
             loaded = (
@@ -127,10 +107,12 @@ class Scheduler:
                 continue
             bs = self.blocks.block_size
             n = min(seq.num_tokens - known * bs, room)
-            new_loads = self.blocks.allocate(seq, hits, hashes, n, loaded, self.running, copies)
+            new_loads = self.blocks.allocate(seq, hits, hashes, n, loaded, self.running, plan.copies)
             if new_loads is None:
-                break
-            loads.extend(new_loads)
+                if batch or not self._yield_batch(plan):
+                    break
+                continue  # matched again: the freed blocks may change what it finds
+            plan.loads.extend(new_loads)
             n = min(seq.num_uncomputed_tokens, room)  # less when it took a kept partial block
             if seq.num_cached_tokens < 0:  # first admission: count the prefix query once
                 self._count_sources(seq, loaded)
@@ -138,42 +120,45 @@ class Scheduler:
             seq.status = RequestStatus.RUNNING
             seq.prefix_hashes = hashes
             self.running.append(seq)
-            scheduled.append(ScheduledSeq(seq, n))
-            num_prefill += n
-            budget -= n
+            plan.take(seq, n, decode=False)
             pending.update(hashes[known:])
-        self.waiting.extendleft(reversed(deferred))
-        return out()
+        self.waiting.put_back_all(deferred)
 
-    def _prefill_room(self, budget: int, num_decodes: int, num_prefill: int) -> int:
+    def _yield_batch(self, plan: StepPlan) -> bool:
+        """Preempt the newest running batch sequence (none is scheduled yet when this runs), for
+        a waiting interactive one; False when none runs."""
+        victim = next((s for s in reversed(self.running) if s.is_batch), None)
+        if victim is None:
+            return False
+        self.running.remove(victim)
+        self._preempt(victim)
+        plan.yielded.append(victim)
+        return True
+
+    def _prefill_room(self, plan: StepPlan) -> int:
         """Prefill tokens this step may still take: a step carrying decodes takes at most
         max_prefill_tokens_with_decodes of them, so a long prompt does not stretch every decode."""
         cap = self.config.max_prefill_tokens_with_decodes
-        if cap is None or not num_decodes:
-            return budget
-        return min(budget, cap - num_prefill)
+        if cap is None or not plan.num_decodes:
+            return plan.budget
+        return min(plan.budget, cap - plan.num_prefill)
 
-    def _make_room(
-        self,
-        seq: EngineRequest,
-        n: int,
-        scheduled: list[ScheduledSeq],
-        preempted: list[EngineRequest],
-        outgrown: list[EngineRequest],
-    ) -> bool:
-        """Preempt the newest running sequences not scheduled yet until seq's n tokens fit; False
-        when seq itself had to go (preempted, or outgrown when nothing else holds blocks)."""
-        taken = {id(s.seq) for s in scheduled}
+    def _make_room(self, seq: EngineRequest, n: int, plan: StepPlan) -> bool:
+        """Preempt the newest running sequences not scheduled yet until seq's n tokens fit, batch
+        ones first (a batch sequence takes room from batch ones only); False when seq itself had
+        to go (preempted, or outgrown when nothing else holds blocks)."""
+        taken = {id(s.seq) for s in plan.scheduled}
         while not self.blocks.can_append(seq, n):
-            victim = next(s for s in reversed(self.running) if id(s) not in taken)
+            free = [s for s in reversed(self.running) if id(s) not in taken]
+            victim = next((s for s in free if s.is_batch), seq if seq.is_batch else free[0])
             self.running.remove(victim)
             if victim is seq and not self.running:
                 self.blocks.free(seq)  # nothing else holds blocks: seq alone outgrew the pool
                 seq.num_computed_tokens = 0
-                outgrown.append(seq)
+                plan.outgrown.append(seq)
                 return False
             self._preempt(victim)
-            preempted.append(victim)
+            plan.preempted.append(victim)
             if victim is seq:
                 return False
         return True
@@ -201,7 +186,7 @@ class Scheduler:
         seq.num_computed_tokens = 0
         seq.num_preemptions += 1
         seq.status = RequestStatus.WAITING
-        self.waiting.appendleft(seq)
+        self.waiting.put_back(seq)
         self.num_preemptions += 1
 
     def finish(self, seq: EngineRequest) -> None:

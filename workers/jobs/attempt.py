@@ -120,6 +120,8 @@ class JobAttempt:
             reports_first_out=True,  # _stream publishes the first token before the next step runs
             keep_tail=bool(job.session_id),  # its next turn starts with this one's partial last block
             grammar=grammar,
+            job_class=job.job_class,
+            priority=job.priority,
         )
         self.stages["submitted"] = time.time()
 

@@ -8,9 +8,11 @@ copy of a job that ended answers with its result.
 
 Where the job is, is found in O(1) per overdue job, whatever the backlog or the number of workers,
 from its delivery record (broker/jobs/delivery.py): among the unacked by its tag (HEXISTS), and
-off its queue once the queue is empty or a worker started a job from it submitted after this one
-(QUEUES_STARTED: each queue is first in, first out). No queue and no payload is read. A job still
-queued is looked at again a grace later. Only the fleet's sweeper runs it (workers/jobs/maintenance.py).
+off its list (its queue's list for its priority band, broker/priority.py) once the list is empty or
+a worker started a job from it submitted after this one (QUEUES_STARTED: each band list is first
+in, first out). No queue and no payload is read. A job still queued is looked at again a grace
+later. A job sent again goes to its own band. Only the fleet's sweeper runs it
+(workers/jobs/maintenance.py).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from typing import Any
 import redis
 from celery import Celery
 
-from broker import keys, message_copy
+from broker import keys, message_copy, priority
 from broker.defaults import DEFAULTS
 from broker.jobs import delivery
 from broker.task_message import task_message
@@ -98,9 +100,10 @@ def _send_again(client: redis.Redis, app: Celery, job_id: str, now: float) -> bo
         return False  # started (or cancelled) meanwhile
     doc = json.loads(message)
     queue = doc["queue"] if not doc["queue"].startswith(keys.worker_queue("")) else keys.SHARED_QUEUE
-    queued = task_message(app, keys.GENERATE_TASK, job_id, [doc["job"]], queue)
+    band = priority.job_band(doc["job"])
+    queued = task_message(app, keys.GENERATE_TASK, job_id, [doc["job"]], queue, band)
     pipe = client.pipeline(transaction=True)
-    delivery.record(pipe, job_id, delivery.Delivery(queued.tag, queue, now), DEFAULTS.job_ttl_s)
+    delivery.record(pipe, job_id, delivery.Delivery(queued.tag, queued.key, now), DEFAULTS.job_ttl_s)
     pipe.zadd(keys.PENDING_JOBS, {job_id: now})
     pipe.lpush(queued.key, queued.payload)
     pipe.execute()

@@ -22,7 +22,7 @@ from typing import Any
 
 import redis
 
-from broker import keys
+from broker import keys, priority
 from broker.jobs.lease import JobLeases
 from workers.jobs import unacked
 
@@ -57,9 +57,11 @@ def _release(client: redis.Redis, name: str) -> tuple[list[str], int]:
     moved = _restore_jobs(client, ready, dead_queue)
     if ready:
         client.srem(keys.worker_jobs(name), *ready)
-    # Jobs still waiting on the dead worker's own queue go to the shared one.
-    while client.lmove(dead_queue, keys.SHARED_QUEUE, "RIGHT", "RIGHT") is not None:
-        moved.append("(queued)")
+    # Jobs still waiting on the dead worker's own queue go to the shared one, each in its band.
+    for band in priority.PRIORITY_STEPS:
+        source, target = priority.queue_key(dead_queue, band), priority.queue_key(keys.SHARED_QUEUE, band)
+        while client.lmove(source, target, "RIGHT", "RIGHT") is not None:
+            moved.append("(queued)")
     return moved, len(job_ids - ready)
 
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import redis
 
-from broker import keys
+from broker import keys, priority
 from broker.defaults import DEFAULTS
 from broker.jobs.delivery import NOT_A_JOB
 
@@ -84,7 +84,8 @@ def _classify(
 
 def restore(client: redis.Redis, tag: str, dead_queue: str) -> str | None:
     """Move one unacked message back onto a queue, atomically (WATCH: kombu's own sweep may race);
-    onto the shared queue when it was routed to `dead_queue`. Returns its task id, None when it
+    onto the shared queue when it was routed to `dead_queue`; into its priority band's list, as
+    kombu's own restore does. Returns its task id, None when it
     was gone. ValueError for a malformed entry."""
     with client.pipeline() as pipe:
         try:
@@ -100,7 +101,8 @@ def restore(client: redis.Redis, tag: str, dead_queue: str) -> str | None:
             pipe.multi()
             pipe.hdel(keys.KOMBU_UNACKED, tag)
             pipe.zrem(keys.KOMBU_UNACKED_INDEX, tag)
-            pipe.rpush(queue, json.dumps(payload))  # the consuming end: redelivered first
+            key = priority.queue_key(queue, priority.message_band(payload))  # its own band
+            pipe.rpush(key, json.dumps(payload))  # the consuming end: redelivered first
             pipe.execute()
             return task_id
         except redis.WatchError:

@@ -50,6 +50,8 @@ class Dispatcher:
                     msg.streamed_chars,
                     msg.keep_tail,
                     grammar=msg.grammar,
+                    job_class=msg.job_class,
+                    priority=msg.priority,
                 )
             except Exception as exc:  # typed errors go back to the submitter, nothing queued
                 msg.handle._fail(exc)

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import TypeVar
 
+from broker.priority import JobClass
 from broker.sampling import SamplingParams
 from kvstore.tiers.stored_block import StoredBlock
 from workers.engine.errors import EngineFailedError
@@ -119,12 +120,14 @@ class EngineLoop:
         reports_first_out: bool = False,
         keep_tail: bool = False,
         grammar: CompiledGrammar | None = None,
+        job_class: JobClass = "interactive",
+        priority: int = 0,
     ) -> RequestHandle:
         """Queue a request (see LLMEngine.add_request); errors arrive through the handle.
         ``reports_first_out``: the caller calls handle.first_out() once its first token is out
         (RequestHandle: the loop holds its next step for that). ``keep_tail``: a session turn.
         ``grammar``: params.structured_outputs compiled by self.grammars (else the loop's thread
-        compiles it)."""
+        compiles it). ``job_class``, ``priority``: its place in the engine's waiting order."""
         rid = request_id or f"req-{uuid.uuid4().hex[:12]}-{next(self._ids)}"
         handle = RequestHandle(rid, self.abort, reports_first_out)
         msg = Submit(
@@ -136,6 +139,8 @@ class EngineLoop:
             streamed_chars,
             keep_tail,
             grammar,
+            job_class,
+            priority,
         )
         self.idle.clear()
         if not self._put(msg):

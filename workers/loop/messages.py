@@ -7,6 +7,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from broker.priority import JobClass
 from broker.sampling import SamplingParams
 from kvstore.tiers.stored_block import StoredBlock
 from workers.loop.handle import RequestHandle
@@ -26,6 +27,8 @@ class Submit:
     streamed_chars: int
     keep_tail: bool = False  # a session turn: keep its partial last block for the next turn
     grammar: CompiledGrammar | None = None  # params.structured_outputs, compiled by the sender
+    job_class: JobClass = "interactive"  # its place in the engine's waiting order
+    priority: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,7 +11,7 @@ import redis
 from celery import Celery, Task
 from celery.exceptions import Ignore, Reject
 
-from broker import keys
+from broker import keys, priority
 from broker.codec import CodecError, decode_job, encode_result
 from broker.errors import InvalidRequestError
 from broker.jobs import delivery
@@ -35,10 +35,12 @@ def register_tasks(app: Celery, runner: JobRunner) -> None:
             # before any engine sees it, with a 400 in its stream like any bad request.
             runner.refuse(job_id, job, exc)
             raise
-        queue = (self.request.delivery_info or {}).get("routing_key")
-        if queue and decoded.submitted_at:  # how far this queue's workers got (lost_messages.py)
+        info = self.request.delivery_info or {}
+        queue = info.get("routing_key")
+        if queue and decoded.submitted_at:  # how far this band list's workers got (lost_messages.py)
             try:
-                delivery.note_started(runner.redis, queue, decoded.submitted_at)
+                key = priority.queue_key(queue, priority.message_band({"properties": info}))
+                delivery.note_started(runner.redis, key, decoded.submitted_at)
             except redis.RedisError as exc:  # a lost message of this queue is then found later
                 log.warning("job %s: cannot note its queue's progress: %s", job_id, exc)
         try:

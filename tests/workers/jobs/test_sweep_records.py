@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import redis
 
-from broker import keys
+from broker import keys, priority
 from broker.celery_app import BrokerConfig, make_celery
 from broker.codec import encode_job
 from broker.jobs import delivery
@@ -88,5 +88,6 @@ def test_lost_messages_are_found_in_o1_per_job(rds: redis.Redis, sweep_redis: Re
     assert not rds.exists(keys.job_message(names["started"]))  # started: nothing to watch
     score = rds.zscore(keys.PENDING_JOBS, names["queued"])
     assert score is not None and score > old  # looked at again a grace later
-    heads = [json.loads(m)["headers"]["id"] for m in rds.lrange(empty, 0, -1)]
+    again = priority.queue_key(empty, priority.band("interactive", 0))  # into the job's band
+    heads = [json.loads(m)["headers"]["id"] for m in rds.lrange(again, 0, -1)]
     assert heads == [names["lost"]]

@@ -6,6 +6,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
+from broker.priority import JobClass
 from broker.sampling import SamplingParams
 from kvstore.chain import BlockHash
 from workers.engine.requests.logprob import Logprob
@@ -50,6 +51,14 @@ class EngineRequest:
     prompt_logprobs: list[Logprob] = field(default_factory=list)
     prompt_logprobs_sent: bool = False
     grammar: GrammarMatcher | None = None  # params.structured_outputs' matcher: masks and advances
+    # Its place in the waiting order (workers/engine/wait_queue.py): interactive before batch,
+    # then lower priority first (vLLM's); a running batch sequence yields to a waiting interactive.
+    job_class: JobClass = "interactive"
+    priority: int = 0
+
+    @property
+    def is_batch(self) -> bool:
+        return self.job_class == "batch"
 
     @property
     def num_prompt_tokens(self) -> int:
