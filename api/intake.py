@@ -16,7 +16,6 @@ from fastapi import Request
 from api.context import ApiContext
 from api.errors import ApiError
 from api.jobs import tenant_jobs
-from api.jobs.admission import job_class
 from api.jobs.meta import JobMeta
 from api.router import Route, choose_queue
 from api.schema import json_guard
@@ -70,7 +69,7 @@ async def submit(
     job_id = str(uuid.uuid4())
     job = request.to_job(tenant)
     deadline = job.submitted_at + config.job_timeout_s
-    capped = job_class(job) != "batch"  # a batch's lines are fed by its runner, not capped
+    capped = job.job_class != "batch"  # a batch's lines are fed by its runner, not capped
     if capped and not await tenant_jobs.admit(jobs.redis, tenant, job_id, deadline, config.tenant_max_jobs):
         ctx.metrics.tenant_rejected.labels(tenant).inc()
         raise ApiError(

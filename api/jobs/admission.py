@@ -16,9 +16,8 @@ import redis.asyncio as aioredis
 
 from api.fleet import FleetCache, WorkerView
 from api.jobs.submit_write import Placement
+from broker import priority
 from broker.messages import GenerateJob
-
-INTERACTIVE_BANDS = (0, 4)  # kombu priority steps of interactive jobs (broker/priority.py's rule)
 
 
 def window_of(views: Iterable[WorkerView], headroom: int) -> int:
@@ -31,20 +30,9 @@ def window_of(views: Iterable[WorkerView], headroom: int) -> int:
     return seats
 
 
-def job_class(job: GenerateJob) -> str:
-    """The job's class: "interactive" (online endpoints, /v1/jobs) or "batch" (a batch's line)."""
-    return str(getattr(job, "job_class", "interactive"))
-
-
-def band_of(job: GenerateJob) -> int:
-    """An interactive job's priority band: clamp(2 + priority, 0, 4) (lower goes first)."""
-    low, high = INTERACTIVE_BANDS
-    return min(high, max(low, 2 + int(getattr(job, "priority", 0))))
-
-
 def released(job: GenerateJob, deadline: float) -> Placement:
     """Without fair dispatch: released at once, counted in INFLIGHT all the same."""
-    return Placement(job.tenant, job_class(job), deadline)
+    return Placement(job.tenant, job.job_class, deadline)
 
 
 class Admission:
@@ -62,9 +50,9 @@ class Admission:
     async def placement(
         self, client: aioredis.Redis, fleet: FleetCache, job: GenerateJob, now: float
     ) -> Placement:
-        kind = job_class(job)
         deadline = (job.submitted_at or now) + self.timeout_s
-        if kind == "batch":  # never parked: nothing to look up
+        if job.job_class == "batch":  # never parked: nothing to look up
             return released(job, deadline)
         window = window_of(await fleet.workers(client), self.headroom)
-        return Placement(job.tenant, kind, deadline, window, self.quota(job.tenant), band_of(job))
+        band = priority.band(job.job_class, job.priority)
+        return Placement(job.tenant, job.job_class, deadline, window, self.quota(job.tenant), band)

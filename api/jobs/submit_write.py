@@ -33,6 +33,7 @@ from redis.commands.core import AsyncScript
 
 from broker import keys
 from broker.jobs import delivery
+from broker.priority import JobClass
 
 # KEYS: meta, message copy, pending set, queue, delivery record, the tag's job, INFLIGHT, the
 # tenant's released jobs, PARKED, the tenant's parked jobs, PARKED_TENANTS, the job's parked hash.
@@ -75,7 +76,7 @@ class Placement:
     """What the admission decision needs besides the job's records (api/jobs/admission.py)."""
 
     tenant: str = ""
-    job_class: str = "interactive"  # or "batch": never parked, no tenant share
+    job_class: JobClass = "interactive"  # or "batch": never parked, no tenant share
     deadline: float = 0.0  # when its INFLIGHT entries lapse if no end is seen
     window: int = 0  # 0: no window known, every job is released
     quota: int = 0  # released interactive jobs the tenant may always have
