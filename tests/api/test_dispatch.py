@@ -27,6 +27,8 @@ from broker.codec import encode_event
 from broker.jobs.stream_append import FENCED_XADD, NO_FENCE, script_args, script_keys
 from broker.messages import GenerateJob, GenerateResult, JobDone, Usage, WorkerStatus
 from broker.worker_registry import HEARTBEAT_FIELD, encode_status
+from tests.api.conftest import Served
+from tests.api.fake_worker import FakeWorker
 from workers.jobs.lost_messages import resend_lost
 
 T = TypeVar("T")
@@ -249,3 +251,25 @@ def test_one_dispatcher_among_replicas_releases(rds: redis.Redis, redis_url: str
     ids, who = run(redis_url, body)
     assert who == "api-1"
     assert queued_ids(rds) == ids[:2]
+
+
+def test_metrics_show_queue_wait_parked_jobs_and_the_window(
+    fresh_api: Served, rds: redis.Redis, worker: FakeWorker
+) -> None:
+    beat(rds, "w1@test", 6)  # window 6 - 4 (the default headroom) = 2
+    time.sleep(1.1)  # past the api's fleet cache (read already by its dispatcher)
+    body = {"model": MODEL, "prompt": "hi", "max_tokens": 3}
+    with fresh_api.client() as c:
+        assert c.post("/v1/completions", json=body).status_code == 200
+        worker.pause()
+        for _ in range(6):  # 4 released (the default quota), 2 parked
+            assert c.post("/v1/jobs", json={"endpoint": "/v1/completions", "body": body}).status_code == 202
+        text = c.get("/metrics").text
+    worker.resume()
+    for line in (
+        'kvferry_queue_wait_seconds_count{class="interactive",tenant=""} 1.0',
+        'kvferry_jobs_parked{tenant=""} 2.0',
+        "kvferry_dispatch_window 2.0",
+        "kvferry_jobs_inflight 4.0",
+    ):
+        assert line in text, line
