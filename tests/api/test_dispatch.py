@@ -141,7 +141,7 @@ def test_release_in_weighted_fair_order(rds: redis.Redis, redis_url: str) -> Non
         out = await script.run("me|1", time.time(), 30, weights)
         return a, b, out
 
-    a, b, out = run(redis_url, body, fair_quota=0, weight=lambda t: weights.get(t, 1.0))
+    a, _, out = run(redis_url, body, fair_quota=0, weight=lambda t: weights.get(t, 1.0))
     assert (out.fenced, out.released, out.parked) == (False, 30, 10)
     order = queued_ids(rds)[4:]
     assert len(order) == 30
