@@ -80,7 +80,7 @@ async def settle(
     """The job's end was seen: it stops counting against its tenant's cap and frees its seat in
     the dispatch window; its tokens and queue wait are counted once however many readers see the
     end. True for the first of them."""
-    ctx.jobs.ended.set()  # this api's dispatcher (if it holds the lease) releases parked jobs now
+    ctx.jobs.wake.set()  # this api's dispatcher (if it holds the lease) releases parked jobs now
     try:
         first = await tenant_jobs.finish(ctx.jobs.redis, meta.tenant, meta.job_id)
     except Exception as exc:  # the entries' deadlines still remove them

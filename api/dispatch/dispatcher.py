@@ -3,10 +3,12 @@ order while the window has room (api/dispatch/release.py). Every api runs the lo
 lease's holder releases, the others try to take the lease now and then.
 
 The holder runs the release script every short period while jobs are parked, and sooner when
-this api sees a job end (JobClient.ended); a job that ends elsewhere is noticed within the
-period. Everything lives in Redis, so an api restart or a change of holder loses nothing. With no
-window known (no live worker says its concurrency) every parked job is released: the same rule as
-admission's, where every job then goes straight to its queue."""
+this api sees a job end or parks one (JobClient.wake); a job that ends elsewhere is noticed within
+the period. While nothing is parked every api only looks (one read a period) and nobody holds the
+lease: the first api to see a parked job takes it. Everything lives in Redis, so an api restart or
+a change of holder loses nothing. With no window known (no live worker says its concurrency)
+every parked job is released: the same rule as admission's, where every job then goes straight
+to its queue."""
 
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ from api.dispatch.lease import DispatchLease
 from api.dispatch.release import Released, ReleaseScript
 from api.jobs.admission import window_of
 from api.jobs.client import JobClient
+from broker import keys
 
 log = logging.getLogger(__name__)
 BUSY_PERIOD_S = 0.05  # while jobs are parked
@@ -32,6 +35,7 @@ FOLLOWER_PERIOD_S = 1.0  # an api without the lease tries to take it this often
 LEASE_TTL_S = 5.0
 RENEW_EVERY_S = 1.0
 UNLIMITED = 1 << 30  # the window when none is known
+IDLE = Released(fenced=False, released=0, parked=0)
 
 
 def api_name() -> str:
@@ -55,8 +59,11 @@ class Dispatcher:
         return seats or UNLIMITED
 
     async def pass_once(self) -> Released | None:
-        """One pass: hold the lease (renewed at most every RENEW_EVERY_S), then release. None
-        when another api holds it."""
+        """One pass: with jobs parked, hold the lease (renewed at most every RENEW_EVERY_S), then
+        release. None when another api holds it. With none parked it only looks (one read, no
+        write: the lease lapses while there is nothing to release)."""
+        if not await self.jobs.redis.exists(keys.PARKED):
+            return IDLE
         now = time.monotonic()
         if not self.lease.held or now - self._renewed >= RENEW_EVERY_S:
             if not await self.lease.hold():
@@ -75,9 +82,9 @@ class Dispatcher:
                 log.warning("dispatcher pass failed: %s", exc)
                 out = None
             period = FOLLOWER_PERIOD_S if out is None else BUSY_PERIOD_S if out.parked else IDLE_PERIOD_S
-            self.jobs.ended.clear()
+            self.jobs.wake.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.jobs.ended.wait(), period)
+                await asyncio.wait_for(self.jobs.wake.wait(), period)
 
     def start(self) -> None:
         self._task = asyncio.create_task(self.run(), name="kvferry-dispatcher")

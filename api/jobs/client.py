@@ -69,7 +69,8 @@ class JobClient:
         self._pool = ThreadPoolExecutor(8, thread_name_prefix="kvferry-api-celery")
         self.fleet = FleetCache()  # the router's view of the workers (api/router.py)
         self.admission = admission  # None: every job is released at once (no fair dispatch)
-        self.ended = asyncio.Event()  # set when this api sees a job end: wakes its dispatcher early
+        # set when this api parks a job or sees one end: its dispatcher (api/dispatch/) looks now
+        self.wake = asyncio.Event()
 
     async def _sync(self, fn: Callable[..., T], *args: Any) -> T:
         """Run a blocking Celery call on the pool; past SYNC_TIMEOUT_S the request stops waiting."""
@@ -108,6 +109,8 @@ class JobClient:
                 self.redis, self._write, *args, now, self.accept_replicas, self.accept_wait_ms, place
             )
             acked = written.acked
+            if written.parked:
+                self.wake.set()
             if acked < self.accept_replicas:
                 if self.on_unreplicated is not None:
                     self.on_unreplicated()
@@ -136,7 +139,7 @@ class JobClient:
         forget(pipe, job_id)  # never sent again (nor its prompt kept)
         await pipe.execute()
         await leave(self.redis, job_id)  # never released if parked; its seat is free
-        self.ended.set()
+        self.wake.set()
         await self._sync(self.celery.control.revoke, job_id)
 
     async def is_cancelled(self, job_id: str) -> bool:
