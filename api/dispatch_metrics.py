@@ -1,6 +1,6 @@
 """Fair dispatch on /metrics, read from Redis at scrape time: parked jobs by tenant
 (`kvferry_jobs_parked`), the window (`kvferry_dispatch_window`) and the released unfinished jobs
-(`kvferry_jobs_inflight`). The queue-wait histogram is ApiMetrics' (observed where finals are seen)."""
+(`kvferry_jobs_inflight`), and the queue-wait histogram ApiMetrics observes where finals are seen.
 
 from __future__ import annotations
 
@@ -10,12 +10,25 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import redis.asyncio as aioredis
+from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from api.fleet import WorkerView
 from api.jobs.admission import window_of
 from broker import keys
+
+QUEUE_WAIT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 1800, 7200, 86400)
+
+
+def queue_wait_histogram(registry: CollectorRegistry) -> Histogram:
+    return Histogram(
+        "kvferry_queue_wait_seconds",
+        "From submission to a worker starting the job (parked time included), by tenant and class",
+        ["tenant", "class"],
+        buckets=QUEUE_WAIT_BUCKETS,
+        registry=registry,
+    )
 
 
 @dataclass

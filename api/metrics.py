@@ -26,7 +26,6 @@ from broker.messages import EngineFigures, Usage
 
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320, 640)
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80)
-QUEUE_WAIT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 1800, 7200, 86400)
 
 # per-worker gauges from the heartbeat's EngineFigures: name -> (help, value)
 _ENGINE_GAUGES = {
@@ -189,13 +188,7 @@ class ApiMetrics:
             "Jobs accepted under Sentinel with no replica holding them yet (api/jobs/submit_write.py)",
             registry=r,
         )
-        self.queue_wait = Histogram(
-            "kvferry_queue_wait_seconds",
-            "From submission to a worker starting the job (parked time included), by tenant and class",
-            ["tenant", "class"],
-            buckets=QUEUE_WAIT_BUCKETS,
-            registry=r,
-        )
+        self.queue_wait = dispatch_metrics.queue_wait_histogram(r)
         self._redis = _FromRedis()
         r.register(self._redis)
         self._dispatch = dispatch_metrics.DispatchCollector()
