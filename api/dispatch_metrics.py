@@ -1,6 +1,6 @@
 """Fair dispatch on /metrics, read from Redis at scrape time: parked jobs by tenant
 (`kvferry_jobs_parked`), the window (`kvferry_dispatch_window`) and the released unfinished jobs
-(`kvferry_jobs_inflight`), and the queue-wait histogram ApiMetrics observes where finals are seen.
+(`kvferry_jobs_inflight`), and the queue-wait histogram ApiMetrics observes where finals are seen."""
 
 from __future__ import annotations
 
