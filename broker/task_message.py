@@ -9,9 +9,9 @@ Celery builds the message (headers and body: `app.amqp.create_task_message`, tas
 and kombu serialises it; what is left is the transport's envelope, as kombu's virtual channel
 and Redis `_put` write it for a direct queue: the anonymous exchange, the queue's name as the
 routing key, the priority band's list as the key (broker/priority.py), a base64 body and a fresh
-delivery tag. A test compares the
-payload with what `send_task` itself pushes (tests/broker/test_task_message.py), so a Celery or
-kombu upgrade that changes the envelope fails there, not in production.
+delivery tag. A test compares the payload with what `send_task` itself pushes
+(tests/broker/test_task_message.py), so a Celery or kombu upgrade that changes the envelope fails
+there, not in production.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import redis
 
-from broker import keys
+from broker import keys, priority
 from broker.codec import encode_job
 from broker.jobs import delivery
 from broker.jobs import events as job_events
@@ -190,12 +190,13 @@ def test_a_message_lost_between_pop_and_unacked_is_sent_again(
     redis_client.set(keys.job_epoch(started), 1)
     try:
         lost_messages.resend_lost(redis_client, celery_app, grace_s=30)  # live workers' passes may race it
-        assert set(_queued_ids(redis_client, VOID)) == {lost}  # same id: the lease lets one copy run
+        again = priority.queue_key(VOID, priority.band("interactive", 0))  # the job's own band
+        assert set(_queued_ids(redis_client, again)) == {lost}  # same id: the lease lets one copy run
         assert not redis_client.exists(keys.job_message(started))
         assert redis_client.zscore(keys.PENDING_JOBS, started) is None
     finally:
         redis_client.hdel(keys.KOMBU_UNACKED, tag)
         redis_client.zrem(keys.KOMBU_UNACKED_INDEX, tag)
-        redis_client.delete(VOID, keys.job_epoch(started))
+        redis_client.delete(*priority.queue_keys(VOID), keys.job_epoch(started))
         for job_id in (lost, waiting, started):
             lost_messages.forget_message(redis_client, job_id)
