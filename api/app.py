@@ -10,8 +10,10 @@ from fastapi import FastAPI
 
 from api.config import ApiConfig
 from api.context import ApiContext
+from api.dispatch.dispatcher import Dispatcher
 from api.errors import install_error_handlers
 from api.files.store import DirStore
+from api.jobs.admission import Admission
 from api.jobs.client import JobClient
 from api.metrics import ApiMetrics, RequestCounter
 from api.routes import files, jobs, openai, ops, sessions, tokenize
@@ -24,31 +26,38 @@ from api.tokenizer import Tokenizer
 def create_app(config: ApiConfig, tokenizer: Tokenizer | None = None) -> FastAPI:
     """tokenizer: the served model's, for /tokenize and /detokenize (None: they answer 503)."""
     metrics = ApiMetrics()
+    key_ring = KeyRing(config.api_key, config.api_keys, config.api_keys_file)
+    admission = Admission(config.dispatch_headroom, config.fair_quota, key_ring.weight, config.job_timeout_s)
     job_client = JobClient(
         config.broker,
         job_ttl_s=config.job_ttl_s,
         accept_replicas=config.accept_replicas,
         accept_wait_ms=config.accept_wait_ms,
         on_unreplicated=metrics.accepts_unreplicated.inc,
+        admission=admission,
     )
     ctx = ApiContext(
         config=config,
         jobs=job_client,
         metrics=metrics,
         started=int(time.time()),
-        keys=KeyRing(config.api_key, config.api_keys, config.api_keys_file),
+        keys=key_ring,
         tier=TierReader(job_client.redis),
         files=DirStore(config.files_dir),
         tokenizer=tokenizer,
     )
+    dispatcher = Dispatcher(job_client, config.dispatch_headroom, key_ring.weights)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        dispatcher.start()  # one api of all replicas releases parked jobs (api/dispatch/)
         yield
+        await dispatcher.stop()
         await ctx.jobs.close()
 
     app = FastAPI(title="kvferry", version="0.1.0", lifespan=lifespan)
     app.state.ctx = ctx
+    app.state.dispatcher = dispatcher
     install_error_handlers(app)
     app.add_middleware(RequestCounter, metrics=ctx.metrics)
     app.include_router(openai.router)

@@ -70,17 +70,27 @@ async def _observed(
 
 async def ended(ctx: ApiContext, meta: JobMeta, label: str, event: StreamEvent) -> None:
     ctx.metrics.job_latency.labels(label).observe(max(0.0, time.time() - meta.created))
-    await settle(ctx, meta, event.result.usage if isinstance(event, JobDone) else None)
+    result = event.result if isinstance(event, JobDone) else None
+    await settle(ctx, meta, result.usage if result else None, result.queue_wait_s if result else None)
 
 
-async def settle(ctx: ApiContext, meta: JobMeta, usage: Usage | None) -> None:
-    """The job's end was seen: it stops counting against its tenant's cap, and its tokens are
-    counted, once however many readers see the end."""
+async def settle(
+    ctx: ApiContext, meta: JobMeta, usage: Usage | None, queue_wait_s: float | None = None
+) -> bool:
+    """The job's end was seen: it stops counting against its tenant's cap and frees its seat in
+    the dispatch window; its tokens and queue wait are counted once however many readers see the
+    end. True for the first of them."""
+    ctx.jobs.wake.set()  # this api's dispatcher (if it holds the lease) releases parked jobs now
     try:
-        if await tenant_jobs.finish(ctx.jobs.redis, meta.tenant, meta.job_id) and usage is not None:
-            ctx.metrics.tokens(meta.tenant, usage)
-    except Exception as exc:  # the entry's deadline still removes it
+        first = await tenant_jobs.finish(ctx.jobs.redis, meta.tenant, meta.job_id)
+    except Exception as exc:  # the entries' deadlines still remove them
         log.warning("could not settle job %s: %s", meta.job_id, exc)
+        return False
+    if first and usage is not None:
+        ctx.metrics.tokens(meta.tenant, usage)
+    if first and queue_wait_s is not None:
+        ctx.metrics.observe_queue_wait(meta.tenant, "interactive", queue_wait_s)
+    return first
 
 
 async def abandon(ctx: ApiContext, meta: JobMeta) -> None:

@@ -29,6 +29,8 @@ class ApiConfig:
     api_keys_file: Path | None = None  # one "key tenant" per line, re-read when it changes
     metrics_token: str | None = DEFAULTS.metrics_token  # None: /metrics is open (a scraper's network)
     tenant_max_jobs: int = DEFAULTS.tenant_max_jobs  # unfinished jobs per tenant (over it: 429); 0 = no cap
+    dispatch_headroom: int = DEFAULTS.dispatch_headroom  # per worker: the window is the rest (api/dispatch/)
+    fair_quota: int = DEFAULTS.fair_quota  # released jobs per unit of weight a tenant always gets
     # A chat's max_tokens when it names none. None (the default): the worker decides, with its
     # Settings.default_max_tokens capped by the room the context leaves.
     default_max_tokens: int | None = None
@@ -50,6 +52,8 @@ class ApiConfig:
             raise ValueError("metrics_token must be None (open /metrics) or a non-empty string")
         if self.tenant_max_jobs < 0:
             raise ValueError("tenant_max_jobs must be >= 0 (0: no cap)")
+        if self.dispatch_headroom < 0 or self.fair_quota < 0:
+            raise ValueError("dispatch_headroom and fair_quota must be >= 0")
         if self.default_max_tokens is not None and self.default_max_tokens < 1:
             raise ValueError("default_max_tokens must be None or positive")
         if self.files_max_bytes <= 0 or self.files_max_lines <= 0:

@@ -1,6 +1,7 @@
 """From an HTTP request to a queued job: read the JSON body within its size and depth limits,
-validate it, check the model, admit it under its tenant's job cap, choose a queue, record the
-job's metadata and send it. Nothing is written to Redis before a request is known to be valid."""
+validate it, check the model, admit it under its tenant's job cap (a batch line has none), choose
+a queue, record the job's metadata and send it (or park it: api/jobs/submit_write.py). Nothing is
+written to Redis before a request is known to be valid."""
 
 from __future__ import annotations
 
@@ -68,7 +69,8 @@ async def submit(
     job_id = str(uuid.uuid4())
     job = request.to_job(tenant)
     deadline = job.submitted_at + config.job_timeout_s
-    if not await tenant_jobs.admit(jobs.redis, tenant, job_id, deadline, config.tenant_max_jobs):
+    capped = job.job_class != "batch"  # a batch's lines are fed by its runner, not capped
+    if capped and not await tenant_jobs.admit(jobs.redis, tenant, job_id, deadline, config.tenant_max_jobs):
         ctx.metrics.tenant_rejected.labels(tenant).inc()
         raise ApiError(
             429,
@@ -103,6 +105,7 @@ async def submit(
         )
         await jobs.submit(meta, job, clock)
     except Exception:
-        await tenant_jobs.release(jobs.redis, tenant, job_id)
+        if capped:
+            await tenant_jobs.release(jobs.redis, tenant, job_id)
         raise
     return meta

@@ -19,7 +19,7 @@ from prometheus_client.registry import Collector
 from starlette.routing import BaseRoute
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from api import fleet
+from api import dispatch_metrics, fleet
 from api.fleet import WorkerView
 from api.jobs import tenant_jobs
 from broker.messages import EngineFigures, Usage
@@ -188,8 +188,16 @@ class ApiMetrics:
             "Jobs accepted under Sentinel with no replica holding them yet (api/jobs/submit_write.py)",
             registry=r,
         )
+        self.queue_wait = dispatch_metrics.queue_wait_histogram(r)
         self._redis = _FromRedis()
         r.register(self._redis)
+        self._dispatch = dispatch_metrics.DispatchCollector()
+        r.register(self._dispatch)
+
+    def observe_queue_wait(self, tenant: str, job_class: str, seconds: float) -> None:
+        """A finished job's queue wait (its result's queue_wait_s), once per job; job_class is
+        "interactive" or "batch" (the batch runner observes its lines)."""
+        self.queue_wait.labels(tenant, job_class).observe(max(0.0, seconds))
 
     def tokens(self, tenant: str, usage: Usage) -> None:
         """A finished job's usage (counted once per job: see tenant_jobs.finish)."""
@@ -198,10 +206,15 @@ class ApiMetrics:
         self.tenant_completion_tokens.labels(tenant).inc(usage.completion_tokens)
 
     async def render(
-        self, client: aioredis.Redis, tenants: list[str], tier: dict[str, Any] | None = None
+        self,
+        client: aioredis.Redis,
+        tenants: list[str],
+        tier: dict[str, Any] | None = None,
+        headroom: int = 0,
     ) -> bytes:
-        """Read what lives in Redis, then the exposition text."""
+        """Read what lives in Redis, then the exposition text (headroom: the dispatch window's)."""
         views = await fleet.workers(client)
+        self._dispatch.snapshot = await dispatch_metrics.read(client, views, headroom)
         depths = await fleet.queue_depths(client, [v.name for v in views])
         jobs = await tenant_jobs.running(client, tenants)
         self._redis.snapshot = Snapshot(

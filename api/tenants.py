@@ -2,7 +2,8 @@
 
 Keys come from three places, all optional: ApiConfig.api_key (the one-tenant shorthand, tenant
 `tenant_of(key)`), ApiConfig.api_keys (`key:tenant` pairs) and ApiConfig.api_keys_file (one
-`key tenant` per line, `#` comments), looked at no more than once a second and re-parsed when its
+`key tenant [weight]` per line, `#` comments; the weight, default 1, is the tenant's share in the
+fair order of parked jobs: api/dispatch/), looked at no more than once a second and re-parsed when its
 content changes (an edit within the same second, an atomic replace by rename: whatever its mtime
 says). A deleted file revokes its keys (logged) until it is back; a file that does not parse (half
 written, say) keeps the previous keys. Auth is on as soon as any of them is configured (an empty
@@ -54,16 +55,38 @@ def parse_pairs(text: str | None) -> Pairs:
 
 
 def parse_file(text: str, where: str) -> Pairs:
-    pairs = []
+    return parse_entries(text, where)[0]
+
+
+def _weight(text: str, where: str) -> float:
+    try:
+        weight = float(text)
+    except ValueError:
+        weight = 0.0
+    if not 0 < weight < float("inf"):
+        raise ValueError(f"{where}: a weight must be a positive number, got {text!r}")
+    return weight
+
+
+def parse_entries(text: str, where: str) -> tuple[Pairs, dict[str, float]]:
+    """The file's (key, tenant) pairs and the weights it gives tenants (third column, default 1;
+    a tenant listed with two different weights is an error)."""
+    pairs: list[tuple[str, str]] = []
+    weights: dict[str, float] = {}
     for n, line in enumerate(text.splitlines(), start=1):
         line = line.split("#", 1)[0].strip()
         if not line:
             continue
         parts = line.split()
-        if len(parts) != 2:
-            raise ValueError(f"{where}:{n}: expected 'key tenant'")
-        pairs.append(_pair(parts[0], parts[1], f"{where}:{n}"))
-    return tuple(pairs)
+        if len(parts) not in (2, 3):
+            raise ValueError(f"{where}:{n}: expected 'key tenant [weight]'")
+        key, tenant = _pair(parts[0], parts[1], f"{where}:{n}")
+        weight = _weight(parts[2], f"{where}:{n}") if len(parts) == 3 else 1.0
+        if weights.setdefault(tenant, weight) != weight:
+            given = f"{weights[tenant]:g}, {weight:g}"
+            raise ValueError(f"{where}:{n}: tenant {tenant} has two weights ({given})")
+        pairs.append((key, tenant))
+    return tuple(pairs), weights
 
 
 def _check_unique(pairs: Sequence[tuple[str, str]], where: str) -> None:
@@ -82,6 +105,7 @@ class KeyRing:
         self._static = tuple((k.encode(), t) for k, t in static)
         self.path = api_keys_file
         self._file: tuple[tuple[bytes, str], ...] = ()
+        self._weights: dict[str, float] = {}  # the file's third column (api/dispatch/: fair order)
         self._digest: bytes | None = None  # of the content the keys were parsed from; None: absent
         self._checked = 0.0
         self._lock = threading.Lock()
@@ -101,7 +125,7 @@ class KeyRing:
                 raise ValueError(f"cannot read the API keys file: {exc}") from exc
             if self._digest is not None:
                 log.warning("the API keys file %s is gone: its keys are revoked until it is back", self.path)
-                self._file, self._digest = (), None
+                self._file, self._digest, self._weights = (), None, {}
             return
         except OSError as exc:
             if force:
@@ -112,7 +136,7 @@ class KeyRing:
         if not force and digest == self._digest:
             return
         try:
-            pairs = parse_file(raw.decode("utf-8"), str(self.path))
+            pairs, weights = parse_entries(raw.decode("utf-8"), str(self.path))
             _check_unique([*((k.decode(), t) for k, t in self._static), *pairs], str(self.path))
         except (UnicodeDecodeError, ValueError) as exc:
             if force:
@@ -122,6 +146,7 @@ class KeyRing:
         if not force:
             log.info("API keys reloaded from %s: %d key(s)", self.path, len(pairs))
         self._file = tuple((k.encode(), t) for k, t in pairs)
+        self._weights = weights
         self._digest = digest
 
     def _entries(self) -> tuple[tuple[bytes, str], ...]:
@@ -142,6 +167,16 @@ class KeyRing:
             if hmac.compare_digest(presented, key) and found is None:
                 found = tenant
         return found
+
+    def weight(self, tenant: str) -> float:
+        """The tenant's weight in the fair order of parked jobs (the keys file's third column; 1
+        when it gives none, or for a tenant it does not list)."""
+        self._entries()  # a changed file is re-read
+        return self._weights.get(tenant, 1.0)
+
+    def weights(self) -> dict[str, float]:
+        self._entries()
+        return dict(self._weights)
 
     def tenants(self) -> list[str]:
         return sorted({t for _, t in self._entries()})

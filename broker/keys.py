@@ -174,3 +174,33 @@ def file_record(file_id: str) -> str:
 def tenant_files(tenant: str) -> str:
     """ZSET file id -> when it was saved: a tenant's files, for GET /v1/files."""
     return f"{PREFIX}:files:{tenant}"
+
+
+# Fair dispatch (api/dispatch/): admission at the api decides, inside the submit script, whether a
+# job goes straight to its queue or is parked; the elected dispatcher releases parked jobs.
+# ZSET job id -> deadline: every released, unfinished job (interactive or batch); it leaves at
+# its final event (the worker's append script), on cancel, when the api sees its end, or at its
+# deadline (pruned before every count).
+INFLIGHT = f"{PREFIX}:inflight"
+PARKED = f"{PREFIX}:parked"  # ZSET job id -> when parked: every parked job, not yet released
+PARKED_TENANTS = f"{PREFIX}:parked:tenants"  # SET of the tenants that may have parked jobs
+# Which api is the dispatcher now (api/dispatch/lease.py): token "<api>|<uuid>"; the release
+# script runs only under the token it holds (a fence against a stalled former holder).
+DISPATCH_LEASE = f"{PREFIX}:dispatch:lease"
+
+
+def tenant_inflight(tenant: str) -> str:
+    """ZSET job id -> deadline: a tenant's released, unfinished interactive jobs (its fair share)."""
+    return f"{PREFIX}:tenant:{tenant}:inflight"
+
+
+def tenant_parked(tenant: str) -> str:
+    """ZSET job id -> band x 1e10 + park time: a tenant's parked jobs, released lowest first."""
+    return f"{PREFIX}:tenant:{tenant}:parked"
+
+
+def job_parked(job_id: str) -> str:
+    """Hash with a TTL: what releasing a parked job writes (its queue list key, Celery payload,
+    delivery tag and queue, tenant, deadline, TTL). A parked job has its metadata and message copy
+    but no pending entry, so the lost-message sweep never resends it until it is released."""
+    return f"{PREFIX}:job:{job_id}:parked"

@@ -208,6 +208,7 @@ class WorkerStatus(Message, frozen=True):
     sent_at: float
     engine: EngineFigures | None = None  # None until the engine is built (first job)
     healthy: bool = True  # False while its engine loop is dead or restarting after a failed step
+    concurrency: int = 0  # jobs it runs at once (worker_concurrency); 0: unknown (an older worker)
 
     @property
     def state(self) -> Literal["loading", "ready"]:

@@ -115,8 +115,14 @@ def tenant_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         type=click.Path(file_okay=False, path_type=Path),
         help="where /v1/files keeps contents, shared by every api replica [CACHE_DIR/files]",
     )(fn)
+    fn = click.option(
+        "--dispatch-headroom", type=int, help="seats per worker kept from parked and batch work"
+    )(fn)
+    fn = click.option("--fair-quota", type=int, help="released jobs per unit of weight a tenant always gets")(
+        fn
+    )
     return click.option(
         "--api-keys-file",
         type=click.Path(dir_okay=False, path_type=Path),
-        help="one 'key tenant' per line (# comments); re-read when it changes",
+        help="one 'key tenant [weight]' per line (# comments); re-read when it changes",
     )(fn)

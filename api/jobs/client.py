@@ -19,7 +19,9 @@ from celery import states
 
 from api.fleet import FleetCache
 from api.jobs import submit_write, wait
+from api.jobs.admission import Admission, released
 from api.jobs.errors import UNAVAILABLE, BrokerUnavailableError
+from api.jobs.leave import leave
 from api.jobs.meta import JobMeta
 from api.jobs.outcome import CeleryState
 from api.stage_clock import StageClock
@@ -48,6 +50,7 @@ class JobClient:
         accept_replicas: int = 0,
         accept_wait_ms: int = 500,
         on_unreplicated: Callable[[], object] | None = None,
+        admission: Admission | None = None,
     ) -> None:
         self.job_ttl_s = job_ttl_s
         self.block_ms = block_ms
@@ -65,6 +68,9 @@ class JobClient:
         check_supported(self.celery)  # its messages are pushed in our own transaction
         self._pool = ThreadPoolExecutor(8, thread_name_prefix="kvferry-api-celery")
         self.fleet = FleetCache()  # the router's view of the workers (api/router.py)
+        self.admission = admission  # None: every job is released at once (no fair dispatch)
+        # set when this api parks a job or sees one end: its dispatcher (api/dispatch/) looks now
+        self.wake = asyncio.Event()
 
     async def _sync(self, fn: Callable[..., T], *args: Any) -> T:
         """Run a blocking Celery call on the pool; past SYNC_TIMEOUT_S the request stops waiting."""
@@ -93,9 +99,18 @@ class JobClient:
             at = job.submitted_at or meta.created
             record = delivery.Delivery(queued.tag, queued.key, at)  # the band's list (FIFO within it)
             args = (meta.job_id, fields, message, queued.key, queued.payload, record, self.job_ttl_s)
-            acked = await submit_write.write_job(
-                self.redis, self._write, *args, time.time(), self.accept_replicas, self.accept_wait_ms
+            now = time.time()
+            place = (
+                await self.admission.placement(self.redis, self.fleet, job, now)
+                if self.admission is not None
+                else released(job, now + self.job_ttl_s)
             )
+            written = await submit_write.write_job(
+                self.redis, self._write, *args, now, self.accept_replicas, self.accept_wait_ms, place
+            )
+            acked = written.acked
+            if written.parked:
+                self.wake.set()
             if acked < self.accept_replicas:
                 if self.on_unreplicated is not None:
                     self.on_unreplicated()
@@ -123,6 +138,8 @@ class JobClient:
         pipe.set(keys.job_cancel(job_id), b"1", ex=self.job_ttl_s)
         forget(pipe, job_id)  # never sent again (nor its prompt kept)
         await pipe.execute()
+        await leave(self.redis, job_id)  # never released if parked; its seat is free
+        self.wake.set()
         await self._sync(self.celery.control.revoke, job_id)
 
     async def is_cancelled(self, job_id: str) -> bool:

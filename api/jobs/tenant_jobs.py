@@ -27,11 +27,14 @@ return 1
 """
 
 # KEYS[1] the tenant's ZSET, KEYS[2] the job's metadata hash, KEYS[3:4] the queued message's copy
-# (its prompt goes: broker/message_copy.py); ARGV[1] job id.
+# (its prompt goes: broker/message_copy.py), KEYS[5:6] keys.INFLIGHT and the tenant's released
+# jobs (its seat in the dispatch window is free: api/dispatch/); ARGV[1] job id.
 # 1 the first time a job's end is seen (its tokens are counted then), else 0. The metadata's
 # TTL is untouched: HSETNX only on a hash that exists.
 _FINISH = f"""
 redis.call('ZREM', KEYS[1], ARGV[1])
+redis.call('ZREM', KEYS[5], ARGV[1])
+redis.call('ZREM', KEYS[6], ARGV[1])
 {forget_lua(3, 1)}
 if redis.call('EXISTS', KEYS[2]) == 0 then return 0 end
 return redis.call('HSETNX', KEYS[2], 'accounted', '1')
@@ -52,7 +55,13 @@ async def release(client: aioredis.Redis, tenant: str, job_id: str) -> None:
 async def finish(client: aioredis.Redis, tenant: str, job_id: str) -> bool:
     """The job is over: it stops counting against its tenant; True the first time only."""
     reply: Any = await client.register_script(_FINISH)(
-        keys=[keys.tenant_jobs(tenant), keys.job_meta(job_id), *copy_keys(job_id)],
+        keys=[
+            keys.tenant_jobs(tenant),
+            keys.job_meta(job_id),
+            *copy_keys(job_id),
+            keys.INFLIGHT,
+            keys.tenant_inflight(tenant),
+        ],
         args=[job_id],
     )
     return bool(int(reply))

@@ -19,7 +19,7 @@ from api.schema.openai import ENDPOINTS
 from api.schema.openapi_doc import body_of
 from api.schema.requests import JobBody
 from api.schema.validation import unsupported_parameter
-from broker.messages import Usage
+from broker.messages import JobDone, Usage
 
 router = APIRouter(prefix="/v1/jobs")
 
@@ -42,8 +42,16 @@ async def _view(ctx: Ctx, meta: JobMeta) -> dict[str, Any]:
                 u["prompt_tokens"], u["completion_tokens"], u["prompt_tokens_details"]["cached_tokens"]
             )
         )
-        await settle(ctx, meta, usage)
+        if await settle(ctx, meta, usage) and view["status"] == "succeeded":
+            await _observe_wait(ctx, meta)
     return view
+
+
+async def _observe_wait(ctx: Ctx, meta: JobMeta) -> None:
+    """The job's queue wait, from its final event (read once per job: the first to settle it)."""
+    _, last = await ctx.jobs.last_event(meta.job_id)
+    if isinstance(last, JobDone):
+        ctx.metrics.observe_queue_wait(meta.tenant, "interactive", last.result.queue_wait_s)
 
 
 @router.post("", status_code=202, openapi_extra=body_of(JobBody))

@@ -78,5 +78,6 @@ async def metrics(request: Request, ctx: Ctx) -> Response:
             401, "/metrics needs its token (Authorization: Bearer <token>)", code="invalid_api_key"
         )
     tenants = ctx.keys.tenants() if ctx.keys.enabled else [""]
-    text = await ctx.metrics.render(ctx.jobs.redis, tenants, await ctx.tier.report())
+    tier = await ctx.tier.report()
+    text = await ctx.metrics.render(ctx.jobs.redis, tenants, tier, ctx.config.dispatch_headroom)
     return Response(text, media_type=CONTENT_TYPE_LATEST)

@@ -13,9 +13,10 @@ STAGES_TTL_S = 3600  # a job's stage times are read right after it ends (`bench 
 NO_FENCE = "-"  # the epoch argument of producers without leases (test doubles, tools)
 
 # One round trip appends a run of events (the last token delta and the final event ride together).
-# KEYS: stream, epoch, cancel flag, the tenant's job set, end stream, stage-times hash, and
+# KEYS: stream, epoch, cancel flag, the tenant's job set, end stream, stage-times hash,
 # keys.job_written: how far the stream goes (t: next token index, c: next text character, f: 1
-# once its final event is in).
+# once its final event is in), then keys.INFLIGHT and the tenant's released jobs (the final frees
+# the job's seat in the api's dispatch window: api/dispatch/).
 # ARGV: epoch (or NO_FENCE), stream TTL, job id, final ("1": the last event ends the job, which
 # also ends its place in the tenant's job limit), n, then n groups of 5 (encoded event, its first
 # token index, tokens, first character, characters; an index -1: right after what is held), then
@@ -54,6 +55,8 @@ if held[3] ~= '1' then
     redis.call('XADD', KEYS[1], '*', 'e', final)
     redis.call('HSET', KEYS[7], 'f', '1')
     redis.call('ZREM', KEYS[4], ARGV[3])
+    redis.call('ZREM', KEYS[8], ARGV[3])
+    redis.call('ZREM', KEYS[9], ARGV[3])
     if redis.call('EXISTS', KEYS[5]) == 0 then
       redis.call('XADD', KEYS[5], '*', 'e', final)
       redis.call('EXPIRE', KEYS[5], ARGV[2])
@@ -82,6 +85,8 @@ def script_keys(job_id: str, tenant: str) -> list[str]:
         keys.job_end(job_id),
         keys.job_stages(job_id),
         keys.job_written(job_id),
+        keys.INFLIGHT,
+        keys.tenant_inflight(tenant),
     ]
 
 

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import redis
 
-from api.tenants import KeyRing, parse_file, parse_pairs, tenant_of
+from api.tenants import KeyRing, parse_entries, parse_file, parse_pairs, tenant_of
 from broker import keys
 from broker.messages import ChatMessage, GenerateJob
 from broker.prefix_digest import chat_digests
@@ -50,17 +50,34 @@ def test_key_pairs_and_files_parse() -> None:
     assert not KeyRing(None, (), None).enabled
 
 
+def test_keys_file_weights(tmp_path: Path) -> None:
+    text = "k1 alice 2\nk2 bob\nk3 alice 2  # a second key, same weight\nk4 carol 0.5\n"
+    pairs, weights = parse_entries(text, "f")
+    assert [t for _, t in pairs] == ["alice", "bob", "alice", "carol"]
+    assert weights == {"alice": 2.0, "bob": 1.0, "carol": 0.5}
+    for bad in ("k1 alice 0\n", "k1 alice -1\n", "k1 alice x\n", "k1 alice inf\n", "k1 a 1\nk2 a 2\n"):
+        with pytest.raises(ValueError):
+            parse_entries(bad, "f")
+    path = tmp_path / "keys"
+    path.write_text(text)
+    ring = KeyRing(None, (), path)
+    assert ring.weight("alice") == 2.0 and ring.weight("bob") == 1.0 and ring.weight("nobody") == 1.0
+
+
 def test_settings_reach_the_api_config(tmp_path: Path) -> None:
     env = {
         "KVFERRY_API_KEYS": "sk-a:alice,sk-b:bob",
         "KVFERRY_API_KEYS_FILE": str(tmp_path / "keys"),
         "KVFERRY_TENANT_MAX_JOBS": "3",
         "KVFERRY_DEFAULT_MAX_TOKENS": "256",
+        "KVFERRY_DISPATCH_HEADROOM": "3",
+        "KVFERRY_FAIR_QUOTA": "5",
     }
     config = api_config(Settings.from_env(env))
     assert config.api_keys == (("sk-a", "alice"), ("sk-b", "bob"))
     assert config.api_keys_file == tmp_path / "keys"
     assert config.tenant_max_jobs == 3
+    assert (config.dispatch_headroom, config.fair_quota) == (3, 5)
     assert Settings.from_env(env).engine_config().default_max_tokens == 256  # the worker applies it
 
 

@@ -43,9 +43,12 @@ class StatusReader:
     """Builds the heartbeat's WorkerStatus. Never blocks: no engine lock, no Redis, no call into
     the loop thread (it reads the snapshot the loop publishes after each step, `latest_stats`)."""
 
-    def __init__(self, service: EngineService, maintenance: Maintenance | None = None) -> None:
+    def __init__(
+        self, service: EngineService, maintenance: Maintenance | None = None, concurrency: int = 0
+    ) -> None:
         self.service = service
         self._maintenance = maintenance
+        self.concurrency = concurrency  # the api's dispatch window counts its seats (api/dispatch/)
 
     @staticmethod
     def _stats(loop: EngineLoop | None) -> EngineStats | None:
@@ -66,6 +69,7 @@ class StatusReader:
             sent_at=time.time(),
             engine=figures_of(stats) if stats is not None else None,
             healthy=loop_healthy(loop),
+            concurrency=self.concurrency,
         )
 
     def maintenance(self) -> MaintenanceFigures:

@@ -1,0 +1,99 @@
+"""The dispatcher: one elected api (api/dispatch/lease.py) releases parked jobs in weighted fair
+order while the window has room (api/dispatch/release.py). Every api runs the loop; only the
+lease's holder releases, the others try to take the lease now and then.
+
+The holder runs the release script every short period while jobs are parked, and sooner when
+this api sees a job end or parks one (JobClient.wake); a job that ends elsewhere is noticed within
+the period. While nothing is parked every api only looks (one read a period) and nobody holds the
+lease: the first api to see a parked job takes it. Everything lives in Redis, so an api restart or
+a change of holder loses nothing. With no window known (no live worker says its concurrency)
+every parked job is released: the same rule as admission's, where every job then goes straight
+to its queue."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import time
+from collections.abc import Callable
+
+from redis.exceptions import RedisError
+
+from api.dispatch.lease import DispatchLease
+from api.dispatch.release import Released, ReleaseScript
+from api.jobs.admission import window_of
+from api.jobs.client import JobClient
+from broker import keys
+
+log = logging.getLogger(__name__)
+BUSY_PERIOD_S = 0.05  # while jobs are parked
+IDLE_PERIOD_S = 0.25  # the holder, none parked
+FOLLOWER_PERIOD_S = 1.0  # an api without the lease tries to take it this often
+LEASE_TTL_S = 5.0
+RENEW_EVERY_S = 1.0
+UNLIMITED = 1 << 30  # the window when none is known
+IDLE = Released(fenced=False, released=0, parked=0)
+
+
+def api_name() -> str:
+    return f"api@{socket.gethostname()}:{os.getpid()}"
+
+
+class Dispatcher:
+    def __init__(
+        self, jobs: JobClient, headroom: int, weights: Callable[[], dict[str, float]], name: str | None = None
+    ) -> None:
+        self.jobs = jobs
+        self.headroom = headroom
+        self.weights = weights
+        self.lease = DispatchLease(jobs.redis, name or api_name(), LEASE_TTL_S)
+        self._release = ReleaseScript(jobs.redis)
+        self._renewed = -1e9
+        self._task: asyncio.Task[None] | None = None
+
+    async def window(self) -> int:
+        seats = window_of(await self.jobs.fleet.workers(self.jobs.redis), self.headroom)
+        return seats or UNLIMITED
+
+    async def pass_once(self) -> Released | None:
+        """One pass: with jobs parked, hold the lease (renewed at most every RENEW_EVERY_S), then
+        release. None when another api holds it. With none parked it only looks (one read, no
+        write: the lease lapses while there is nothing to release)."""
+        if not await self.jobs.redis.exists(keys.PARKED):
+            return IDLE
+        now = time.monotonic()
+        if not self.lease.held or now - self._renewed >= RENEW_EVERY_S:
+            if not await self.lease.hold():
+                return None
+            self._renewed = now
+        out = await self._release.run(self.lease.token, time.time(), await self.window(), self.weights())
+        if out.fenced:  # the lease lapsed under us: take it again next pass
+            self.lease.held = False
+        return out
+
+    async def run(self) -> None:
+        while True:
+            try:
+                out = await self.pass_once()
+            except (RedisError, OSError) as exc:
+                log.warning("dispatcher pass failed: %s", exc)
+                out = None
+            period = FOLLOWER_PERIOD_S if out is None else BUSY_PERIOD_S if out.parked else IDLE_PERIOD_S
+            self.jobs.wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.jobs.wake.wait(), period)
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self.run(), name="kvferry-dispatcher")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        with contextlib.suppress(RedisError, OSError):
+            await self.lease.release()
