@@ -7,10 +7,11 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from types import SimpleNamespace
 from typing import Any, TypeVar
 
+import pytest
 import redis
 
 from api.dispatch.capacity import free_slots
@@ -27,12 +28,29 @@ from broker.codec import encode_event
 from broker.jobs.stream_append import FENCED_XADD, NO_FENCE, script_args, script_keys
 from broker.messages import GenerateJob, GenerateResult, JobDone, Usage, WorkerStatus
 from broker.worker_registry import HEARTBEAT_FIELD, encode_status
+from ops.redis_server import RedisServer
 from tests.api.conftest import Served
 from tests.api.fake_worker import FakeWorker
 from workers.jobs.lost_messages import resend_lost
 
 T = TypeVar("T")
 MODEL = "smollm2"
+
+
+@pytest.fixture(scope="module")
+def private_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A redis-server of this module's own: the session's apps (tests/api/conftest.py `serve`) run
+    dispatchers of their own on the shared one, and would release these tests' parked jobs."""
+    with RedisServer(tmp_path_factory.mktemp("dispatch-redis")) as server:
+        yield server.url
+
+
+@pytest.fixture
+def private(private_url: str) -> Iterator[tuple[redis.Redis, str]]:
+    client = redis.Redis.from_url(private_url)
+    client.flushall()
+    yield client, private_url
+    client.close()
 
 
 def beat(rds: redis.Redis, name: str, concurrency: int) -> None:
@@ -80,8 +98,9 @@ def parked(rds: redis.Redis) -> set[str]:
 
 
 def test_flood_parks_beyond_the_window_and_another_tenant_goes_straight(
-    rds: redis.Redis, redis_url: str
+    private: tuple[redis.Redis, str],
 ) -> None:
+    rds, redis_url = private
     beat(rds, "w1@test", 6)  # window 6 - 2 = 4
 
     async def body(client: JobClient) -> tuple[list[str], str]:
@@ -98,7 +117,8 @@ def test_flood_parks_beyond_the_window_and_another_tenant_goes_straight(
         assert rds.exists(keys.job_meta(job_id)) and rds.exists(keys.job_message(job_id))
 
 
-def test_no_window_known_everything_straight(rds: redis.Redis, redis_url: str) -> None:
+def test_no_window_known_everything_straight(private: tuple[redis.Redis, str]) -> None:
+    rds, redis_url = private
     beat(rds, "old@test", 0)  # an older worker: concurrency unknown
 
     async def body(client: JobClient) -> list[str]:
@@ -109,7 +129,8 @@ def test_no_window_known_everything_straight(rds: redis.Redis, redis_url: str) -
     assert rds.zcard(keys.INFLIGHT) == 8
 
 
-def test_lost_message_sweep_never_resends_a_parked_job(rds: redis.Redis, redis_url: str) -> None:
+def test_lost_message_sweep_never_resends_a_parked_job(private: tuple[redis.Redis, str]) -> None:
+    rds, redis_url = private
     beat(rds, "w1@test", 3)  # window 1
 
     async def body(client: JobClient) -> list[str]:
@@ -123,7 +144,8 @@ def test_lost_message_sweep_never_resends_a_parked_job(rds: redis.Redis, redis_u
     assert sent == [ids[0]]  # the released one only
 
 
-def test_release_in_weighted_fair_order(rds: redis.Redis, redis_url: str) -> None:
+def test_release_in_weighted_fair_order(private: tuple[redis.Redis, str]) -> None:
+    rds, redis_url = private
     beat(rds, "w1@test", 6)  # window 4
     weights = {"alice": 2.0, "bob": 1.0}
 
@@ -155,7 +177,8 @@ def test_release_in_weighted_fair_order(rds: redis.Redis, redis_url: str) -> Non
     assert rds.zcard(keys.INFLIGHT) == 30
 
 
-def test_band_orders_a_tenants_parked_jobs(rds: redis.Redis, redis_url: str) -> None:
+def test_band_orders_a_tenants_parked_jobs(private: tuple[redis.Redis, str]) -> None:
+    rds, redis_url = private
     beat(rds, "w1@test", 3)  # window 1
 
     async def body(client: JobClient) -> tuple[str, str]:
@@ -172,7 +195,8 @@ def test_band_orders_a_tenants_parked_jobs(rds: redis.Redis, redis_url: str) -> 
     assert late in queued_ids(rds, band=2)
 
 
-def test_cancelled_parked_job_is_never_released(rds: redis.Redis, redis_url: str) -> None:
+def test_cancelled_parked_job_is_never_released(private: tuple[redis.Redis, str]) -> None:
+    rds, redis_url = private
     beat(rds, "w1@test", 3)  # window 1
 
     async def body(client: JobClient) -> tuple[list[str], Any]:
@@ -189,7 +213,8 @@ def test_cancelled_parked_job_is_never_released(rds: redis.Redis, redis_url: str
     assert queued_ids(rds) == [ids[0], ids[2]]
 
 
-def test_batch_lines_never_park_nor_count_against_the_tenant(rds: redis.Redis, redis_url: str) -> None:
+def test_batch_lines_never_park_nor_count_against_the_tenant(private: tuple[redis.Redis, str]) -> None:
+    rds, redis_url = private
     beat(rds, "w1@test", 3)  # window 1
 
     async def body(client: JobClient) -> list[str]:
@@ -200,7 +225,9 @@ def test_batch_lines_never_park_nor_count_against_the_tenant(rds: redis.Redis, r
     assert rds.zcard(keys.INFLIGHT) == 3 and rds.zcard(keys.tenant_inflight("alice")) == 0
 
 
-def test_worker_final_frees_the_seat(rds: redis.Redis, redis_url: str) -> None:
+def test_worker_final_frees_the_seat(private: tuple[redis.Redis, str]) -> None:
+    rds, redis_url = private
+
     async def body(client: JobClient) -> str:
         return await submit(client, "alice")
 
@@ -213,7 +240,9 @@ def test_worker_final_frees_the_seat(rds: redis.Redis, redis_url: str) -> None:
     assert rds.zcard(keys.INFLIGHT) == 0 and rds.zcard(keys.tenant_inflight("alice")) == 0
 
 
-def test_free_slots(rds: redis.Redis, redis_url: str) -> None:
+def test_free_slots(private: tuple[redis.Redis, str]) -> None:
+    rds, redis_url = private
+
     async def body(client: JobClient) -> list[int]:
         ctx: Any = SimpleNamespace(jobs=client, config=SimpleNamespace(dispatch_headroom=2))
         seen = [await free_slots(ctx)]  # no worker: 0, batches wait for one
@@ -229,7 +258,8 @@ def test_free_slots(rds: redis.Redis, redis_url: str) -> None:
     assert run(redis_url, body, fair_quota=0) == [0, 6, 0]
 
 
-def test_one_dispatcher_among_replicas_releases(rds: redis.Redis, redis_url: str) -> None:
+def test_one_dispatcher_among_replicas_releases(private: tuple[redis.Redis, str]) -> None:
+    rds, redis_url = private
     beat(rds, "w1@test", 3)  # window 1
 
     async def body(client: JobClient) -> tuple[list[str], str | None]:
