@@ -192,6 +192,9 @@ class Stack:
             time.sleep(0.5)
         raise TimeoutError(f"the stack was not ready after {timeout_s:.0f}s; logs in {self.run_dir}")
 
+    def api_ready(self) -> bool:
+        return self._http_ok(f"{self.api_url}/healthz")
+
     @staticmethod
     def _http_ok(url: str) -> bool:
         try:

@@ -26,6 +26,9 @@ from ops.cli_options import engine_options, service_options, settings_from
     type=int,
     help="SIGKILLs of a KV shard, each started again empty; the KV tier then runs on a local 3-shard cluster",
 )
+@click.option("--batch", is_flag=True, help="a Batch API batch under the faults instead of chat clients")
+@click.option("--batch-lines", type=int, help="lines of the --batch batch (300; --quick: 60)")
+@click.option("--api-restarts", type=int, help="SIGKILLs of the api, each started again (--batch: 1)")
 @click.option("--turns", type=int, help="chat turns per session (3; --quick: 2)")
 @click.option("--max-tokens", type=int, help="tokens per answer (32; --quick: 8)")
 @click.option("--quick", is_flag=True, help="a small run (2 kills, 1 Redis restart, 4 clients, tiny prompts)")
@@ -47,6 +50,9 @@ def chaos_cmd(
     run_dir: Path | None,
     json_path: Path | None,
     redis_url: str | None,
+    batch: bool,
+    batch_lines: int | None,
+    api_restarts: int | None,
     **opts: Any,
 ) -> None:
     """Kill workers and restart Redis under a streaming load, then check that every job finished
@@ -55,6 +61,11 @@ def chaos_cmd(
     from ops.chaos.check import render
     from ops.chaos.run import ChaosConfig, run_chaos
 
+    if batch:
+        _batch_chaos(workers, quick, seed, batch_lines, api_restarts, run_dir, json_path, opts)
+        return
+    if batch_lines is not None or api_restarts is not None:
+        raise click.UsageError("--batch-lines and --api-restarts go with --batch")
     faults = ("kills", "redis_restarts", "failovers", "kv_shard_kills")
     load = {k: opts.pop(k) for k in ("clients", *faults, "turns", "max_tokens")}
     if api_url is not None and redis_url is None:
@@ -81,6 +92,40 @@ def chaos_cmd(
     if json_path is not None:
         json_path.write_text(json.dumps(result, indent=2) + "\n")
     if not result["passed"]:  # ops/chaos/check.py, verdict
+        raise SystemExit(1)
+
+
+def _batch_chaos(
+    workers: int,
+    quick: bool,
+    seed: int,
+    lines: int | None,
+    api_restarts: int | None,
+    run_dir: Path | None,
+    json_path: Path | None,
+    opts: dict[str, Any],
+) -> None:
+    """`--batch`: ops/chaos/batch.py; exits 1 unless every line came back exactly once, exact."""
+    from ops.chaos.batch import BatchChaosConfig, render, run_batch_chaos
+
+    given = {
+        "workers": workers,
+        "seed": seed,
+        "lines": lines,
+        "api_restarts": api_restarts,
+        "kills": opts.pop("kills"),
+        "redis_restarts": opts.pop("redis_restarts"),
+        "max_tokens": opts.pop("max_tokens"),
+    }
+    for flag in ("clients", "turns", "failovers", "kv_shard_kills"):
+        if opts.pop(flag) is not None:
+            raise click.UsageError(f"--{flag.replace('_', '-')} does not go with --batch")
+    config = BatchChaosConfig.quick(**given) if quick else BatchChaosConfig(**_given(given))
+    result = run_batch_chaos(settings_from(opts), config, run_dir, log=lambda m: click.echo(m, err=True))
+    click.echo(render(result))
+    if json_path is not None:
+        json_path.write_text(json.dumps(result, indent=2) + "\n")
+    if not result["passed"]:
         raise SystemExit(1)
 
 

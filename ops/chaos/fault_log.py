@@ -37,6 +37,7 @@ class FaultLog:
     redis_restarts: list[float] = field(default_factory=list)
     failovers: list[FailoverEvent] = field(default_factory=list)
     kv_shard_kills: list[KvShardKill] = field(default_factory=list)
+    api_restarts: list[float] = field(default_factory=list)  # time.monotonic() of each SIGKILL
     unexpected_exits: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     events: list[str] = field(default_factory=list)  # "HH:MM:SS.mmm what", to read beside the logs

@@ -1,9 +1,9 @@
 """The faults of `kvferry chaos`: SIGKILL a random worker (mid-job when one is busy) and start it
 again under the same name, K times; restart the queue's Redis; under Sentinel (`serve --ha`),
 SIGKILL the queue's primary (Sentinel promotes the replica, the old primary comes back as its
-replica); all on one thread, while the load runs. Every wait is bounded; the kill times are
-time.monotonic(), the clients' clock. A new kind of fault is a name in the plan and a method in
-FaultInjector.actions (e.g. a KV shard kill)."""
+replica); SIGKILL the api and start it again; all on one thread, while the load runs. Every wait
+is bounded; the kill times are time.monotonic(), the clients' clock. A new kind of fault is a name
+in the plan and a method in FaultInjector.actions (e.g. a KV shard kill)."""
 
 from __future__ import annotations
 
@@ -49,15 +49,19 @@ class FaultInjector:
         say: Callable[[str], object] = lambda line: None,
         failovers: int = 0,
         kv_shard_kills: int = 0,
+        api_restarts: int = 0,
     ) -> None:
         self.say = say
         self.stack = stack
-        self.plan = self._plan(kills, redis_restarts, failover=failovers, kv_shard=kv_shard_kills)
+        self.plan = self._plan(
+            kills, redis_restarts, failover=failovers, kv_shard=kv_shard_kills, api=api_restarts
+        )
         self.actions: dict[str, Callable[[], None]] = {
             "kill": self._kill,
             "redis": self._restart_redis,
             "failover": self._failover,
             "kv_shard": self._kill_kv_shard,
+            "api": self._restart_api,
         }
         self.rng = rng
         self.gap_s = gap_s
@@ -185,6 +189,17 @@ class FaultInjector:
         down = time.monotonic() - at
         self.say(self.log.event(f"KV shard {shard} back (empty) after {down:.1f}s"))
         self.log.kv_shard_kills.append(KvShardKill(at, shard, down))
+
+    def _restart_api(self) -> None:
+        """SIGKILL the api and start it again: what it ran (a batch's feeding, say) resumes from Redis."""
+        at = time.monotonic()
+        self.stack.restart_child("api")
+        self.say(self.log.event("SIGKILL the api; restarted"))
+        end = time.monotonic() + READY_TIMEOUT_S
+        while not self.stack.api_ready() and time.monotonic() < end:
+            time.sleep(0.1)
+        self.say(self.log.event(f"the api answers again after {time.monotonic() - at:.1f}s"))
+        self.log.api_restarts.append(at)
 
     def _wait_ready(self, node: str, after: float) -> float:
         """Until `node` beats again (a heartbeat sent after `after`, unix time) with its engine up."""

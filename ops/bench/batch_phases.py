@@ -1,0 +1,195 @@
+"""The three measurements of `kvferry bench batch` (ops/bench/batch.py runs them on one stack):
+
+- throughput: a batch's output tok/s against the same requests sent online, at the best of a few
+  concurrencies (the batch runs first, so any cache the online runs find is the batch's doing:
+  the comparison leans against the batch);
+- ttft: interactive streaming requests, one at a time, on an idle stack and then while a large
+  batch runs (it is cancelled afterwards);
+- fair: tenant B's single requests (one a second), queue wait (submit to a worker starting it,
+  from each job's result) alone and then while tenant A has hundreds of jobs queued.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import time
+from typing import Any
+
+import httpx
+import redis
+from openai import AsyncOpenAI, OpenAI
+from tqdm import tqdm
+
+from broker import keys
+from broker.codec import decode_event
+from broker.jobs.events import EVENT_FIELD
+from broker.messages import JobDone
+from ops.bench import batch_client as bc
+from ops.bench.queue_stages import pct
+
+
+async def _online(
+    base_url: str, key: str, bodies: list[dict[str, Any]], concurrency: int
+) -> tuple[int, float]:
+    """Send every body as a chat completion, `concurrency` at a time: (output tokens, seconds)."""
+    client = AsyncOpenAI(base_url=base_url, api_key=key, max_retries=0, timeout=600)
+    todo = list(bodies)
+    tokens = 0
+    bar = tqdm(total=len(bodies), desc=f"online x{concurrency}", unit="req", leave=False)
+
+    async def one() -> None:
+        nonlocal tokens
+        while todo:
+            body = todo.pop()
+            reply = await client.chat.completions.create(**body)
+            tokens += reply.usage.completion_tokens if reply.usage else 0
+            bar.update(1)
+
+    started = time.perf_counter()
+    try:
+        await asyncio.gather(*(one() for _ in range(concurrency)))
+    finally:
+        bar.close()
+        await client.close()
+    return tokens, time.perf_counter() - started
+
+
+def throughput(
+    client: OpenAI, base_url: str, key: str, model: str, lines: int, max_tokens: int, concurrencies: list[int]
+) -> dict[str, Any]:
+    bodies = {f"line-{i}": bc.chat_body(model, bc.question("batch", i), max_tokens) for i in range(lines)}
+    started = time.perf_counter()
+    batch = bc.submit(client, bc.jsonl(bodies))
+    batch = bc.wait(client, batch.id, 3600, f"batch of {lines}")
+    batch_s = time.perf_counter() - started
+    output = bc.read_lines(client, batch.output_file_id)
+    batch_tokens = bc.completion_tokens(output)
+    sample = list(bodies.values())[: max(concurrencies) * 2]
+    scan = {}
+    for c in concurrencies:  # the best concurrency, on a sample
+        tokens, seconds = asyncio.run(_online(base_url, key, sample, c))
+        scan[c] = tokens / seconds
+    best = max(scan, key=lambda c: scan[c])
+    online_tokens, online_s = asyncio.run(_online(base_url, key, list(bodies.values()), best))
+    batch_tok_s, online_tok_s = batch_tokens / batch_s, online_tokens / online_s
+    return {
+        "batch_lines": lines,
+        "batch_status": batch.status,
+        "batch_lines_completed": len(output),
+        "batch_output_tokens": batch_tokens,
+        "batch_seconds": batch_s,
+        "batch_output_tok_s": batch_tok_s,
+        "online_concurrency_scan_tok_s": {str(c): v for c, v in scan.items()},
+        "online_best_concurrency": best,
+        "online_output_tokens": online_tokens,
+        "online_seconds": online_s,
+        "online_output_tok_s": online_tok_s,
+        "batch_vs_online_throughput": batch_tok_s / online_tok_s,
+    }
+
+
+async def _ttfts(base_url: str, key: str, model: str, tag: str, probes: int, gap_s: float) -> list[float]:
+    client = AsyncOpenAI(base_url=base_url, api_key=key, max_retries=0, timeout=120)
+    out = []
+    try:
+        for i in tqdm(range(probes), desc=f"interactive TTFT ({tag})", unit="req", leave=False):
+            body = bc.chat_body(model, bc.question(tag, i), 8)
+            started = time.perf_counter()
+            stream = await client.chat.completions.create(**body, stream=True)
+            first = None
+            async for chunk in stream:
+                if first is None and chunk.choices and chunk.choices[0].delta.content:
+                    first = time.perf_counter() - started
+            out.append(first if first is not None else time.perf_counter() - started)
+            await asyncio.sleep(gap_s)
+    finally:
+        await client.close()
+    return out
+
+
+def ttft(
+    client: OpenAI, base_url: str, key: str, model: str, flood_lines: int, max_tokens: int, probes: int
+) -> dict[str, Any]:
+    idle = asyncio.run(_ttfts(base_url, key, model, "idle", probes, 0.3))
+    bodies = {
+        f"flood-{i}": bc.chat_body(model, bc.question("flood", i), max_tokens) for i in range(flood_lines)
+    }
+    batch = bc.submit(client, bc.jsonl(bodies))
+    bc.wait_running(client, batch.id, 600, lines=4)
+    busy = asyncio.run(_ttfts(base_url, key, model, "under batch", probes, 0.3))
+    during = client.batches.retrieve(batch.id)
+    client.batches.cancel(batch.id)
+    ended = bc.wait(client, batch.id, 600, "cancelling the flood")
+    counts = during.request_counts
+    return {
+        "flood_lines": flood_lines,
+        "flood_completed_while_probing": counts.completed if counts else None,
+        "flood_final_status": ended.status,
+        "interactive_ttft_idle_p50_s": statistics.median(idle),
+        "interactive_ttft_under_batch_p50_s": statistics.median(busy),
+        "interactive_ttft_idle_s": idle,
+        "interactive_ttft_under_batch_s": busy,
+        "interactive_ttft_ratio_under_batch": statistics.median(busy) / statistics.median(idle),
+    }
+
+
+def _submit_job(http: httpx.Client, key: str, model: str, text: str, max_tokens: int) -> str:
+    body = {"endpoint": bc.ENDPOINT, "body": bc.chat_body(model, text, max_tokens)}
+    reply = http.post("/v1/jobs", json=body, headers={"Authorization": f"Bearer {key}"})
+    reply.raise_for_status()
+    return str(reply.json()["id"])
+
+
+def _queue_waits(r: redis.Redis, ids: list[str], timeout_s: float) -> list[float]:
+    """Each job's queue wait (from its result), waiting for the jobs to end."""
+    deadline = time.monotonic() + timeout_s
+    waits: dict[str, float] = {}
+    while len(waits) < len(ids):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{len(ids) - len(waits)} of tenant B's jobs did not end")
+        for job_id in ids:
+            if job_id in waits:
+                continue
+            entries: Any = r.xrange(keys.job_end(job_id), count=1)
+            if entries:
+                event = decode_event(entries[0][1][EVENT_FIELD])
+                waits[job_id] = event.result.queue_wait_s if isinstance(event, JobDone) else float("nan")
+        time.sleep(0.1)
+    return [waits[j] for j in ids]
+
+
+def _b_requests(http: httpx.Client, r: redis.Redis, key: str, model: str, tag: str, n: int) -> list[float]:
+    ids = []
+    for i in tqdm(range(n), desc=f"tenant B, one a second ({tag})", unit="req", leave=False):
+        ids.append(_submit_job(http, key, model, bc.question(f"b-{tag}", i), 8))
+        time.sleep(1.0)
+    return _queue_waits(r, ids, 300)
+
+
+def fair(
+    base_url: str, redis_url: str, key_a: str, key_b: str, model: str, flood_jobs: int, requests: int
+) -> dict[str, Any]:
+    r = redis.Redis.from_url(redis_url, socket_timeout=10)
+    http = httpx.Client(base_url=base_url.removesuffix("/v1"), timeout=60)
+    try:
+        alone = _b_requests(http, r, key_b, model, "alone", requests)
+        flood = [
+            _submit_job(http, key_a, model, bc.question("a-flood", i), 32)
+            for i in tqdm(range(flood_jobs), desc="tenant A's flood", unit="job", leave=False)
+        ]
+        under = _b_requests(http, r, key_b, model, "under flood", requests)
+        for job_id in flood:  # not needed any more: free the workers
+            http.delete(f"/v1/jobs/{job_id}", headers={"Authorization": f"Bearer {key_a}"})
+    finally:
+        http.close()
+    p95_alone, p95_under = pct(alone, 95), pct(under, 95)
+    return {
+        "fair_flood_jobs": flood_jobs,
+        "fair_b_requests": requests,
+        "fair_b_queue_wait_alone_p95_s": p95_alone,
+        "fair_b_queue_wait_under_flood_p95_s": p95_under,
+        "fair_b_queue_wait_alone_s": alone,
+        "fair_b_queue_wait_under_flood_s": under,
+        "fair_wait_ratio": p95_under / p95_alone if p95_alone > 0 else None,
+    }

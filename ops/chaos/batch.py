@@ -1,0 +1,194 @@
+"""`kvferry chaos --batch`: a Batch API batch under faults. Starts a stack, answers every line of
+a seeded batch online first (the fault-free reference, through the same api), then submits the
+same lines as one batch (and a few bad lines) and, while it runs, SIGKILLs workers, restarts the
+queue's Redis and SIGKILLs the api (each started again). Then it reads the output and error files
+and counts, by custom_id: lost (in neither file), duplicated (more than once across both),
+failed (a good line in the error file) and mismatched (not the reference's answer, token for
+token as text). `lines_exactly_once` holds when every line is in exactly one file, once."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import openai
+from openai import AsyncOpenAI, OpenAI
+
+from ops.bench import batch_client as bc
+from ops.chaos.fault_log import stamped
+from ops.chaos.faults import FaultInjector
+from ops.redis_server import free_port
+from ops.settings import Settings
+from ops.stack import Stack
+
+API_KEY = "chaos-batch"
+BAD_EVERY = 25  # one line in this many is invalid: it must land in the error file, once
+
+
+@dataclass(frozen=True, slots=True)
+class BatchChaosConfig:
+    workers: int = 2
+    lines: int = 300
+    max_tokens: int = 24
+    kills: int = 6
+    redis_restarts: int = 1
+    api_restarts: int = 1
+    gap_s: tuple[float, float] = (1.0, 3.0)
+    seed: int = 0
+    timeout_s: float = 3600.0
+
+    @classmethod
+    def quick(cls, **overrides: Any) -> BatchChaosConfig:
+        from dataclasses import replace
+
+        base = cls(lines=60, max_tokens=16, kills=2, gap_s=(0.2, 0.6), timeout_s=300.0)
+        return replace(base, **{k: v for k, v in overrides.items() if v is not None})
+
+
+def _lines(model: str, n: int, max_tokens: int) -> tuple[dict[str, dict[str, Any]], set[str]]:
+    bodies, bad = {}, set()
+    for i in range(n):
+        body = bc.chat_body(model, bc.question("chaos", i), max_tokens)
+        if i % BAD_EVERY == BAD_EVERY - 1:
+            body["max_tokens"] = -1  # a 400 online: the line's error, not the batch's
+            bad.add(f"line-{i}")
+        bodies[f"line-{i}"] = body
+    return bodies, bad
+
+
+async def _reference(
+    base_url: str, bodies: dict[str, dict[str, Any]], concurrency: int = 16
+) -> dict[str, str]:
+    client = AsyncOpenAI(base_url=base_url, api_key=API_KEY, max_retries=2, timeout=300)
+    todo = list(bodies.items())
+    out: dict[str, str] = {}
+
+    async def one() -> None:
+        while todo:
+            cid, body = todo.pop()
+            reply = await client.chat.completions.create(**body)
+            out[cid] = reply.choices[0].message.content or ""
+
+    try:
+        await asyncio.gather(*(one() for _ in range(concurrency)))
+    finally:
+        await client.close()
+    return out
+
+
+def _retrying(call: Callable[[], Any], deadline: float) -> Any:
+    """The api restarts under us: retry a call until it answers (or the deadline)."""
+    while True:
+        try:
+            return call()
+        except (openai.APIConnectionError, openai.InternalServerError, openai.APITimeoutError):
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+
+
+def _wait(client: OpenAI, batch_id: str, deadline: float) -> Any:
+    while True:
+        batch = _retrying(lambda: client.batches.retrieve(batch_id), deadline)
+        if batch.status in bc.TERMINAL:
+            return batch
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"batch {batch_id} still {batch.status}")
+        time.sleep(0.25)
+
+
+def count(
+    output: list[dict[str, Any]], errors: list[dict[str, Any]], reference: dict[str, str], bad: set[str]
+) -> dict[str, Any]:
+    """The run's figures, by custom_id (see the module's docstring)."""
+    expected = set(reference) | bad
+    seen = Counter(str(line.get("custom_id")) for line in [*output, *errors])
+    texts = {str(line.get("custom_id")): bc.content_of(line) for line in output}
+    failed = {str(line.get("custom_id")) for line in errors} - bad
+    lost = sorted(expected - set(seen))
+    duplicated = sorted(cid for cid, n in seen.items() if n > 1)
+    mismatched = sorted(cid for cid, text in texts.items() if cid in reference and text != reference[cid])
+    unknown = sorted(set(seen) - expected)
+    return {
+        "lines_total": len(expected),
+        "lines_good": len(reference),
+        "lines_bad": len(bad),
+        "lines_completed": len(texts),
+        "error_lines": len(errors),
+        "lines_lost": len(lost),
+        "lines_duplicated": len(duplicated),
+        "lines_failed": len(failed),
+        "lines_mismatched": len(mismatched),
+        "lines_unknown": len(unknown),
+        "lines_exactly_once": not lost and not duplicated and not unknown,
+        "examples": {"lost": lost[:5], "duplicated": duplicated[:5], "mismatched": mismatched[:5]},
+    }
+
+
+def run_batch_chaos(
+    settings: Settings, config: BatchChaosConfig, run_dir: Path | None = None, log: Any = print
+) -> dict[str, Any]:
+    run_dir = run_dir or Path(tempfile.mkdtemp(prefix="kvferry-chaos-batch-"))
+    settings = settings.with_overrides(api_port=free_port(), api_key=API_KEY, api_keys=None)
+    log(stamped(f"starting {config.workers} worker(s), the api and Redis; logs in {run_dir}"))
+    with Stack(settings, config.workers, run_dir=run_dir, with_flower=False) as stack:
+        stack.wait_ready()
+        base = f"{stack.api_url}/v1"
+        deadline = time.monotonic() + config.timeout_s
+        bodies, bad = _lines(stack.settings.served_model, config.lines, config.max_tokens)
+        log(stamped(f"reference: {len(bodies) - len(bad)} lines answered online, no faults"))
+        reference = asyncio.run(_reference(base, {k: v for k, v in bodies.items() if k not in bad}))
+        client = OpenAI(base_url=base, api_key=API_KEY, max_retries=0, timeout=60)
+        started = time.monotonic()
+        batch = bc.submit(client, bc.jsonl(bodies), name="chaos.jsonl")
+        log(stamped(f"batch {batch.id}: {len(bodies)} lines; faults start"))
+        rng = random.Random(config.seed)
+        faults = FaultInjector(
+            stack, config.kills, config.redis_restarts, rng, config.gap_s, deadline, log,
+            api_restarts=config.api_restarts,
+        ).start()  # fmt: skip
+        try:
+            batch = _wait(client, batch.id, deadline)
+            ended = time.monotonic()
+        finally:
+            faults.stop()  # a fault after the batch ended tests nothing: the rest of the plan is dropped
+        duration = ended - started
+        batch = _wait(client, batch.id, deadline)
+        output = _retrying(lambda: bc.read_lines(client, batch.output_file_id), deadline)
+        errors = _retrying(lambda: bc.read_lines(client, batch.error_file_id), deadline)
+        client.close()
+    result = count(output, errors, reference, bad)
+    fault_log = faults.log
+    result.update(
+        batch_status=batch.status,
+        kills=sum(k.at < ended for k in fault_log.kills),
+        redis_restarts=sum(at < ended for at in fault_log.redis_restarts),
+        api_restarts=sum(at < ended for at in fault_log.api_restarts),
+        unexpected_exits=fault_log.unexpected_exits,
+        duration_s=duration,
+        events=fault_log.events,
+        notes=fault_log.notes,
+    )
+    result["passed"] = (
+        result["lines_exactly_once"]
+        and result["lines_mismatched"] == 0
+        and result["lines_failed"] == 0
+        and batch.status == "completed"
+    )
+    return result
+
+
+def render(result: dict[str, Any]) -> str:
+    keys = (
+        "batch_status", "lines_total", "lines_completed", "error_lines", "lines_lost", "lines_duplicated",
+        "lines_failed", "lines_mismatched", "lines_exactly_once", "kills", "redis_restarts",
+        "api_restarts", "duration_s", "passed",
+    )  # fmt: skip
+    return "\n".join(f"{k:20s} {result[k]}" for k in keys)
