@@ -5,8 +5,8 @@
   the comparison leans against the batch);
 - ttft: interactive streaming requests, one at a time, on an idle stack and then while a large
   batch runs (it is cancelled afterwards);
-- fair: tenant B's single requests (one a second), queue wait (submit to a worker starting it,
-  from each job's result) alone and then while tenant A has hundreds of jobs queued.
+- fair: tenant B's single requests (one a second), queue wait (ops/bench/fair_wait.py) alone and
+  then while tenant A has hundreds of jobs queued.
 """
 
 from __future__ import annotations
@@ -16,17 +16,12 @@ import statistics
 import time
 from typing import Any
 
-import httpx
 import redis
 from openai import AsyncOpenAI, OpenAI
 from tqdm import tqdm
 
-from broker import keys
-from broker.codec import decode_event
-from broker.jobs.events import EVENT_FIELD
-from broker.messages import JobDone
 from ops.bench import batch_client as bc
-from ops.bench.queue_stages import pct
+from ops.bench.fair_wait import FairWait
 
 
 async def _online(
@@ -134,62 +129,15 @@ def ttft(
     }
 
 
-def _submit_job(http: httpx.Client, key: str, model: str, text: str, max_tokens: int) -> str:
-    body = {"endpoint": bc.ENDPOINT, "body": bc.chat_body(model, text, max_tokens)}
-    reply = http.post("/v1/jobs", json=body, headers={"Authorization": f"Bearer {key}"})
-    reply.raise_for_status()
-    return str(reply.json()["id"])
-
-
-def _queue_waits(r: redis.Redis, ids: list[str], timeout_s: float) -> list[float]:
-    """Each job's queue wait (from its result), waiting for the jobs to end."""
-    deadline = time.monotonic() + timeout_s
-    waits: dict[str, float] = {}
-    while len(waits) < len(ids):
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{len(ids) - len(waits)} of tenant B's jobs did not end")
-        for job_id in ids:
-            if job_id in waits:
-                continue
-            entries: Any = r.xrange(keys.job_end(job_id), count=1)
-            if entries:
-                event = decode_event(entries[0][1][EVENT_FIELD])
-                waits[job_id] = event.result.queue_wait_s if isinstance(event, JobDone) else float("nan")
-        time.sleep(0.1)
-    return [waits[j] for j in ids]
-
-
-def _b_requests(http: httpx.Client, r: redis.Redis, key: str, model: str, tag: str, n: int) -> list[float]:
-    ids = []
-    for i in tqdm(range(n), desc=f"tenant B, one a second ({tag})", unit="req", leave=False):
-        ids.append(_submit_job(http, key, model, bc.question(f"b-{tag}", i), 8))
-        time.sleep(1.0)
-    return _queue_waits(r, ids, 300)
-
-
 def fair(
     base_url: str, redis_url: str, key_a: str, key_b: str, model: str, flood_jobs: int, requests: int
 ) -> dict[str, Any]:
-    r = redis.Redis.from_url(redis_url, socket_timeout=10)
-    http = httpx.Client(base_url=base_url.removesuffix("/v1"), timeout=60)
-    try:
-        alone = _b_requests(http, r, key_b, model, "alone", requests)
-        flood = [
-            _submit_job(http, key_a, model, bc.question("a-flood", i), 32)
-            for i in tqdm(range(flood_jobs), desc="tenant A's flood", unit="job", leave=False)
-        ]
-        under = _b_requests(http, r, key_b, model, "under flood", requests)
-        for job_id in flood:  # not needed any more: free the workers
-            http.delete(f"/v1/jobs/{job_id}", headers={"Authorization": f"Bearer {key_a}"})
-    finally:
-        http.close()
-    p95_alone, p95_under = pct(alone, 95), pct(under, 95)
+    rds = redis.Redis.from_url(redis_url, socket_timeout=10)
+    measured = FairWait(base_url.removesuffix("/v1"), rds, model).measure(key_a, key_b, flood_jobs, requests)
     return {
-        "fair_flood_jobs": flood_jobs,
-        "fair_b_requests": requests,
-        "fair_b_queue_wait_alone_p95_s": p95_alone,
-        "fair_b_queue_wait_under_flood_p95_s": p95_under,
-        "fair_b_queue_wait_alone_s": alone,
-        "fair_b_queue_wait_under_flood_s": under,
-        "fair_wait_ratio": p95_under / p95_alone if p95_alone > 0 else None,
+        "fair_flood_jobs": measured["flood"],
+        "fair_b_requests": measured["b_requests"],
+        "fair_b_queue_wait_alone_p95_s": measured["b_alone_p95_s"],
+        "fair_b_queue_wait_under_flood_p95_s": measured["b_under_flood_p95_s"],
+        "fair_wait_ratio": measured["fair_wait_ratio"],
     }
