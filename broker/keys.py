@@ -163,3 +163,14 @@ QUEUES_STARTED = f"{PREFIX}:queues:started"
 def tenant_jobs(tenant: str) -> str:
     """ZSET job id -> deadline: a tenant's jobs not yet finished (the per-tenant job limit)."""
     return f"{PREFIX}:tenant:{tenant}:jobs"
+
+
+def file_record(file_id: str) -> str:
+    """Hash: an uploaded or generated file's metadata (api/files/records.py); its contents live in
+    the file store (a directory by default), never in Redis."""
+    return f"{PREFIX}:file:{file_id}"
+
+
+def tenant_files(tenant: str) -> str:
+    """ZSET file id -> created_at: a tenant's files, for GET /v1/files."""
+    return f"{PREFIX}:files:{tenant}"
