@@ -29,6 +29,7 @@ class ApiConfig:
     api_keys_file: Path | None = None  # one "key tenant" per line, re-read when it changes
     metrics_token: str | None = DEFAULTS.metrics_token  # None: /metrics is open (a scraper's network)
     tenant_max_jobs: int = DEFAULTS.tenant_max_jobs  # unfinished jobs per tenant (over it: 429); 0 = no cap
+    batch_expiry_s: int = DEFAULTS.batch_expiry_s  # a batch unfinished this long after creation expires
     # A chat's max_tokens when it names none. None (the default): the worker decides, with its
     # Settings.default_max_tokens capped by the room the context leaves.
     default_max_tokens: int | None = None

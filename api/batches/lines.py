@@ -80,13 +80,13 @@ def served_parse(served_model: str) -> Parse:
 
 
 def numbered(f: IO[bytes], offset: int = 0, line_no: int = 1) -> Iterator[tuple[int, int, bytes]]:
-    """(line number, byte offset after the line, its text) of each non-blank line from `offset`;
-    blank lines are skipped but numbered, so a line's number is its line in the file."""
+    """(line number, its byte offset, its text) of each non-blank line from `offset`; blank lines
+    are skipped but numbered, so a line's number is its line in the file."""
     f.seek(offset)
     for text in f:
-        offset += len(text)
         if text.strip():
             yield line_no, offset, text
+        offset += len(text)
         line_no += 1
 
 

@@ -1,0 +1,185 @@
+"""The Batch API through a real stack (redis-server, real workers, the api as a process) with the
+`openai` client unchanged: upload, create, poll, download; every greedy line equals HF generate;
+bad lines in the error file; another tenant's batch is a 404; cancel; expiry."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+
+from ops.redis_server import RedisServer
+from tests.integration.batches import batch_api, client, completion_line, read_lines, upload, wait_ended
+from tests.integration.conftest import MODEL, WorkerProcess
+
+Reference = Callable[[list[int], int], list[int]]
+
+
+@pytest.fixture(scope="module")
+def api(
+    redis_server: RedisServer,
+    two_workers: tuple[WorkerProcess, WorkerProcess],
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[str]:
+    where = tmp_path_factory.mktemp("batch-api")
+    yield from batch_api(redis_server.url, where / "files", where / "api.log")
+
+
+def _prompts(n: int, seed: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(100, 40000) for _ in range(rng.randrange(4, 20))] for _ in range(n)]
+
+
+def test_batch_lines_equal_hf_and_bad_lines_go_to_the_error_file(
+    api: str, tokenizer: Any, tiny_reference: Reference
+) -> None:
+    c = client(api)
+    prompts = _prompts(6, seed=1)
+    lines: list[dict[str, Any] | str] = [completion_line(f"req-{i}", p, 6) for i, p in enumerate(prompts)]
+    lines.append(completion_line("fan", prompts[0], 4, n=2))  # two jobs, one answer
+    lines.append("{not json")
+    lines.append(completion_line("other-model", prompts[1], 4, model="nope"))
+    lines.append({**completion_line("wrong-url", prompts[1], 4), "url": "/v1/chat/completions"})
+    lines.append(completion_line("bad-body", prompts[1], 4, temperature=-1))
+    lines.append("")  # blank: not a request
+    batch = c.batches.create(
+        input_file_id=upload(c, lines),
+        endpoint="/v1/completions",
+        completion_window="24h",
+        metadata={"suite": "exact"},
+    )
+    assert batch.status == "validating" and batch.metadata == {"suite": "exact"}
+    done = wait_ended(c, batch.id)
+    assert done.status == "completed", done
+    assert done.request_counts is not None
+    assert (done.request_counts.total, done.request_counts.completed, done.request_counts.failed) == (
+        11,
+        7,
+        4,
+    )
+    assert done.in_progress_at and done.finalizing_at and done.completed_at
+    out = {line["custom_id"]: line for line in read_lines(c, done.output_file_id)}
+    assert sorted(out) == sorted([f"req-{i}" for i in range(6)] + ["fan"])
+    for i, prompt in enumerate(prompts):
+        line = out[f"req-{i}"]
+        assert line["error"] is None and line["response"]["status_code"] == 200
+        body = line["response"]["body"]
+        want = tokenizer.decode(tiny_reference(prompt, 6), skip_special_tokens=True)
+        assert body["object"] == "text_completion" and body["model"] == MODEL
+        assert body["choices"][0]["text"] == want
+        assert body["usage"]["prompt_tokens"] == len(prompt) and body["usage"]["completion_tokens"] == 6
+    fan = out["fan"]["response"]["body"]
+    want = tokenizer.decode(tiny_reference(prompts[0], 4), skip_special_tokens=True)
+    assert [ch["index"] for ch in fan["choices"]] == [0, 1] and all(
+        ch["text"] == want for ch in fan["choices"]
+    )
+    errors = read_lines(c, done.error_file_id)
+    assert len(errors) == 4 and len({e["id"] for e in errors}) == 4
+    by_id = {e["custom_id"]: e for e in errors}
+    assert set(by_id) == {None, "other-model", "wrong-url", "bad-body"}
+    assert by_id["other-model"]["response"]["status_code"] == 404
+    for e in errors:
+        assert e["error"] is None and e["response"]["body"]["error"]["message"]
+    assert by_id["bad-body"]["response"]["status_code"] == 400
+    listed = c.batches.list(limit=100)
+    assert batch.id in [b.id for b in listed.data]
+    assert c.files.retrieve(done.output_file_id).purpose == "batch_output"
+
+
+def test_another_tenants_batch_is_not_found(api: str) -> None:
+    alice, bob = client(api), client(api, "key-bob")
+    batch = alice.batches.create(
+        input_file_id=upload(alice, [completion_line("x", [5, 6, 7], 2)]),
+        endpoint="/v1/completions",
+        completion_window="24h",
+    )
+    with pytest.raises(openai.NotFoundError):
+        bob.batches.retrieve(batch.id)
+    with pytest.raises(openai.NotFoundError):
+        bob.batches.cancel(batch.id)
+    assert batch.id not in [b.id for b in bob.batches.list().data]
+    with pytest.raises(openai.NotFoundError):  # nor can bob run a batch over alice's file
+        bob.batches.create(
+            input_file_id=batch.input_file_id, endpoint="/v1/completions", completion_window="24h"
+        )
+    with pytest.raises(openai.BadRequestError):
+        alice.batches.create(
+            input_file_id=batch.input_file_id, endpoint="/v1/embeddings", completion_window="24h"
+        )  # type: ignore[arg-type]
+    with pytest.raises(openai.BadRequestError):
+        alice.batches.create(
+            input_file_id=batch.input_file_id, endpoint="/v1/completions", completion_window="1h"
+        )  # type: ignore[arg-type]
+    assert wait_ended(alice, batch.id).status == "completed"
+
+
+def test_duplicate_custom_ids_fail_the_batch(api: str) -> None:
+    c = client(api)
+    line = completion_line("same", [5, 6, 7], 2)
+    batch = c.batches.create(
+        input_file_id=upload(c, [line, line]), endpoint="/v1/completions", completion_window="24h"
+    )
+    done = wait_ended(c, batch.id)
+    assert done.status == "failed" and done.failed_at
+    assert done.errors is not None and done.errors.data and done.errors.data[0].code == "duplicate_custom_id"
+    assert done.errors.data[0].line == 2
+
+
+def test_cancel_stops_feeding_and_writes_what_finished(api: str) -> None:
+    c = client(api)
+    lines: list[dict[str, Any] | str] = [
+        completion_line(f"c-{i}", p, 48) for i, p in enumerate(_prompts(300, seed=2))
+    ]
+    batch = c.batches.create(
+        input_file_id=upload(c, lines), endpoint="/v1/completions", completion_window="24h"
+    )
+    cancelling = c.batches.cancel(batch.id)
+    assert cancelling.status in ("cancelling", "cancelled") and cancelling.cancelling_at
+    done = wait_ended(c, batch.id)
+    assert done.status == "cancelled" and done.cancelled_at
+    out = read_lines(c, done.output_file_id)
+    ids = [line["custom_id"] for line in out]
+    assert len(ids) == len(set(ids)) and len(ids) < 300
+    assert done.request_counts is not None and done.request_counts.completed == len(ids)
+    with pytest.raises(openai.ConflictError):  # an ended batch is not cancelled again... (409)
+        c.batches.cancel((wait_ended(c, _small(c)).id))
+
+
+def _small(c: Any) -> str:
+    return str(
+        c.batches.create(
+            input_file_id=upload(c, [completion_line("s", [9, 9], 2)]),
+            endpoint="/v1/completions",
+            completion_window="24h",
+        ).id
+    )
+
+
+def test_expiry_ends_the_batch_expired_with_its_finished_part(
+    tmp_path: Path, worker_factory: Callable[..., WorkerProcess]
+) -> None:
+    """Its own Redis and api (batch_expiry_s=4), and no worker: nothing runs; the bad line was
+    answered (the error file), the rest expire."""
+    with RedisServer(tmp_path / "redis") as server:
+        url = next(api := batch_api(server.url, tmp_path / "files", tmp_path / "api.log", batch_expiry_s="4"))
+        try:
+            c = client(url)
+            lines: list[dict[str, Any] | str] = [completion_line(f"e-{i}", [3, 4, 5], 4) for i in range(5)]
+            lines.append(completion_line("bad", [3], 4, temperature=-1))
+            batch = c.batches.create(
+                input_file_id=upload(c, lines), endpoint="/v1/completions", completion_window="24h"
+            )
+            assert batch.expires_at is not None and batch.expires_at - batch.created_at == 4
+            done = wait_ended(c, batch.id, timeout_s=30)
+            assert done.status == "expired" and done.expired_at and done.output_file_id is None
+            errors = {e["custom_id"]: e for e in read_lines(c, done.error_file_id)}
+            assert set(errors) == {f"e-{i}" for i in range(5)} | {"bad"}
+            assert errors["bad"]["response"]["status_code"] == 400
+            assert all(errors[f"e-{i}"]["error"]["code"] == "batch_expired" for i in range(5))
+            assert errors["e-0"]["response"] is None
+        finally:
+            api.close()
