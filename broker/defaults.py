@@ -120,6 +120,9 @@ class SettingsFields(BaseModel):
     routing: Routing = "cache-aware"  # "round-robin" and "shared" are the benchmark's baselines
     prefetch_hints: bool = True  # a session routed to a new worker: it loads the blocks while queued
     tool_call_parser: ToolCallParser = "hermes"  # the served model's tool-call format (as vLLM's flag)
+    files_dir: UserPath | None = None  # /v1/files contents (a volume every api shares); None: cache_dir/files
+    files_max_bytes: Size = ByteSize(200 * MiB)  # one uploaded file's size cap (OpenAI's); over it: 413
+    files_max_lines: int = 50000  # lines of one purpose "batch" file (OpenAI's cap); over it: 400
     flower_port: int = 5555
 
 

@@ -172,7 +172,7 @@ def file_record(file_id: str) -> str:
 
 
 def tenant_files(tenant: str) -> str:
-    """ZSET file id -> created_at: a tenant's files, for GET /v1/files."""
+    """ZSET file id -> when it was saved: a tenant's files, for GET /v1/files."""
     return f"{PREFIX}:files:{tenant}"
 
 

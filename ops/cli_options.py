@@ -110,6 +110,11 @@ def tenant_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     fn = click.option(
         "--tenant-max-jobs", type=int, help="unfinished jobs per tenant at once, over it 429 (0 = no cap)"
     )(fn)
+    fn = click.option(
+        "--files-dir",
+        type=click.Path(file_okay=False, path_type=Path),
+        help="where /v1/files keeps contents, shared by every api replica [CACHE_DIR/files]",
+    )(fn)
     return click.option(
         "--api-keys-file",
         type=click.Path(dir_okay=False, path_type=Path),

@@ -156,6 +156,8 @@ class Settings(SettingsFields, BaseSettings):
             # The worker applies Settings.default_max_tokens, capped by the room the context
             # leaves; the API fixing it here would skip that cap.
             default_max_tokens=None,
+            files_dir=self.files_dir or self.cache_dir / "files",
+            files_max_bytes=int(self.files_max_bytes),
         )
 
     def _project(self, config: type[_Config], **derived: Any) -> _Config:

@@ -1,5 +1,5 @@
 """A file's metadata in the queue Redis: hash `file_record(id)` and its tenant's ZSET
-`tenant_files(tenant)` (score created_at). Contents live in the file store (store.py).
+`tenant_files(tenant)` (score: when saved). Contents live in the file store (store.py).
 
 A file belongs to its tenant: `get` and `delete` of another tenant's id answer as if there were no
 such file, so the routes give 404 whoever asks."""
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import builtins
 import dataclasses
+import time
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -70,7 +71,8 @@ async def save(redis: Redis, rec: FileRecord) -> None:
     pipe = redis.pipeline(transaction=True)
     pipe.delete(keys.file_record(rec.id))
     pipe.hset(keys.file_record(rec.id), mapping=rec.to_hash())  # type: ignore[arg-type]
-    pipe.zadd(keys.tenant_files(rec.tenant), {rec.id: rec.created_at})
+    # Scored by when it was saved, to the microsecond: files made within one second still list in order.
+    pipe.zadd(keys.tenant_files(rec.tenant), {rec.id: time.time()})
     await pipe.execute()
 
 

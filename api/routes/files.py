@@ -1,0 +1,122 @@
+"""OpenAI's Files API: POST /v1/files (multipart, streamed into the file store under the limits of
+api/files/upload.py), GET /v1/files, GET /v1/files/{id}, GET /v1/files/{id}/content (streamed),
+DELETE /v1/files/{id}. A file belongs to its tenant: another tenant's id is a 404, whoever asks."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from typing import Annotated, Any, BinaryIO, Literal
+
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import StreamingResponse
+
+from api.auth import Tenant
+from api.context import Ctx
+from api.errors import ApiError
+from api.files import records
+from api.files.records import FileRecord
+from api.files.store import new_file_id
+from api.files.upload import check_declared_size, receive
+
+router = APIRouter(prefix="/v1/files")
+
+_CHUNK = 64 * 1024
+
+
+def _not_found(file_id: str) -> ApiError:
+    return ApiError(404, f"No such File object: {file_id}", "invalid_request_error", "id")
+
+
+async def _record(ctx: Ctx, tenant: str, file_id: str) -> FileRecord:
+    rec = await records.get(ctx.jobs.redis, tenant, file_id)
+    if rec is None:
+        raise _not_found(file_id)
+    return rec
+
+
+@router.post("", openapi_extra={"requestBody": {"content": {"multipart/form-data": {}}}})
+async def create_file(request: Request, ctx: Ctx, tenant: Tenant) -> dict[str, Any]:
+    config = ctx.config
+    file_id = new_file_id()
+    writer = None
+    try:
+        check_declared_size(request, config.files_max_bytes)
+        writer = await asyncio.to_thread(ctx.files.create, file_id)
+        upload = await receive(request, writer, config.files_max_bytes, config.files_max_lines)
+        await asyncio.to_thread(writer.commit)
+    except BaseException as exc:
+        if writer is not None:
+            writer.abort()  # a refusal, a client gone or a cancel: no partial file stays
+        if isinstance(exc, ApiError):
+            # The rest of the body is never read, so this connection cannot carry another request:
+            # closing it (not draining it, as a kept-alive one would be) stops the sender.
+            exc.headers["connection"] = "close"
+        raise
+    rec = FileRecord(
+        id=file_id,
+        tenant=tenant,
+        bytes=upload.bytes,
+        created_at=int(time.time()),
+        filename=upload.filename,
+        purpose=upload.purpose,
+        lines=upload.lines,
+    )
+    try:
+        await records.save(ctx.jobs.redis, rec)
+    except BaseException:
+        await asyncio.to_thread(ctx.files.delete, file_id)
+        raise
+    return rec.to_openai()
+
+
+@router.get("")
+async def list_files(
+    ctx: Ctx,
+    tenant: Tenant,
+    purpose: str | None = None,
+    limit: Annotated[int, Query(ge=1, le=10000)] = 10000,
+    after: str | None = None,
+    order: Literal["asc", "desc"] = "desc",
+) -> dict[str, Any]:
+    found, has_more = await records.list_files(ctx.jobs.redis, tenant, purpose, after, limit, order)
+    return {
+        "object": "list",
+        "data": [rec.to_openai() for rec in found],
+        "first_id": found[0].id if found else None,
+        "last_id": found[-1].id if found else None,
+        "has_more": has_more,
+    }
+
+
+@router.get("/{file_id}")
+async def retrieve_file(file_id: str, ctx: Ctx, tenant: Tenant) -> dict[str, Any]:
+    return (await _record(ctx, tenant, file_id)).to_openai()
+
+
+@router.get("/{file_id}/content")
+async def file_content(file_id: str, ctx: Ctx, tenant: Tenant) -> StreamingResponse:
+    rec = await _record(ctx, tenant, file_id)
+    try:
+        f = await asyncio.to_thread(ctx.files.open, file_id)
+    except FileNotFoundError:
+        raise _not_found(file_id) from None
+    headers = {"content-length": str(rec.bytes), "content-disposition": f'attachment; filename="{file_id}"'}
+    return StreamingResponse(_chunks(f), media_type="application/octet-stream", headers=headers)
+
+
+@router.delete("/{file_id}")
+async def delete_file(file_id: str, ctx: Ctx, tenant: Tenant) -> dict[str, Any]:
+    if not await records.delete(ctx.jobs.redis, tenant, file_id):
+        raise _not_found(file_id)
+    await asyncio.to_thread(ctx.files.delete, file_id)
+    return {"id": file_id, "object": "file", "deleted": True}
+
+
+async def _chunks(f: BinaryIO) -> AsyncIterator[bytes]:
+    try:
+        while chunk := await asyncio.to_thread(f.read, _CHUNK):
+            yield chunk
+    finally:
+        f.close()
