@@ -73,7 +73,7 @@ class Collector:
         if self._next_look.get(key, 0.0) > now:
             return None
         self._next_look[key] = now + self.ctx.jobs.state_poll_s
-        store = _pending_deps.file_store(self.ctx)
+        store = self.ctx.files
         text = await asyncio.to_thread(read_at, store, rec.input_file_id, line.offset)
         parsed = parse(self.ctx, rec, line_no, text)
         if parsed.request is not None:
@@ -98,7 +98,7 @@ class Collector:
         outputs: list[dict[str, Any]] = []
         errors: list[dict[str, Any]] = []
         outcome: dict[int, str] = {}
-        store = _pending_deps.file_store(self.ctx)
+        store = self.ctx.files
         for line_no, events in sorted(finished.items()):
             if rec.status == "cancelling" and any(_aborted(e) for e in events):
                 continue  # cancelled before it finished: not an answer

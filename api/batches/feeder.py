@@ -64,7 +64,7 @@ def parse(ctx: ApiContext, rec: BatchRecord, line_no: int, text: bytes) -> Batch
 
 async def feed(ctx: ApiContext, rec: BatchRecord, parts: Parts, count: int) -> int:
     """Feed up to `count` lines from the batch's cursor; the lines fed (bad ones included)."""
-    store = _pending_deps.file_store(ctx)
+    store = ctx.files
     chunk = await asyncio.to_thread(
         read_from, store, rec.input_file_id, rec.cursor_offset, rec.cursor_line, count
     )

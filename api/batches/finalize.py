@@ -13,7 +13,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from api.batches import _pending_deps, state
+from api.batches import state
 from api.batches.feeder import Running
 from api.batches.lines import line_id, numbered, unrun_line
 from api.batches.parts import error_part, output_part, read_part
@@ -97,7 +97,7 @@ def _expired(batch_id: str, line_no: int, text: bytes) -> dict[str, Any]:
 
 async def finalize(ctx: ApiContext, rec: BatchRecord, end: Status, *from_: Status) -> None:
     """Write the batch's files and end it `end` (from one of `from_`)."""
-    store = _pending_deps.file_store(ctx)
+    store = ctx.files
     redis = ctx.jobs.redis
     unrun = None
     if end == "expired":

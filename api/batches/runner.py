@@ -38,7 +38,7 @@ class BatchRunner:
     def __init__(self, ctx: ApiContext) -> None:
         self.ctx = ctx
         self.metrics = BatchMetrics(ctx.metrics.registry)
-        self.parts = Parts(_pending_deps.file_store(ctx), self.metrics)
+        self.parts = Parts(ctx.files, self.metrics)
         self.collector = Collector(ctx, self.parts)
         self._lock = ctx.jobs.redis.lock(
             keys.BATCH_RUNNER_LEASE, timeout=LEASE_TTL_S, blocking=False, thread_local=False
@@ -109,7 +109,7 @@ class BatchRunner:
 
     async def _validate(self, rec: BatchRecord, now: int) -> None:
         redis = self.ctx.jobs.redis
-        store = _pending_deps.file_store(self.ctx)
+        store = self.ctx.files
         try:
             total, errors = await asyncio.to_thread(validate, store, rec.input_file_id)
         except FileNotFoundError:

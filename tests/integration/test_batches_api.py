@@ -29,6 +29,11 @@ def api(
     yield from batch_api(redis_server.url, where / "files", where / "api.log")
 
 
+def _text(tokenizer: Any, ids: list[int]) -> str:
+    """HF's tokens as the api's text: a trailing incomplete UTF-8 character is held back."""
+    return str(tokenizer.decode(ids, skip_special_tokens=True)).rstrip("\ufffd")
+
+
 def _prompts(n: int, seed: int) -> list[list[int]]:
     rng = random.Random(seed)
     return [[rng.randrange(100, 40000) for _ in range(rng.randrange(4, 20))] for _ in range(n)]
@@ -68,12 +73,12 @@ def test_batch_lines_equal_hf_and_bad_lines_go_to_the_error_file(
         line = out[f"req-{i}"]
         assert line["error"] is None and line["response"]["status_code"] == 200
         body = line["response"]["body"]
-        want = tokenizer.decode(tiny_reference(prompt, 6), skip_special_tokens=True)
+        want = _text(tokenizer, tiny_reference(prompt, 6))
         assert body["object"] == "text_completion" and body["model"] == MODEL
         assert body["choices"][0]["text"] == want
         assert body["usage"]["prompt_tokens"] == len(prompt) and body["usage"]["completion_tokens"] == 6
     fan = out["fan"]["response"]["body"]
-    want = tokenizer.decode(tiny_reference(prompts[0], 4), skip_special_tokens=True)
+    want = _text(tokenizer, tiny_reference(prompts[0], 4))
     assert [ch["index"] for ch in fan["choices"]] == [0, 1] and all(
         ch["text"] == want for ch in fan["choices"]
     )
@@ -146,7 +151,7 @@ def test_cancel_stops_feeding_and_writes_what_finished(api: str) -> None:
     assert len(ids) == len(set(ids)) and len(ids) < 300
     assert done.request_counts is not None and done.request_counts.completed == len(ids)
     with pytest.raises(openai.ConflictError):  # an ended batch is not cancelled again... (409)
-        c.batches.cancel((wait_ended(c, _small(c)).id))
+        c.batches.cancel(wait_ended(c, _small(c)).id)
 
 
 def _small(c: Any) -> str:
