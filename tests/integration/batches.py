@@ -64,3 +64,50 @@ def read_lines(c: OpenAI, file_id: str | None) -> list[dict[str, Any]]:
     if file_id is None:
         return []
     return [json.loads(line) for line in c.files.content(file_id).text.splitlines() if line]
+
+
+class ApiProcess:
+    """`kvferry api` as a process this test may SIGKILL (running_api only terminates it)."""
+
+    def __init__(self, redis_url: str, files_dir: Path, log: Path) -> None:
+        import subprocess
+        import sys
+
+        import httpx
+
+        from ops.redis_server import free_port
+        from tests.integration.conftest import ROOT, wait_for
+
+        port = free_port()
+        env = {
+            **os.environ,
+            "PYTHONUNBUFFERED": "1",
+            "KVFERRY_API_KEYS": KEYS,
+            "KVFERRY_FILES_DIR": str(files_dir),
+        }
+        args = [sys.executable, "-m", "ops.cli", "api", "--port", str(port), "--redis-url", redis_url]
+        self.process = subprocess.Popen(
+            [*args, "--model", MODEL], cwd=ROOT, env=env, stdout=log.open("ab"), stderr=subprocess.STDOUT
+        )
+        self.url = f"http://127.0.0.1:{port}"
+
+        def up() -> bool:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"api exited:\n{log.read_text()[-3000:]}")
+            try:
+                return httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        wait_for(up, 30, "the api")
+
+    def kill(self) -> None:
+        import signal
+
+        self.process.send_signal(signal.SIGKILL)
+        self.process.wait(10)
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            self.process.wait(10)
