@@ -125,7 +125,8 @@ class Collector:
             if await state.done(redis, rec.id, line_no, result):
                 self.parts.metrics.lines.labels(rec.tenant, result).inc()
                 for event in finished[line_no]:
-                    if isinstance(event, JobDone):
+                    if isinstance(event, JobDone):  # counted as the online endpoints count theirs
+                        self.ctx.metrics.tokens(rec.tenant, event.result.usage)
                         _pending_deps.observe_queue_wait(
                             self.ctx, rec.tenant, "batch", event.result.queue_wait_s
                         )

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
 import uuid
@@ -19,6 +20,7 @@ from redis.exceptions import LockError, RedisError
 
 from api.batches import _pending_deps, records, state
 from api.batches.collector import Collector
+from api.batches.fair import shares
 from api.batches.feeder import Running, feed
 from api.batches.finalize import finalize
 from api.batches.input import validate
@@ -125,7 +127,7 @@ class BatchRunner:
                 ],
             )
         if errors:
-            await state.update(redis, rec.id, errors=_json(errors), total=total)
+            await state.update(redis, rec.id, errors=json.dumps(errors), total=total)
             if await state.transition(redis, rec.id, "failed", now, "validating"):
                 await state.ended(redis, rec.id)
             return
@@ -151,19 +153,11 @@ class BatchRunner:
             pipe.hlen(keys.batch_running(rec.id))
         running = dict(zip((r.id for r in feedable), await pipe.execute(), strict=True))
         slots = await _pending_deps.free_slots_or_standin(self.ctx, sum(running.values()))
-        load: dict[str, float] = {}
+        load: dict[str, int] = {}
         for rec in feedable:
             load[rec.tenant] = load.get(rec.tenant, 0) + running[rec.id]
-        share: dict[str, int] = dict.fromkeys(load, 0)
-        for _ in range(max(0, slots)):
-            tenant = min(load, key=lambda t: (load[t] + share[t]) / _pending_deps.weight(self.ctx, t))
-            share[tenant] += 1
+        weights = {t: _pending_deps.weight(self.ctx, t) for t in load}
+        share = shares(load, weights, slots)
         for rec in feedable:  # oldest first (the active list is by created_at)
             if share[rec.tenant] > 0:
                 share[rec.tenant] -= await feed(self.ctx, rec, self.parts, share[rec.tenant])
-
-
-def _json(value: object) -> str:
-    import json
-
-    return json.dumps(value)

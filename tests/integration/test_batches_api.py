@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import openai
 import pytest
 
@@ -93,6 +94,9 @@ def test_batch_lines_equal_hf_and_bad_lines_go_to_the_error_file(
     listed = c.batches.list(limit=100)
     assert batch.id in [b.id for b in listed.data]
     assert c.files.retrieve(done.output_file_id).purpose == "batch_output"
+    scraped = httpx.get(f"{api}/metrics", timeout=10).text
+    assert 'kvferry_batch_lines_total{outcome="completed",tenant="alice"}' in scraped
+    assert 'kvferry_batch_lines_total{outcome="failed",tenant="alice"}' in scraped
 
 
 def test_another_tenants_batch_is_not_found(api: str) -> None:
