@@ -82,50 +82,58 @@ class BatchRunner:
         redis = self.ctx.jobs.redis
         batches = [b for b in [await records.load(redis, i) for i in await records.active(redis)] if b]
         self.metrics.count(Counter(b.status for b in batches))
-        now = int(time.time())
         feedable: list[BatchRecord] = []
         for rec in batches:
-            if rec.status in ("validating", "in_progress") and now >= rec.expires_at:
-                await self._cancel_running(rec)
-                await finalize(self.ctx, rec, "expired", "validating", "in_progress")
-            elif rec.status == "validating":
-                await self._validate(rec, now)
-            elif rec.status == "in_progress":
-                await self.collector.collect(rec)
-                if rec.fed_all and not await redis.hlen(keys.batch_running(rec.id)):
-                    if await state.transition(redis, rec.id, "finalizing", now, "in_progress"):
-                        await finalize(self.ctx, rec, "completed", "finalizing")
-                elif not rec.fed_all:
+            try:  # one batch's trouble never holds the others up
+                if await self._step(rec, int(time.time())):
                     feedable.append(rec)
-            elif rec.status == "finalizing":  # a runner died finalizing it
-                await finalize(self.ctx, rec, "completed", "finalizing")
-            elif rec.status == "cancelling":
-                await self._cancel_running(rec)
-                await self.collector.collect(rec)
-                left = await redis.hlen(keys.batch_running(rec.id))
-                if not left or now - rec.cancelling_at >= CANCEL_GRACE_S:
-                    await finalize(self.ctx, rec, "cancelled", "cancelling")
-            elif rec.ended:  # ended, but still listed (a crash between the two writes)
-                await state.ended(redis, rec.id)
+            except FileNotFoundError:  # its input file was deleted under it
+                await self._fail(rec, "file_not_found", "the input file was deleted", int(time.time()))
+            except RedisError:
+                raise
+            except Exception as exc:
+                log.warning("batch %s: %s: %s", rec.id, type(exc).__name__, exc)
         await self._feed(feedable)
+
+    async def _step(self, rec: BatchRecord, now: int) -> bool:
+        """One pass over one batch; True when it has lines to feed."""
+        redis = self.ctx.jobs.redis
+        if rec.status in ("validating", "in_progress") and now >= rec.expires_at:
+            await self.collector.collect(rec)  # what finished is written, the rest expires
+            await self._cancel_running(rec)
+            await finalize(self.ctx, rec, "expired", "validating", "in_progress")
+        elif rec.status == "validating":
+            await self._validate(rec, now)
+        elif rec.status == "in_progress":
+            await self.collector.collect(rec)
+            if not rec.fed_all:
+                return True
+            idle = not await redis.hlen(keys.batch_running(rec.id))
+            if idle and await state.transition(redis, rec.id, "finalizing", now, "in_progress"):
+                await finalize(self.ctx, rec, "completed", "finalizing")
+        elif rec.status == "finalizing":  # a runner died finalizing it
+            await finalize(self.ctx, rec, "completed", "finalizing")
+        elif rec.status == "cancelling":
+            await self._cancel_running(rec)
+            await self.collector.collect(rec)
+            left = await redis.hlen(keys.batch_running(rec.id))
+            if not left or now - rec.cancelling_at >= CANCEL_GRACE_S:
+                await finalize(self.ctx, rec, "cancelled", "cancelling")
+        elif rec.ended:  # ended, but still listed (a crash between the two writes)
+            await state.ended(redis, rec.id)
+        return False
+
+    async def _fail(self, rec: BatchRecord, code: str, message: str, now: int) -> None:
+        redis = self.ctx.jobs.redis
+        error = {"code": code, "message": message, "param": "input_file_id", "line": None}
+        await self._cancel_running(rec)
+        await state.update(redis, rec.id, errors=json.dumps([error]))
+        if await state.transition(redis, rec.id, "failed", now, "validating", "in_progress", "cancelling"):
+            await state.ended(redis, rec.id)
 
     async def _validate(self, rec: BatchRecord, now: int) -> None:
         redis = self.ctx.jobs.redis
-        store = self.ctx.files
-        try:
-            total, errors = await asyncio.to_thread(validate, store, rec.input_file_id)
-        except FileNotFoundError:
-            total, errors = (
-                0,
-                [
-                    {
-                        "code": "file_not_found",
-                        "message": "the input file is gone",
-                        "param": "input_file_id",
-                        "line": None,
-                    }
-                ],
-            )
+        total, errors = await asyncio.to_thread(validate, self.ctx.files, rec.input_file_id)
         if errors:
             await state.update(redis, rec.id, errors=json.dumps(errors), total=total)
             if await state.transition(redis, rec.id, "failed", now, "validating"):
