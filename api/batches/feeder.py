@@ -28,6 +28,7 @@ from api.router import Route, choose_queue, together
 from api.schema.openai import CompletionRequest
 from api.schema.responses import error_body
 from broker import keys
+from broker.errors import InvalidRequestError
 
 _JOB_IDS = uuid.UUID("5f0c2f9e-3a53-4c1b-8f0e-2b7d0c6a9e41")  # namespace of batch line job ids
 
@@ -59,7 +60,13 @@ def job_ids(batch_id: str, line_no: int, request: CompletionRequest) -> list[str
 
 
 def parse(ctx: ApiContext, rec: BatchRecord, line_no: int, text: bytes) -> BatchLine:
-    return parse_line(line_no, text, lambda url, body: intake.parse(ctx, url, body, None), rec.endpoint)
+    def online(url: str, body: Any) -> CompletionRequest:
+        request = intake.parse(ctx, url, body, None)
+        if request.session_id is not None:  # a batch's lines run in any order, at once
+            raise InvalidRequestError("a batch line cannot continue a session", "session_id")
+        return request
+
+    return parse_line(line_no, text, online, rec.endpoint)
 
 
 async def feed(ctx: ApiContext, rec: BatchRecord, parts: Parts, count: int) -> int:

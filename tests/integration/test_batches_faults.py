@@ -1,6 +1,6 @@
-"""A batch across a worker SIGKILL and an api SIGKILL (its runner with it): another api takes the
-runner's lease over, resumes from Redis and the part files, and the batch completes with every
-custom_id exactly once, each line still equal to HF generate."""
+"""A batch across a worker SIGKILL, an api SIGKILL (its runner with it) and a restart of the queue
+Redis: another api takes the runner's lease over, resumes from Redis and the part files, and the
+batch completes with every custom_id exactly once, each line still equal to HF generate."""
 
 from __future__ import annotations
 
@@ -19,12 +19,12 @@ TOKENS = 16
 CHECKED = 10  # lines compared with HF generate (each costs a generate)
 
 
-def test_batch_survives_a_worker_sigkill_and_an_api_sigkill(
+def test_batch_survives_a_worker_sigkill_an_api_sigkill_and_a_redis_restart(
     tmp_path: Path, worker_factory: Callable[..., WorkerProcess], tokenizer: Any, tiny_reference: Any
 ) -> None:
     rng = random.Random(25)
     prompts = [[rng.randrange(100, 40000) for _ in range(rng.randrange(4, 24))] for _ in range(LINES)]
-    with RedisServer(tmp_path / "redis") as server:
+    with RedisServer(tmp_path / "redis", persist=True) as server:  # AOF: a restart keeps its data
         doomed = worker_factory("bk1", redis_url=server.url)
         survivor = worker_factory("bk2", redis_url=server.url)
         first = ApiProcess(server.url, tmp_path / "files", tmp_path / "api.log")
@@ -38,13 +38,19 @@ def test_batch_survives_a_worker_sigkill_and_an_api_sigkill(
                 input_file_id=upload(c, lines), endpoint="/v1/completions", completion_window="24h"
             )
 
+            seen: list[int] = []
+
             def some_done() -> bool:
                 counts = c.batches.retrieve(batch.id).request_counts
-                return counts is not None and counts.completed >= 5
+                seen.append(counts.completed if counts is not None else 0)
+                return seen[-1] >= 5
 
             wait_for(some_done, 60, "the first lines")
+            assert seen[-1] < LINES, "the batch ended before the faults: make it longer"
             doomed.kill()  # its running lines are redelivered to the other worker
             first.kill()  # the runner dies with it, mid-batch
+            server.kill()
+            server.start()  # same port, same data
             killed_at = time.monotonic()
             second = ApiProcess(server.url, tmp_path / "files", tmp_path / "api.log")
             c = client(second.url)
