@@ -76,7 +76,7 @@ async def feed(ctx: ApiContext, rec: BatchRecord, parts: Parts, count: int) -> i
         read_from, store, rec.input_file_id, rec.cursor_offset, rec.cursor_line, count
     )
     redis = ctx.jobs.redis
-    fed = 0
+    fed, cursor = 0, rec.cursor_line
     for i, (line_no, offset, text) in enumerate(chunk.lines):
         if i + 1 < len(chunk.lines):
             next_line, next_offset = chunk.lines[i + 1][0], chunk.lines[i + 1][1]
@@ -87,15 +87,18 @@ async def feed(ctx: ApiContext, rec: BatchRecord, parts: Parts, count: int) -> i
             body = error_body(line.error_message or "invalid request", code=line.error_code)
             record = error_line(line_id(rec.id, line_no), line.custom_id, line.status_code, body)
             await parts.errors(rec.id, [record])  # written first: a crash now writes it again
-            if not await state.feed(redis, rec.id, line_no, next_line, next_offset, ""):
+            if not await state.feed(redis, rec.id, cursor, line_no, next_line, next_offset, ""):
                 return fed  # another runner moved the cursor
             parts.metrics.lines.labels(rec.tenant, "failed").inc()
         else:
             running = Running(offset, job_ids(rec.id, line_no, line.request), time.time())
-            if not await state.feed(redis, rec.id, line_no, next_line, next_offset, running.to_json()):
+            if not await state.feed(
+                redis, rec.id, cursor, line_no, next_line, next_offset, running.to_json()
+            ):
                 return fed
             await send_missing(ctx, rec, line.request, running)
-        rec.cursor_line, rec.cursor_offset = next_line, next_offset
+        cursor = rec.cursor_line = next_line
+        rec.cursor_offset = next_offset
         fed += 1
     if chunk.at_end:
         rec.fed_all = True

@@ -31,7 +31,7 @@ _FEED = """
 if redis.call('HGET', KEYS[1], 'cursor_line') ~= ARGV[1] then return 0 end
 redis.call('HSET', KEYS[1], 'cursor_line', ARGV[2], 'cursor_offset', ARGV[3])
 if ARGV[4] ~= '' then
-  redis.call('HSET', KEYS[2], ARGV[1], ARGV[4])
+  redis.call('HSET', KEYS[2], ARGV[5], ARGV[4])
 else
   redis.call('HINCRBY', KEYS[1], 'failed', 1)
 end
@@ -52,10 +52,11 @@ async def transition(redis: Redis, batch_id: str, to: Status, now: int, *from_: 
 
 
 async def feed(
-    redis: Redis, batch_id: str, line_no: int, next_line: int, next_offset: int, running: str
+    redis: Redis, batch_id: str, cursor: int, line_no: int, next_line: int, next_offset: int, running: str
 ) -> bool:
-    """running: the line's jobs (JSON); "" for a bad line, counted failed instead."""
-    args = (line_no, next_line, next_offset, running)
+    """Line `line_no`, read from the cursor at line `cursor` (blank lines may lie between): its
+    jobs (`running`, JSON) recorded, or "" for a bad line, counted failed instead."""
+    args = (cursor, next_line, next_offset, running, line_no)
     moved: Any = await redis.eval(_FEED, 2, keys.batch_record(batch_id), keys.batch_running(batch_id), *args)
     return bool(moved)
 

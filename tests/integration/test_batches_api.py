@@ -45,7 +45,9 @@ def test_batch_lines_equal_hf_and_bad_lines_go_to_the_error_file(
 ) -> None:
     c = client(api)
     prompts = _prompts(6, seed=1)
-    lines: list[dict[str, Any] | str] = [completion_line(f"req-{i}", p, 6) for i, p in enumerate(prompts)]
+    lines: list[dict[str, Any] | str] = ["", ""]  # blank lines: numbered, never fed
+    lines += [completion_line(f"req-{i}", p, 6) for i, p in enumerate(prompts)]
+    lines.insert(5, "")
     lines.append(completion_line("fan", prompts[0], 4, n=2))  # two jobs, one answer
     lines.append("{not json")
     lines.append(completion_line("other-model", prompts[1], 4, model="nope"))
