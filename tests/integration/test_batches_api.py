@@ -21,12 +21,14 @@ Reference = Callable[[list[int], int], list[int]]
 
 
 @pytest.fixture(scope="module")
+def where(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("batch-api")
+
+
+@pytest.fixture(scope="module")
 def api(
-    redis_server: RedisServer,
-    two_workers: tuple[WorkerProcess, WorkerProcess],
-    tmp_path_factory: pytest.TempPathFactory,
+    redis_server: RedisServer, two_workers: tuple[WorkerProcess, WorkerProcess], where: Path
 ) -> Iterator[str]:
-    where = tmp_path_factory.mktemp("batch-api")
     yield from batch_api(redis_server.url, where / "files", where / "api.log")
 
 
@@ -171,26 +173,31 @@ def _small(c: Any) -> str:
 
 
 def test_expiry_ends_the_batch_expired_with_its_finished_part(
-    tmp_path: Path, worker_factory: Callable[..., WorkerProcess]
+    redis_server: RedisServer, api: str, where: Path
 ) -> None:
-    """Its own Redis and api (batch_expiry_s=4), and no worker: nothing runs; the bad line was
-    answered (the error file), the rest expire."""
-    with RedisServer(tmp_path / "redis") as server:
-        url = next(api := batch_api(server.url, tmp_path / "files", tmp_path / "api.log", batch_expiry_s="4"))
-        try:
-            c = client(url)
-            lines: list[dict[str, Any] | str] = [completion_line(f"e-{i}", [3, 4, 5], 4) for i in range(5)]
-            lines.append(completion_line("bad", [3], 4, temperature=-1))
-            batch = c.batches.create(
-                input_file_id=upload(c, lines), endpoint="/v1/completions", completion_window="24h"
-            )
-            assert batch.expires_at is not None and batch.expires_at - batch.created_at == 4
-            done = wait_ended(c, batch.id, timeout_s=30)
-            assert done.status == "expired" and done.expired_at and done.output_file_id is None
-            errors = {e["custom_id"]: e for e in read_lines(c, done.error_file_id)}
-            assert set(errors) == {f"e-{i}" for i in range(5)} | {"bad"}
-            assert errors["bad"]["response"]["status_code"] == 400
-            assert all(errors[f"e-{i}"]["error"]["code"] == "batch_expired" for i in range(5))
-            assert errors["e-0"]["response"] is None
-        finally:
-            api.close()
+    """A second api whose batches expire after 3 s (the runner reads the deadline from the
+    record, whichever api runs it): the short line finished and is in the output file, the long
+    ones expire into the error file, every custom_id once across the two."""
+    # a second replica: the same Redis and the same file store
+    expiring = batch_api(redis_server.url, where / "files", where / "api2.log", batch_expiry_s="3")
+    url = next(expiring)
+    try:
+        c = client(url)
+        lines: list[dict[str, Any] | str] = [completion_line("short", [3, 4, 5], 2)]
+        lines += [completion_line(f"long-{i}", [6, 7, i + 8], 900) for i in range(80)]
+        batch = c.batches.create(
+            input_file_id=upload(c, lines), endpoint="/v1/completions", completion_window="24h"
+        )
+        assert batch.expires_at is not None and batch.expires_at - batch.created_at == 3
+        done = wait_ended(c, batch.id, timeout_s=30)
+        assert done.status == "expired" and done.expired_at, done
+        out = {line["custom_id"]: line for line in read_lines(c, done.output_file_id)}
+        errors = {line["custom_id"]: line for line in read_lines(c, done.error_file_id)}
+        assert "short" in out and not set(out) & set(errors)
+        assert set(out) | set(errors) == {"short"} | {f"long-{i}" for i in range(80)}
+        expired = [e for e in errors.values() if e["error"] and e["error"]["code"] == "batch_expired"]
+        assert len(expired) == len(errors) > 0 and all(e["response"] is None for e in expired)
+        assert done.request_counts is not None
+        assert (done.request_counts.completed, done.request_counts.failed) == (len(out), len(errors))
+    finally:
+        expiring.close()
