@@ -82,6 +82,7 @@ class BatchRunner:
         redis = self.ctx.jobs.redis
         batches = [b for b in [await records.load(redis, i) for i in await records.active(redis)] if b]
         self.metrics.count(Counter(b.status for b in batches))
+        self._cancelled &= {b.id for b in batches}  # ended batches are forgotten
         feedable: list[BatchRecord] = []
         for rec in batches:
             try:  # one batch's trouble never holds the others up

@@ -101,6 +101,7 @@ def test_batch_lines_equal_hf_and_bad_lines_go_to_the_error_file(
     scraped = httpx.get(f"{api}/metrics", timeout=10).text
     assert 'kvferry_batch_lines_total{outcome="completed",tenant="alice"}' in scraped
     assert 'kvferry_batch_lines_total{outcome="failed",tenant="alice"}' in scraped
+    assert 'kvferry_batches{status="in_progress"}' in scraped
 
 
 def test_another_tenants_batch_is_not_found(api: str) -> None:
