@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
+from api.batches.runner import BatchRunner
 from api.config import ApiConfig
 from api.context import ApiContext
 from api.dispatch.dispatcher import Dispatcher
@@ -16,7 +19,7 @@ from api.files.store import DirStore
 from api.jobs.admission import Admission
 from api.jobs.client import JobClient
 from api.metrics import ApiMetrics, RequestCounter
-from api.routes import files, jobs, openai, ops, sessions, tokenize
+from api.routes import batches, files, jobs, openai, ops, sessions, tokenize
 from api.schema import openapi_doc
 from api.tenants import KeyRing
 from api.tier_metrics import TierReader
@@ -51,8 +54,14 @@ def create_app(config: ApiConfig, tokenizer: Tokenizer | None = None) -> FastAPI
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         dispatcher.start()  # one api of all replicas releases parked jobs (api/dispatch/)
+        runner = BatchRunner(ctx)  # runs batches while this api holds the runner's lease
+        task = asyncio.create_task(runner.run())
         yield
         await dispatcher.stop()
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await runner.release()
         await ctx.jobs.close()
 
     app = FastAPI(title="kvferry", version="0.1.0", lifespan=lifespan)
@@ -62,6 +71,7 @@ def create_app(config: ApiConfig, tokenizer: Tokenizer | None = None) -> FastAPI
     app.add_middleware(RequestCounter, metrics=ctx.metrics)
     app.include_router(openai.router)
     app.include_router(jobs.router)
+    app.include_router(batches.router)
     app.include_router(ops.router)
     app.include_router(sessions.router)
     app.include_router(tokenize.router)

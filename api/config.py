@@ -31,6 +31,7 @@ class ApiConfig:
     tenant_max_jobs: int = DEFAULTS.tenant_max_jobs  # unfinished jobs per tenant (over it: 429); 0 = no cap
     dispatch_headroom: int = DEFAULTS.dispatch_headroom  # per worker: the window is the rest (api/dispatch/)
     fair_quota: int = DEFAULTS.fair_quota  # released jobs per unit of weight a tenant always gets
+    batch_expiry_s: int = DEFAULTS.batch_expiry_s  # a batch unfinished this long after creation expires
     # A chat's max_tokens when it names none. None (the default): the worker decides, with its
     # Settings.default_max_tokens capped by the room the context leaves.
     default_max_tokens: int | None = None

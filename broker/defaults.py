@@ -118,6 +118,7 @@ class SettingsFields(BaseModel):
     tenant_max_jobs: int = 0  # unfinished jobs one tenant may have at once (over it: 429); 0 = no cap
     dispatch_headroom: int = 4  # seats per worker kept from parked and batch work (api/dispatch/)
     fair_quota: int = 4  # released jobs per unit of weight a tenant may always have (api/dispatch/)
+    batch_expiry_s: int = 86400  # a batch unfinished this long after creation expires (OpenAI: "24h")
     routing: Routing = "cache-aware"  # "round-robin" and "shared" are the benchmark's baselines
     prefetch_hints: bool = True  # a session routed to a new worker: it loads the blocks while queued
     tool_call_parser: ToolCallParser = "hermes"  # the served model's tool-call format (as vLLM's flag)

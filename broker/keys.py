@@ -204,3 +204,23 @@ def job_parked(job_id: str) -> str:
     delivery tag and queue, tenant, deadline, TTL). A parked job has its metadata and message copy
     but no pending entry, so the lost-message sweep never resends it until it is released."""
     return f"{PREFIX}:job:{job_id}:parked"
+
+
+def batch_record(batch_id: str) -> str:
+    """Hash: a batch's record (api/batches/records.py): its OpenAI fields, tenant, counts and the
+    runner's cursor into its input file."""
+    return f"{PREFIX}:batch:{batch_id}"
+
+
+def tenant_batches(tenant: str) -> str:
+    """ZSET batch id -> created_at: a tenant's batches, for GET /v1/batches."""
+    return f"{PREFIX}:batches:{tenant}"
+
+
+def batch_running(batch_id: str) -> str:
+    """Hash line number -> the line's fed jobs (JSON): a batch's lines fed and not yet written."""
+    return f"{PREFIX}:batch:{batch_id}:running"
+
+
+BATCHES_ACTIVE = f"{PREFIX}:batches:active"  # ZSET batch id -> created_at: not yet ended
+BATCH_RUNNER_LEASE = f"{PREFIX}:batches:runner:lease"  # the api that runs every batch (a Lock)

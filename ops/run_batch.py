@@ -1,4 +1,5 @@
-"""Offline batch runner: OpenAI Batch JSONL in, JSONL out, every line batched by one engine."""
+"""Offline batch runner: OpenAI Batch JSONL in, JSONL out, every line batched by one engine. Its
+lines are parsed as the online batch runner parses them (api/batches/lines.py)."""
 
 from __future__ import annotations
 
@@ -8,11 +9,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from api.schema import json_guard
-from api.schema.openai import CompletionRequest, parse_request
+from api.batches import lines as batch_lines
+from api.batches.lines import BatchLine
+from api.schema.openai import CompletionRequest
 from api.schema.responses import Choice, best_of, response_body
 from api.schema.usage import fan_in_usage
-from broker.errors import InvalidRequestError, PromptTooLongError, UnknownModelError
+from broker.errors import InvalidRequestError, PromptTooLongError
 from broker.messages import Usage
 from workers.engine.llm_engine import LLMEngine
 from workers.engine.requests.logprob import Logprob
@@ -21,48 +23,8 @@ from workers.jobs.logprob_text import LogprobText
 from workers.jobs.prompt import prompt_token_ids
 
 
-@dataclass(frozen=True, slots=True)
-class BatchLine:
-    line_no: int
-    custom_id: str | None
-    request: CompletionRequest | None = None
-    error_code: str | None = None
-    error_message: str | None = None
-
-
 def parse_line(line_no: int, text: str, served_model: str) -> BatchLine:
-    try:
-        record = json_guard.loads(text)  # bounded depth, no NaN, no lone surrogates
-    except InvalidRequestError as exc:
-        return BatchLine(
-            line_no, None, error_code="invalid_json", error_message=f"line {line_no}: {exc.message}"
-        )
-    if not isinstance(record, dict):
-        return BatchLine(
-            line_no, None, error_code="invalid_request", error_message=f"line {line_no}: not an object"
-        )
-    custom_id = record.get("custom_id")
-    if not isinstance(custom_id, str) or not custom_id:
-        return BatchLine(
-            line_no,
-            None,
-            error_code="invalid_request",
-            error_message=f"line {line_no}: 'custom_id' (a non-empty string) is required",
-        )
-    if record.get("method", "POST") != "POST":
-        return BatchLine(
-            line_no, custom_id, error_code="invalid_request", error_message="'method' must be POST"
-        )
-    try:
-        request = parse_request(str(record.get("url")), record.get("body"))
-        if request.model != served_model:
-            raise UnknownModelError(f"model {request.model!r} is not served here (serving {served_model!r})")
-    except UnknownModelError as exc:
-        return BatchLine(line_no, custom_id, error_code="model_not_found", error_message=exc.message)
-    except InvalidRequestError as exc:
-        code = exc.code or "invalid_request"  # its own when it has one: unsupported_parameter
-        return BatchLine(line_no, custom_id, error_code=code, error_message=exc.message)
-    return BatchLine(line_no, custom_id, request)
+    return batch_lines.parse_line(line_no, text, batch_lines.served_parse(served_model))
 
 
 def _error_record(line: BatchLine) -> dict[str, Any]:

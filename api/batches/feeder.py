@@ -1,0 +1,158 @@
+"""Feeding a batch's lines as jobs. A line is validated as the online endpoints validate a body
+(intake.parse); a bad one goes to the batch's error part and counts failed. A good one becomes a
+job per prompt and choice, as online (job_class "batch", its batch's id and tenant, no tenant
+cap: a batch waits for free slots instead), routed cache-aware like any job (api/router.py).
+
+Its jobs are recorded as running (state.feed: with the cursor, atomically) BEFORE they are sent,
+with ids derived from the batch, line and choice: a runner that dies in between leaves a running
+line whose jobs are missing, and `send_missing` sends them (the same ids) on the next pass."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+from api import intake
+from api.batches import state
+from api.batches.input import read_from
+from api.batches.lines import BatchLine, error_line, line_id, parse_line
+from api.batches.parts import Parts
+from api.batches.records import BatchRecord
+from api.context import ApiContext
+from api.jobs.meta import JobMeta
+from api.router import Route, choose_queue, together
+from api.schema.openai import CompletionRequest
+from api.schema.responses import error_body
+from broker import keys
+from broker.errors import InvalidRequestError
+
+_JOB_IDS = uuid.UUID("5f0c2f9e-3a53-4c1b-8f0e-2b7d0c6a9e41")  # namespace of batch line job ids
+
+
+@dataclass(frozen=True, slots=True)
+class Running:
+    """A fed line: where it is in the input file and its jobs (prompt-major, choices in order)."""
+
+    offset: int
+    jobs: list[str]
+    fed_at: float
+
+    def to_json(self) -> str:
+        return json.dumps({"offset": self.offset, "jobs": self.jobs, "fed_at": self.fed_at})
+
+    @classmethod
+    def from_json(cls, text: str) -> Running:
+        raw = json.loads(text)
+        return cls(int(raw["offset"]), list(raw["jobs"]), float(raw["fed_at"]))
+
+
+def job_ids(batch_id: str, line_no: int, request: CompletionRequest) -> list[str]:
+    groups = request.split() if request.fans_out else [[request]]
+    return [
+        str(uuid.uuid5(_JOB_IDS, f"{batch_id}:{line_no}:{g}:{c}"))
+        for g, group in enumerate(groups)
+        for c in range(len(group))
+    ]
+
+
+def parse(ctx: ApiContext, rec: BatchRecord, line_no: int, text: bytes) -> BatchLine:
+    def online(url: str, body: Any) -> CompletionRequest:
+        request = intake.parse(ctx, url, body, None)
+        if request.session_id is not None:  # a batch's lines run in any order, at once
+            raise InvalidRequestError("a batch line cannot continue a session", "session_id")
+        return request
+
+    return parse_line(line_no, text, online, rec.endpoint)
+
+
+async def feed(ctx: ApiContext, rec: BatchRecord, parts: Parts, count: int) -> int:
+    """Feed up to `count` lines from the batch's cursor; the lines fed (bad ones included)."""
+    store = ctx.files
+    chunk = await asyncio.to_thread(
+        read_from, store, rec.input_file_id, rec.cursor_offset, rec.cursor_line, count
+    )
+    redis = ctx.jobs.redis
+    fed, cursor = 0, rec.cursor_line
+    for i, (line_no, offset, text) in enumerate(chunk.lines):
+        if i + 1 < len(chunk.lines):
+            next_line, next_offset = chunk.lines[i + 1][0], chunk.lines[i + 1][1]
+        else:
+            next_line, next_offset = chunk.next_line, chunk.next_offset
+        line = parse(ctx, rec, line_no, text)
+        if line.request is None:
+            body = error_body(line.error_message or "invalid request", code=line.error_code)
+            record = error_line(line_id(rec.id, line_no), line.custom_id, line.status_code, body)
+            await parts.errors(rec.id, [record])  # written first: a crash now writes it again
+            if not await state.feed(redis, rec.id, cursor, line_no, next_line, next_offset, ""):
+                return fed  # another runner moved the cursor
+            parts.metrics.lines.labels(rec.tenant, "failed").inc()
+        else:
+            running = Running(offset, job_ids(rec.id, line_no, line.request), time.time())
+            if not await state.feed(
+                redis, rec.id, cursor, line_no, next_line, next_offset, running.to_json()
+            ):
+                return fed
+            await send_missing(ctx, rec, line.request, running)
+        cursor = rec.cursor_line = next_line
+        rec.cursor_offset = next_offset
+        fed += 1
+    if chunk.at_end:
+        rec.fed_all = True
+        await state.update(redis, rec.id, fed_all=1)
+    return fed
+
+
+async def send_missing(
+    ctx: ApiContext, rec: BatchRecord, request: CompletionRequest, running: Running
+) -> None:
+    """Send those of the line's jobs that were never sent (no metadata in Redis)."""
+    redis = ctx.jobs.redis
+    pipe = redis.pipeline(transaction=False)
+    for job_id in running.jobs:
+        pipe.exists(keys.job_meta(job_id))
+    sent = await pipe.execute()
+    if all(sent):
+        return
+    groups = request.split() if request.fans_out else [[request]]
+    config = ctx.config
+    route: Route | None = None
+    if len(running.jobs) > 1 and config.routing != "shared":  # a line's jobs on one worker
+        first = await _route(ctx, groups[0][0].to_job(rec.tenant))
+        route = await together(redis, first, config.route_max_waiting, ctx.jobs.fleet)
+    requests = [r for group in groups for r in group]
+    for job_id, request_i, was_sent in zip(running.jobs, requests, sent, strict=True):
+        if was_sent:
+            continue
+        job = msgspec.structs.replace(request_i.to_job(rec.tenant), job_class="batch", batch_id=rec.id)
+        chosen = route or await _route(ctx, job)
+        meta = JobMeta(
+            job_id=job_id,
+            endpoint=request_i.endpoint,
+            model=request_i.model,
+            queue=chosen.queue,
+            reason=chosen.reason,
+            created=job.submitted_at or time.time(),
+            tenant=rec.tenant,
+            params=request_i.params,
+            echo=request_i.echo,
+            tool_parser=request_i.tool_calling.parser if request_i.tool_calling else "",
+        )
+        await ctx.jobs.submit(meta, job)
+
+
+async def _route(ctx: ApiContext, job: Any) -> Route:
+    config = ctx.config
+    return await choose_queue(
+        ctx.jobs.redis,
+        job,
+        config.routing,
+        config.route_max_waiting,
+        prefetch_hints=config.prefetch_hints,
+        cache=ctx.jobs.fleet,
+    )

@@ -1,0 +1,173 @@
+"""The batch runner: one api replica at a time (a Redis lease, as the workers' sweeper lease)
+runs every batch, in passes: validate a new batch (validating -> in_progress, or failed), collect
+finished lines, end batches (completed, cancelled, expired), then feed lines while the fleet has
+free slots (fair between tenants by weight, the oldest batch of a tenant first).
+
+Everything it knows is in Redis (records, cursors, running lines) and the file store (parts), so
+another replica that takes the lease over, or this one restarted, resumes where it stopped."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+import uuid
+from collections import Counter
+
+from redis.exceptions import LockError, RedisError
+
+from api.batches import records, state
+from api.batches.collector import Collector
+from api.batches.fair import shares
+from api.batches.feeder import Running, feed
+from api.batches.finalize import finalize
+from api.batches.input import validate
+from api.batches.metrics import BatchMetrics
+from api.batches.parts import Parts
+from api.batches.records import BatchRecord
+from api.context import ApiContext
+from api.dispatch.capacity import free_slots
+from broker import keys
+
+log = logging.getLogger(__name__)
+PASS_S = 0.25  # between passes
+LEASE_TTL_S = 5.0  # a runner that dies is replaced within this
+CANCEL_GRACE_S = 3.0  # a cancelled batch's running lines may still finish this long
+
+
+class BatchRunner:
+    def __init__(self, ctx: ApiContext) -> None:
+        self.ctx = ctx
+        self.metrics = BatchMetrics(ctx.metrics.registry)
+        self.parts = Parts(ctx.files, self.metrics)
+        self.collector = Collector(ctx, self.parts)
+        self._lock = ctx.jobs.redis.lock(
+            keys.BATCH_RUNNER_LEASE, timeout=LEASE_TTL_S, blocking=False, thread_local=False
+        )
+        self.held = False
+        self._cancelled: set[str] = set()  # batches whose running jobs were cancelled
+
+    async def run(self) -> None:
+        while True:
+            try:
+                if await self._hold():
+                    await self.run_pass()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # Redis down, a broker hiccup: the next pass tries again
+                log.warning("batch runner pass failed: %s: %s", type(exc).__name__, exc)
+            await asyncio.sleep(PASS_S)
+
+    async def _hold(self) -> bool:
+        if self.held:
+            try:
+                await self._lock.reacquire()
+                return True
+            except LockError:
+                self.held = False
+                log.warning("lost the batch runner lease")
+        self.held = bool(await self._lock.acquire(blocking=False, token=uuid.uuid4().hex))
+        if self.held:
+            log.info("this api runs the batches now")
+        return self.held
+
+    async def release(self) -> None:
+        if self.held:
+            self.held = False
+            with contextlib.suppress(LockError, RedisError):
+                await self._lock.release()
+
+    async def run_pass(self) -> None:
+        redis = self.ctx.jobs.redis
+        batches = [b for b in [await records.load(redis, i) for i in await records.active(redis)] if b]
+        self.metrics.count(Counter(b.status for b in batches))
+        self._cancelled &= {b.id for b in batches}  # ended batches are forgotten
+        feedable: list[BatchRecord] = []
+        for rec in batches:
+            try:  # one batch's trouble never holds the others up
+                if await self._step(rec, int(time.time())):
+                    feedable.append(rec)
+            except FileNotFoundError:  # its input file was deleted under it
+                await self._fail(rec, "file_not_found", "the input file was deleted", int(time.time()))
+            except RedisError:
+                raise
+            except Exception as exc:
+                log.warning("batch %s: %s: %s", rec.id, type(exc).__name__, exc)
+        await self._feed(feedable)
+
+    async def _step(self, rec: BatchRecord, now: int) -> bool:
+        """One pass over one batch; True when it has lines to feed."""
+        redis = self.ctx.jobs.redis
+        if rec.status in ("validating", "in_progress") and now >= rec.expires_at:
+            await self.collector.collect(rec)  # what finished is written, the rest expires
+            await self._cancel_running(rec)
+            await finalize(self.ctx, rec, "expired", "validating", "in_progress")
+        elif rec.status == "validating":
+            await self._validate(rec, now)
+        elif rec.status == "in_progress":
+            await self.collector.collect(rec)
+            if not rec.fed_all:
+                return True
+            idle = not await redis.hlen(keys.batch_running(rec.id))
+            if idle and await state.transition(redis, rec.id, "finalizing", now, "in_progress"):
+                await finalize(self.ctx, rec, "completed", "finalizing")
+        elif rec.status == "finalizing":  # a runner died finalizing it
+            await finalize(self.ctx, rec, "completed", "finalizing")
+        elif rec.status == "cancelling":
+            await self._cancel_running(rec)
+            await self.collector.collect(rec)
+            left = await redis.hlen(keys.batch_running(rec.id))
+            if not left or now - rec.cancelling_at >= CANCEL_GRACE_S:
+                await finalize(self.ctx, rec, "cancelled", "cancelling")
+        elif rec.ended:  # ended, but still listed (a crash between the two writes)
+            await state.ended(redis, rec.id)
+        return False
+
+    async def _fail(self, rec: BatchRecord, code: str, message: str, now: int) -> None:
+        redis = self.ctx.jobs.redis
+        error = {"code": code, "message": message, "param": "input_file_id", "line": None}
+        await self._cancel_running(rec)
+        await state.update(redis, rec.id, errors=json.dumps([error]))
+        if await state.transition(redis, rec.id, "failed", now, "validating", "in_progress", "cancelling"):
+            await state.ended(redis, rec.id)
+
+    async def _validate(self, rec: BatchRecord, now: int) -> None:
+        redis = self.ctx.jobs.redis
+        total, errors = await asyncio.to_thread(validate, self.ctx.files, rec.input_file_id)
+        if errors:
+            await state.update(redis, rec.id, errors=json.dumps(errors), total=total)
+            if await state.transition(redis, rec.id, "failed", now, "validating"):
+                await state.ended(redis, rec.id)
+            return
+        await state.update(redis, rec.id, total=total)
+        await state.transition(redis, rec.id, "in_progress", now, "validating")
+
+    async def _cancel_running(self, rec: BatchRecord) -> None:
+        if rec.id in self._cancelled:
+            return
+        for text in (await state.running(self.ctx.jobs.redis, rec.id)).values():
+            for job_id in Running.from_json(text).jobs:
+                await self.ctx.jobs.cancel(job_id)
+        self._cancelled.add(rec.id)
+
+    async def _feed(self, feedable: list[BatchRecord]) -> None:
+        """Free slots shared by tenant weight (the tenant with the fewest running lines per unit of
+        weight next), a tenant's share to its oldest batch first."""
+        if not feedable:
+            return
+        redis = self.ctx.jobs.redis
+        pipe = redis.pipeline(transaction=False)
+        for rec in feedable:
+            pipe.hlen(keys.batch_running(rec.id))
+        running = dict(zip((r.id for r in feedable), await pipe.execute(), strict=True))
+        slots = await free_slots(self.ctx)
+        load: dict[str, int] = {}
+        for rec in feedable:
+            load[rec.tenant] = load.get(rec.tenant, 0) + running[rec.id]
+        weights = {t: self.ctx.keys.weight(t) for t in load}
+        share = shares(load, weights, slots)
+        for rec in feedable:  # oldest first (the active list is by created_at)
+            if share[rec.tenant] > 0:
+                share[rec.tenant] -= await feed(self.ctx, rec, self.parts, share[rec.tenant])

@@ -1,0 +1,118 @@
+"""The OpenAI Batch API: create a batch over an uploaded JSONL file, read it, list them, cancel
+it. The batch runner (api/batches/runner.py) does the work; these routes only read and write the
+batch's record. A batch belongs to its tenant: another tenant's id names nothing here (404)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Literal
+
+from fastapi import APIRouter, Query
+from pydantic import BaseModel, ConfigDict, Field
+
+from api.auth import Tenant
+from api.batches import records, state
+from api.batches.records import BatchRecord
+from api.context import Ctx
+from api.errors import ApiError
+from api.files import records as file_records
+
+router = APIRouter(prefix="/v1/batches")
+ENDPOINTS = ("/v1/chat/completions", "/v1/completions")
+MAX_METADATA = 16  # OpenAI's limits: 16 pairs, keys up to 64 characters, values up to 512
+
+
+class CreateBatch(BaseModel):
+    model_config = ConfigDict(extra="allow")  # output_expires_after and the like: accepted, unused
+
+    input_file_id: str = Field(min_length=1, max_length=200)
+    endpoint: str
+    completion_window: str
+    metadata: dict[str, str] | None = None
+
+
+def _not_found(batch_id: str) -> ApiError:
+    return ApiError(
+        404, f"No batch found with id '{batch_id}'.", "not_found_error", "batch_id", "batch_not_found"
+    )
+
+
+@router.post("")
+async def create_batch(body: CreateBatch, ctx: Ctx, tenant: Tenant) -> dict[str, Any]:
+    if body.endpoint not in ENDPOINTS:
+        raise ApiError(
+            400, f"endpoint must be one of {list(ENDPOINTS)}, got {body.endpoint!r}", param="endpoint"
+        )
+    if body.completion_window != "24h":
+        message = f"completion_window must be '24h', got {body.completion_window!r}"
+        raise ApiError(400, message, param="completion_window")
+    metadata = body.metadata
+    if metadata is not None and (
+        len(metadata) > MAX_METADATA or any(len(k) > 64 or len(v) > 512 for k, v in metadata.items())
+    ):
+        raise ApiError(
+            400, "metadata: at most 16 pairs, keys up to 64 and values up to 512 characters", param="metadata"
+        )
+    redis = ctx.jobs.redis
+    found = await file_records.get(redis, tenant, body.input_file_id)
+    if found is None:
+        raise ApiError(404, f"No such File object: {body.input_file_id}", "not_found_error", "input_file_id")
+    if found.purpose != "batch":
+        message = (
+            f"file {body.input_file_id} has purpose {found.purpose!r}; a batch's input needs purpose 'batch'"
+        )
+        raise ApiError(400, message, param="input_file_id")
+    now = int(time.time())
+    expiry_s = int(getattr(ctx.config, "batch_expiry_s", 86400))
+    rec = BatchRecord(
+        id=records.new_batch_id(),
+        tenant=tenant,
+        endpoint=body.endpoint,
+        input_file_id=body.input_file_id,
+        created_at=now,
+        expires_at=now + expiry_s,
+        metadata=metadata,
+    )
+    await records.create(redis, rec)
+    return rec.to_openai()
+
+
+@router.get("/{batch_id}")
+async def get_batch(batch_id: str, ctx: Ctx, tenant: Tenant) -> dict[str, Any]:
+    rec = await records.get(ctx.jobs.redis, tenant, batch_id)
+    if rec is None:
+        raise _not_found(batch_id)
+    return rec.to_openai()
+
+
+@router.get("")
+async def list_batches(
+    ctx: Ctx, tenant: Tenant, after: str | None = None, limit: int = Query(20, ge=1, le=100)
+) -> dict[str, Any]:
+    found, more = await records.list_batches(ctx.jobs.redis, tenant, after, limit)
+    data = [r.to_openai() for r in found]
+    return {
+        "object": "list",
+        "data": data,
+        "first_id": data[0]["id"] if data else None,
+        "last_id": data[-1]["id"] if data else None,
+        "has_more": more,
+    }
+
+
+@router.post("/{batch_id}/cancel")
+async def cancel_batch(batch_id: str, ctx: Ctx, tenant: Tenant) -> dict[str, Any]:
+    """The runner stops feeding it, cancels its running lines and writes what finished."""
+    redis = ctx.jobs.redis
+    rec = await records.get(redis, tenant, batch_id)
+    if rec is None:
+        raise _not_found(batch_id)
+    cancellable: tuple[Literal["validating", "in_progress"], ...] = ("validating", "in_progress")
+    if not await state.transition(redis, batch_id, "cancelling", int(time.time()), *cancellable):
+        rec = await records.get(redis, tenant, batch_id)
+        assert rec is not None
+        if rec.status not in ("cancelling", "cancelled"):
+            raise ApiError(409, f"Cannot cancel a batch with status '{rec.status}'.", param="batch_id")
+    rec = await records.get(redis, tenant, batch_id)
+    assert rec is not None
+    return rec.to_openai()
