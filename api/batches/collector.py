@@ -22,7 +22,7 @@ from api.batches.parts import Parts
 from api.batches.records import BatchRecord
 from api.context import ApiContext
 from api.jobs.view import failed_body
-from api.jobs.wait import _settled_silently
+from api.jobs.wait import settled_silently
 from api.schema.responses import Choice, best_of, error_body, response_body
 from api.schema.usage import fan_in_usage
 from broker import keys
@@ -85,7 +85,7 @@ class Collector:
             event = (
                 decode_event(got[0][1][EVENT_FIELD])
                 if got
-                else await _settled_silently(self.ctx.jobs, job_id, end, "0-0")
+                else await settled_silently(self.ctx.jobs, job_id, end, "0-0")
             )
             if event is None:
                 return None

@@ -67,7 +67,7 @@ async def follow(
             next_poll = now + jobs.state_poll_s  # its worker is busy with it; no need to ask
         elif now >= next_poll:
             next_poll = now + jobs.state_poll_s
-            settled = await _settled_silently(jobs, job_id, stream, last)
+            settled = await settled_silently(jobs, job_id, stream, last)
             if settled is not None:
                 yield settled
                 return
@@ -93,7 +93,7 @@ async def wait_final(
         now = loop.time()
         if now >= next_poll:  # a job that ended without a final event (revoked, its worker killed)
             next_poll = now + jobs.state_poll_s
-            settled = await _settled_silently(jobs, job_id, end, "0-0")
+            settled = await settled_silently(jobs, job_id, end, "0-0")
             if settled is not None:
                 return settled
 
@@ -117,7 +117,7 @@ async def _read(
     return list(reply or [])
 
 
-async def _settled_silently(jobs: JobSource, job_id: str, stream: str, last: str) -> StreamEvent | None:
+async def settled_silently(jobs: JobSource, job_id: str, stream: str, last: str) -> StreamEvent | None:
     """The job's outcome if Celery says it ended and `stream` holds nothing more to read; None
     otherwise, or when Redis or the broker cannot say now (asked again at the next poll)."""
     try:
