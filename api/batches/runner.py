@@ -52,7 +52,9 @@ class BatchRunner:
     async def run(self) -> None:
         while True:
             try:
-                if await self._hold():
+                if not await records.active(self.ctx.jobs.redis):
+                    await self.release()  # no batch to run: no lease held, nothing written
+                elif await self._hold():
                     await self.run_pass()
             except asyncio.CancelledError:
                 raise

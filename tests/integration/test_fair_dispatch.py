@@ -96,12 +96,28 @@ class Api:
             self.process.wait(10)
 
 
+@pytest.fixture(scope="module")
+def own_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    """A queue Redis of this module's own: the session's workers (tests/integration/conftest.py
+    `two_workers`) live on the shared one and would take the flood at once, parking nothing."""
+    with RedisServer(tmp_path_factory.mktemp("fair-redis")) as server:
+        yield server
+
+
 @pytest.fixture
-def apis(redis_server: RedisServer, tmp_path: Path) -> Iterator[Callable[[], Api]]:
+def redis_client(own_redis: RedisServer) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(own_redis.url)
+    client.flushall()
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def apis(own_redis: RedisServer, tmp_path: Path) -> Iterator[Callable[[], Api]]:
     started: list[Api] = []
 
     def start() -> Api:
-        started.append(Api(redis_server.url, tmp_path / f"api-{len(started)}.log"))
+        started.append(Api(own_redis.url, tmp_path / f"api-{len(started)}.log"))
         return started[-1]
 
     yield start
@@ -111,15 +127,15 @@ def apis(redis_server: RedisServer, tmp_path: Path) -> Iterator[Callable[[], Api
 
 @pytest.fixture
 def fair_worker(
-    worker_factory: Callable[..., WorkerProcess], redis_client: redis.Redis
+    worker_factory: Callable[..., WorkerProcess], own_redis: RedisServer, redis_client: redis.Redis
 ) -> Iterator[WorkerProcess]:
-    redis_client.delete(keys.INFLIGHT, keys.PARKED)  # nothing left by earlier tests holds a seat
     # prefill steps half a second slower: the flood is still parked when the test looks
-    yield worker_factory("fair", "--concurrency", "4", "--debug-slow-step-s", "0.5")
+    args = ("--concurrency", "4", "--debug-slow-step-s", "0.5")
+    yield worker_factory("fair", *args, redis_url=own_redis.url)
 
 
 def window(client: redis.Redis) -> int:
-    """The fleet's window as the api computes it (other tests' workers may be live too)."""
+    """The fleet's window as the api computes it."""
     return sum(max(0, w.concurrency - HEADROOM) for w in live_workers(client) if w.concurrency > 0)
 
 
