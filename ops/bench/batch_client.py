@@ -15,6 +15,7 @@ from tqdm import tqdm
 SYSTEM = "You are the batch benchmark's assistant. Answer in one short paragraph."
 TERMINAL = {"completed", "failed", "expired", "cancelled"}
 ENDPOINT = "/v1/chat/completions"
+VLLM_FIELDS = ("ignore_eos",)  # fields the openai client has no argument for
 
 
 def chat_body(model: str, text: str, max_tokens: int) -> dict[str, Any]:
@@ -26,6 +27,12 @@ def chat_body(model: str, text: str, max_tokens: int) -> dict[str, Any]:
         "temperature": 0.0,
         "ignore_eos": True,
     }
+
+
+def client_kwargs(body: dict[str, Any]) -> dict[str, Any]:
+    """A body as the openai client's create() takes it: vLLM's own fields go in extra_body."""
+    extra = {k: body[k] for k in VLLM_FIELDS if k in body}
+    return {**{k: v for k, v in body.items() if k not in VLLM_FIELDS}, "extra_body": extra}
 
 
 def question(tag: str, i: int) -> str:

@@ -37,7 +37,7 @@ async def _online(
         nonlocal tokens
         while todo:
             body = todo.pop()
-            reply = await client.chat.completions.create(**body)
+            reply = await client.chat.completions.create(**bc.client_kwargs(body))
             tokens += reply.usage.completion_tokens if reply.usage else 0
             bar.update(1)
 
@@ -91,7 +91,7 @@ async def _ttfts(base_url: str, key: str, model: str, tag: str, probes: int, gap
         for i in tqdm(range(probes), desc=f"interactive TTFT ({tag})", unit="req", leave=False):
             body = bc.chat_body(model, bc.question(tag, i), 8)
             started = time.perf_counter()
-            stream = await client.chat.completions.create(**body, stream=True)
+            stream = await client.chat.completions.create(**bc.client_kwargs(body), stream=True)
             first = None
             async for chunk in stream:
                 if first is None and chunk.choices and chunk.choices[0].delta.content:

@@ -73,7 +73,7 @@ async def _reference(
     async def one() -> None:
         while todo:
             cid, body = todo.pop()
-            reply = await client.chat.completions.create(**body)
+            reply = await client.chat.completions.create(**bc.client_kwargs(body))
             out[cid] = reply.choices[0].message.content or ""
 
     try:
