@@ -25,7 +25,7 @@ from api.jobs.meta import JobMeta
 from api.router import Route, choose_queue, together
 from api.schema import sse
 from api.schema.openai import CompletionRequest
-from api.schema.responses import Choice, best_of, error_body, response_body
+from api.schema.responses import error_body, fanned_body
 from api.schema.usage import fan_in_usage
 from broker.messages import GenerateResult, JobDone, JobFailed, StreamEvent
 
@@ -116,13 +116,7 @@ async def _whole(
     if failed is not None:
         return failed_response(failed)
     results = [e.result for e in finals if isinstance(e, JobDone)]
-    per_prompt, at = [], 0
-    for group in groups:
-        per_prompt.append(results[at : at + len(group)])
-        at += len(group)
-    choices = [c for group in per_prompt for c in best_of(request, [Choice.of(r) for r in group])]
-    usage = fan_in_usage([[r.usage for r in group] for group in per_prompt])
-    body = response_body(request, choices, usage, groups[0][0].response_id)
+    body = fanned_body(request, [len(group) for group in groups], results, groups[0][0].response_id)
     workers = ",".join(dict.fromkeys(r.worker for r in results))
     return JSONResponse(body, headers={WORKER_HEADER: workers})
 

@@ -23,8 +23,7 @@ from api.batches.records import BatchRecord
 from api.context import ApiContext
 from api.jobs.view import failed_body
 from api.jobs.wait import settled_silently
-from api.schema.responses import Choice, best_of, error_body, response_body
-from api.schema.usage import fan_in_usage
+from api.schema.responses import error_body, fanned_body
 from broker import keys
 from broker.codec import decode_event
 from broker.jobs.events import EVENT_FIELD
@@ -139,12 +138,6 @@ def _aborted(event: StreamEvent) -> bool:
 def _body(request: Any, line: Running, events: list[StreamEvent]) -> dict[str, Any]:
     """The online endpoint's body: a choice per prompt and choice (best_of's n best), one usage."""
     results = [e.result for e in events if isinstance(e, JobDone)]
-    groups = request.split() if request.fans_out else [[request]]
-    per_prompt, at = [], 0
-    for group in groups:
-        per_prompt.append(results[at : at + len(group)])
-        at += len(group)
-    choices = [c for group in per_prompt for c in best_of(request, [Choice.of(r) for r in group])]
-    usage = fan_in_usage([[r.usage for r in group] for group in per_prompt])
+    sizes = [len(group) for group in request.split()] if request.fans_out else [1]
     prefix = "chatcmpl" if request.is_chat else "cmpl"
-    return response_body(request, choices, usage, f"{prefix}-{line.jobs[0]}")
+    return fanned_body(request, sizes, results, f"{prefix}-{line.jobs[0]}")

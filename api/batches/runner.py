@@ -9,14 +9,12 @@ another replica that takes the lease over, or this one restarted, resumes where 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import time
-import uuid
 from collections import Counter
 
-from redis.exceptions import LockError, RedisError
+from redis.exceptions import RedisError
 
 from api.batches import records, state
 from api.batches.collector import Collector
@@ -29,6 +27,7 @@ from api.batches.parts import Parts
 from api.batches.records import BatchRecord
 from api.context import ApiContext
 from api.dispatch.capacity import free_slots
+from api.dispatch.lease import DispatchLease, api_name
 from broker import keys
 
 log = logging.getLogger(__name__)
@@ -43,10 +42,9 @@ class BatchRunner:
         self.metrics = BatchMetrics(ctx.metrics.registry)
         self.parts = Parts(ctx.files, self.metrics)
         self.collector = Collector(ctx, self.parts)
-        self._lock = ctx.jobs.redis.lock(
-            keys.BATCH_RUNNER_LEASE, timeout=LEASE_TTL_S, blocking=False, thread_local=False
+        self.lease = DispatchLease(
+            ctx.jobs.redis, api_name(), LEASE_TTL_S, keys.BATCH_RUNNER_LEASE, "the batch runner"
         )
-        self.held = False
         self._cancelled: set[str] = set()  # batches whose running jobs were cancelled
 
     async def run(self) -> None:
@@ -54,7 +52,7 @@ class BatchRunner:
             try:
                 if not await records.active(self.ctx.jobs.redis):
                     await self.release()  # no batch to run: no lease held, nothing written
-                elif await self._hold():
+                elif await self.lease.hold():
                     await self.run_pass()
             except asyncio.CancelledError:
                 raise
@@ -62,24 +60,8 @@ class BatchRunner:
                 log.warning("batch runner pass failed: %s: %s", type(exc).__name__, exc)
             await asyncio.sleep(PASS_S)
 
-    async def _hold(self) -> bool:
-        if self.held:
-            try:
-                await self._lock.reacquire()
-                return True
-            except LockError:
-                self.held = False
-                log.warning("lost the batch runner lease")
-        self.held = bool(await self._lock.acquire(blocking=False, token=uuid.uuid4().hex))
-        if self.held:
-            log.info("this api runs the batches now")
-        return self.held
-
     async def release(self) -> None:
-        if self.held:
-            self.held = False
-            with contextlib.suppress(LockError, RedisError):
-                await self._lock.release()
+        await self.lease.release()
 
     async def run_pass(self) -> None:
         redis = self.ctx.jobs.redis

@@ -15,14 +15,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
-import socket
 import time
 from collections.abc import Callable
 
 from redis.exceptions import RedisError
 
-from api.dispatch.lease import DispatchLease
+from api.dispatch.lease import DispatchLease, api_name
 from api.dispatch.release import Released, ReleaseScript
 from api.jobs.admission import window_of
 from api.jobs.client import JobClient
@@ -36,10 +34,6 @@ LEASE_TTL_S = 5.0
 RENEW_EVERY_S = 1.0
 UNLIMITED = 1 << 30  # the window when none is known
 IDLE = Released(fenced=False, released=0, parked=0)
-
-
-def api_name() -> str:
-    return f"api@{socket.gethostname()}:{os.getpid()}"
 
 
 class Dispatcher:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
+import socket
 import uuid
 
 import redis.asyncio as aioredis
@@ -21,11 +23,26 @@ from broker import keys
 log = logging.getLogger(__name__)
 
 
+def api_name() -> str:
+    """This api process, as a lease's holder names it."""
+    return f"api@{socket.gethostname()}:{os.getpid()}"
+
+
 class DispatchLease:
-    def __init__(self, client: aioredis.Redis, name: str, ttl_s: float) -> None:
+    """key/role: another api-wide duty held the same way (the batch runner's, api/batches/runner.py)."""
+
+    def __init__(
+        self,
+        client: aioredis.Redis,
+        name: str,
+        ttl_s: float,
+        key: str = keys.DISPATCH_LEASE,
+        role: str = "the dispatcher",
+    ) -> None:
         self.name = name
         self.ttl_s = ttl_s
-        self._lock: Lock = client.lock(keys.DISPATCH_LEASE, timeout=ttl_s, blocking=False, thread_local=False)
+        self.role = role
+        self._lock: Lock = client.lock(key, timeout=ttl_s, blocking=False, thread_local=False)
         self.token = ""  # the token while held: the release script's fence
         self.held = False
 
@@ -37,12 +54,12 @@ class DispatchLease:
                 return True
             except LockError:
                 self.held = False
-                log.warning("%s lost the dispatcher lease", self.name)
+                log.warning("%s lost the lease of %s", self.name, self.role)
         token = f"{self.name}|{uuid.uuid4().hex}"
         self.held = bool(await self._lock.acquire(blocking=False, token=token))
         if self.held:
             self.token = token
-            log.info("%s is the dispatcher now", self.name)
+            log.info("%s is %s now", self.name, self.role)
         return self.held
 
     async def release(self) -> None:

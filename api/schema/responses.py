@@ -11,6 +11,7 @@ from typing import Any
 
 from api.schema import logprobs as logprobs_body
 from api.schema.openai import CompletionRequest
+from api.schema.usage import fan_in_usage
 from api.tool_calls.answer import message_body
 from broker.messages import GenerateResult, TokenLogprob, Usage
 
@@ -87,6 +88,20 @@ def response_body(
         "choices": [choice_body(request, i, c) for i, c in enumerate(choices)],
         "usage": usage_body(usage),
     }
+
+
+def fanned_body(
+    request: CompletionRequest, sizes: Sequence[int], results: Sequence[GenerateResult], response_id: str
+) -> dict[str, Any]:
+    """One body from the jobs a request fanned out to (`sizes`: jobs per prompt, in order): each
+    prompt's choices (best_of's n best), one usage over them all."""
+    per_prompt, at = [], 0
+    for size in sizes:
+        per_prompt.append(results[at : at + size])
+        at += size
+    choices = [c for group in per_prompt for c in best_of(request, [Choice.of(r) for r in group])]
+    usage = fan_in_usage([[r.usage for r in group] for group in per_prompt])
+    return response_body(request, choices, usage, response_id)
 
 
 def error_body(
