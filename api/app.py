@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
+from api.background import stop_task
 from api.batches.runner import BatchRunner
 from api.config import ApiConfig
 from api.context import ApiContext
@@ -55,12 +55,10 @@ def create_app(config: ApiConfig, tokenizer: Tokenizer | None = None) -> FastAPI
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         dispatcher.start()  # one api of all replicas releases parked jobs (api/dispatch/)
         runner = BatchRunner(ctx)  # runs batches while this api holds the runner's lease
-        task = asyncio.create_task(runner.run())
+        task = asyncio.create_task(runner.run(), name="kvferry-batch-runner")
         yield
         await dispatcher.stop()
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        await stop_task(task)
         await runner.release()
         await ctx.jobs.close()
 

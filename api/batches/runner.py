@@ -16,6 +16,7 @@ from collections import Counter
 
 from redis.exceptions import RedisError
 
+from api.background import FailureLog
 from api.batches import records, state
 from api.batches.collector import Collector
 from api.batches.fair import shares
@@ -45,6 +46,7 @@ class BatchRunner:
         self.lease = DispatchLease(
             ctx.jobs.redis, api_name(), LEASE_TTL_S, keys.BATCH_RUNNER_LEASE, "the batch runner"
         )
+        self.failures = FailureLog("batch runner", log)
         self._cancelled: set[str] = set()  # batches whose running jobs were cancelled
 
     async def run(self) -> None:
@@ -54,10 +56,11 @@ class BatchRunner:
                     await self.release()  # no batch to run: no lease held, nothing written
                 elif await self.lease.hold():
                     await self.run_pass()
+                self.failures.passed()
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # Redis down, a broker hiccup: the next pass tries again
-                log.warning("batch runner pass failed: %s: %s", type(exc).__name__, exc)
+                self.failures.failed(exc)
             await asyncio.sleep(PASS_S)
 
     async def release(self) -> None:

@@ -20,6 +20,7 @@ from collections.abc import Callable
 
 from redis.exceptions import RedisError
 
+from api.background import FailureLog, stop_task
 from api.dispatch.lease import DispatchLease, api_name
 from api.dispatch.release import Released, ReleaseScript
 from api.jobs.admission import window_of
@@ -47,6 +48,7 @@ class Dispatcher:
         self._release = ReleaseScript(jobs.redis)
         self._renewed = -1e9
         self._task: asyncio.Task[None] | None = None
+        self.failures = FailureLog("dispatcher", log)
 
     async def window(self) -> int:
         seats = window_of(await self.jobs.fleet.workers(self.jobs.redis), self.headroom)
@@ -72,22 +74,24 @@ class Dispatcher:
         while True:
             try:
                 out = await self.pass_once()
+                self.failures.passed()
             except (RedisError, OSError) as exc:
-                log.warning("dispatcher pass failed: %s", exc)
+                self.failures.failed(exc)
                 out = None
             period = FOLLOWER_PERIOD_S if out is None else BUSY_PERIOD_S if out.parked else IDLE_PERIOD_S
             self.jobs.wake.clear()
+            # asyncio.timeout, not wait_for: Python 3.11's wait_for may swallow a cancel that
+            # arrives as the wait ends, and the api's shutdown would then wait on this loop forever
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.jobs.wake.wait(), period)
+                async with asyncio.timeout(period):
+                    await self.jobs.wake.wait()
 
     def start(self) -> None:
         self._task = asyncio.create_task(self.run(), name="kvferry-dispatcher")
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await stop_task(self._task)
             self._task = None
         with contextlib.suppress(RedisError, OSError):
             await self.lease.release()

@@ -34,6 +34,23 @@ def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield server.url
 
 
+@pytest.fixture(scope="session")
+def private_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A redis-server no running app uses: the `serve` apps' dispatchers and batch runners poll
+    the shared one, which would release a test's parked jobs or add to a count of commands."""
+    with RedisServer(tmp_path_factory.mktemp("private-redis")) as server:
+        yield server.url
+
+
+@pytest.fixture
+def private(private_url: str) -> Iterator[tuple[redis.Redis, str]]:
+    """(client, url) of the private redis-server, flushed for this test."""
+    client = redis.Redis.from_url(private_url)
+    client.flushall()
+    yield client, private_url
+    client.close()
+
+
 @pytest.fixture
 def rds(redis_url: str) -> Iterator[redis.Redis]:
     client = redis.Redis.from_url(redis_url)

@@ -7,11 +7,10 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from types import SimpleNamespace
 from typing import Any, TypeVar
 
-import pytest
 import redis
 
 from api.dispatch.capacity import free_slots
@@ -28,29 +27,12 @@ from broker.codec import encode_event
 from broker.jobs.stream_append import FENCED_XADD, NO_FENCE, script_args, script_keys
 from broker.messages import GenerateJob, GenerateResult, JobDone, Usage, WorkerStatus
 from broker.worker_registry import HEARTBEAT_FIELD, encode_status
-from ops.redis_server import RedisServer
 from tests.api.conftest import Served
 from tests.api.fake_worker import FakeWorker
 from workers.jobs.lost_messages import resend_lost
 
 T = TypeVar("T")
 MODEL = "smollm2"
-
-
-@pytest.fixture(scope="module")
-def private_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A redis-server of this module's own: the session's apps (tests/api/conftest.py `serve`) run
-    dispatchers of their own on the shared one, and would release these tests' parked jobs."""
-    with RedisServer(tmp_path_factory.mktemp("dispatch-redis")) as server:
-        yield server.url
-
-
-@pytest.fixture
-def private(private_url: str) -> Iterator[tuple[redis.Redis, str]]:
-    client = redis.Redis.from_url(private_url)
-    client.flushall()
-    yield client, private_url
-    client.close()
 
 
 def beat(rds: redis.Redis, name: str, concurrency: int) -> None:

@@ -114,9 +114,10 @@ def test_affinity_gives_way_when_its_worker_is_clearly_busier(rds: redis.Redis, 
     assert reasons[3].startswith("load balance: b (a has 3 jobs, b 0)"), reasons
 
 
-def test_a_decision_costs_redis_the_same_at_2_and_at_40_workers(rds: redis.Redis, redis_url: str) -> None:
+def test_a_decision_costs_redis_the_same_at_2_and_at_40_workers(private: tuple[redis.Redis, str]) -> None:
     """With the api's fleet cache warm, a route reads one key per digest of the job, none per
     worker (before: one ZMSCORE and one heartbeat read per worker, every job)."""
+    rds, redis_url = private
     from api.fleet import FleetCache
 
     def calls() -> int:

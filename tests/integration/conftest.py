@@ -200,10 +200,20 @@ def running_api(args: list[str], env: dict[str, str], log: Path) -> Iterator[str
 
 
 @pytest.fixture(scope="session")
-def api_url(redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def files_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The file store of every api on the session's Redis: replicas must share one (any of them may
+    run a batch whose input another received)."""
+    return tmp_path_factory.mktemp("files")
+
+
+@pytest.fixture(scope="session")
+def api_url(
+    redis_server: RedisServer, files_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[str]:
     """`kvferry api` as a process, serving the tiny model's name."""
     log = tmp_path_factory.mktemp("api") / "api.log"
-    yield from running_api(["--redis-url", redis_server.url, "--model", MODEL], dict(os.environ), log)
+    env = {**os.environ, "KVFERRY_FILES_DIR": str(files_dir)}
+    yield from running_api(["--redis-url", redis_server.url, "--model", MODEL], env, log)
 
 
 @pytest.fixture

@@ -26,10 +26,10 @@ PROMPTS = [[101, 2000 + i, 3000 + 7 * i, 4000, 42] for i in range(4)]
 
 @pytest.fixture
 def api(
-    redis_server: RedisServer, worker_factory: Callable[..., WorkerProcess], tmp_path: Path
+    redis_server: RedisServer, worker_factory: Callable[..., WorkerProcess], tmp_path: Path, files_dir: Path
 ) -> Iterator[str]:
     worker_factory("wcli")
-    env = {**os.environ, "KVFERRY_FILES_DIR": str(tmp_path / "files")}
+    env = {**os.environ, "KVFERRY_FILES_DIR": str(files_dir)}
     yield from running_api(["--redis-url", redis_server.url, "--model", MODEL], env, tmp_path / "api.log")
 
 

@@ -27,9 +27,9 @@ def where(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def api(
-    redis_server: RedisServer, two_workers: tuple[WorkerProcess, WorkerProcess], where: Path
+    redis_server: RedisServer, two_workers: tuple[WorkerProcess, WorkerProcess], where: Path, files_dir: Path
 ) -> Iterator[str]:
-    yield from batch_api(redis_server.url, where / "files", where / "api.log")
+    yield from batch_api(redis_server.url, files_dir, where / "api.log")
 
 
 def _text(tokenizer: Any, ids: list[int]) -> str:
@@ -174,13 +174,13 @@ def _small(c: Any) -> str:
 
 
 def test_expiry_ends_the_batch_expired_with_its_finished_part(
-    redis_server: RedisServer, api: str, where: Path
+    redis_server: RedisServer, api: str, where: Path, files_dir: Path
 ) -> None:
     """A second api whose batches expire after 3 s (the runner reads the deadline from the
     record, whichever api runs it): the short line finished and is in the output file, the long
     ones expire into the error file, every custom_id once across the two."""
     # a second replica: the same Redis and the same file store
-    expiring = batch_api(redis_server.url, where / "files", where / "api2.log", batch_expiry_s="3")
+    expiring = batch_api(redis_server.url, files_dir, where / "api2.log", batch_expiry_s="3")
     url = next(expiring)
     try:
         c = client(url)
