@@ -32,7 +32,7 @@ from api.dispatch.lease import DispatchLease, api_name
 from broker import keys
 
 log = logging.getLogger(__name__)
-PASS_S = 0.25  # between passes
+PASS_S = 0.1  # between passes (a finished line's seat is fed again within one)
 LEASE_TTL_S = 5.0  # a runner that dies is replaced within this
 CANCEL_GRACE_S = 3.0  # a cancelled batch's running lines may still finish this long
 

@@ -12,10 +12,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import statistics
 import time
 from typing import Any
 
+import openai
 import redis
 from openai import AsyncOpenAI, OpenAI
 from tqdm import tqdm
@@ -114,13 +116,15 @@ def ttft(
     bc.wait_running(client, batch.id, 600, lines=4)
     busy = asyncio.run(_ttfts(base_url, key, model, "under batch", probes, 0.3))
     during = client.batches.retrieve(batch.id)
-    client.batches.cancel(batch.id)
+    with contextlib.suppress(openai.ConflictError):  # it ended while probed (a small flood)
+        client.batches.cancel(batch.id)
     ended = bc.wait(client, batch.id, 600, "cancelling the flood")
     counts = during.request_counts
     return {
         "flood_lines": flood_lines,
         "flood_completed_while_probing": counts.completed if counts else None,
         "flood_final_status": ended.status,
+        "flood_ran_throughout": during.status == "in_progress",  # else the ratio is not under a batch
         "interactive_ttft_idle_p50_s": statistics.median(idle),
         "interactive_ttft_under_batch_p50_s": statistics.median(busy),
         "interactive_ttft_idle_s": idle,
