@@ -102,7 +102,9 @@ class SettingsFields(BaseModel):
     accept_replicas: int = 1  # under Sentinel: replicas that hold a job before its 202 (WAIT); 0 = none
     accept_wait_ms: int = 500  # the longest a submit waits for them; short of them it is accepted anyway
     worker_name: str | None = None
-    worker_concurrency: int = 32  # jobs one worker runs at once (they share its engine's batches)
+    # jobs one worker holds at once: its engine's seats (max_num_seqs) and a few threads more, so an
+    # interactive job finds a thread while batch lines fill every seat (api/jobs/admission.py)
+    worker_concurrency: int = 36
     job_time_limit_s: int = 1800  # the longest a job may run; the visibility timeout is twice this
     job_ttl_s: int = 86400  # a finished job's result, stream and metadata live this long (no prompt)
     heartbeat_ttl_s: int = 3  # the heartbeat never waits on the engine, so a short TTL is safe

@@ -209,6 +209,7 @@ class WorkerStatus(Message, frozen=True):
     engine: EngineFigures | None = None  # None until the engine is built (first job)
     healthy: bool = True  # False while its engine loop is dead or restarting after a failed step
     concurrency: int = 0  # jobs it runs at once (worker_concurrency); 0: unknown (an older worker)
+    seats: int = 0  # sequences its engine steps at once (max_num_seqs); 0: unknown (as concurrency)
 
     @property
     def state(self) -> Literal["loading", "ready"]:

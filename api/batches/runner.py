@@ -82,7 +82,7 @@ class BatchRunner:
                 raise
             except Exception as exc:
                 log.warning("batch %s: %s: %s", rec.id, type(exc).__name__, exc)
-        await self._feed(feedable)
+        await self._feed(batches, feedable)
 
     async def _step(self, rec: BatchRecord, now: int) -> bool:
         """One pass over one batch; True when it has lines to feed."""
@@ -139,17 +139,18 @@ class BatchRunner:
                 await self.ctx.jobs.cancel(job_id)
         self._cancelled.add(rec.id)
 
-    async def _feed(self, feedable: list[BatchRecord]) -> None:
+    async def _feed(self, batches: list[BatchRecord], feedable: list[BatchRecord]) -> None:
         """Free slots shared by tenant weight (the tenant with the fewest running lines per unit of
-        weight next), a tenant's share to its oldest batch first."""
+        weight next), a tenant's share to its oldest batch first. Every batch's running lines
+        count against the slots, fed in full or not."""
         if not feedable:
             return
         redis = self.ctx.jobs.redis
         pipe = redis.pipeline(transaction=False)
-        for rec in feedable:
+        for rec in batches:
             pipe.hlen(keys.batch_running(rec.id))
-        running = dict(zip((r.id for r in feedable), await pipe.execute(), strict=True))
-        slots = await free_slots(self.ctx)
+        running = dict(zip((r.id for r in batches), await pipe.execute(), strict=True))
+        slots = await free_slots(self.ctx, sum(running.values()))
         load: dict[str, int] = {}
         for rec in feedable:
             load[rec.tenant] = load.get(rec.tenant, 0) + running[rec.id]

@@ -1,9 +1,16 @@
 """Admission terms: what the submit script (api/jobs/submit_write.py) needs to decide, in the same
 round trip that records the job, whether it is released to its queue or parked.
 
-The window is the fleet's seats less a headroom per worker: the sum over live workers that say
-their concurrency (WorkerStatus.concurrency) of max(0, concurrency - dispatch_headroom). With no
-such worker there is no window (0): every job is released, as before fair dispatch existed. The
+Two windows, both summed over the live workers that say their concurrency
+(WorkerStatus.concurrency; with none there is no window, 0, and every job is released, as before
+fair dispatch existed):
+- interactive: max(0, min(concurrency, seats) - dispatch_headroom) each, against the released
+  interactive jobs (keys.INFLIGHT): a tenant past its quota parks beyond it, so another tenant's
+  request always finds a thread and an engine seat at once;
+- batch (window_for_batch): max(0, concurrency - dispatch_headroom) each, against every running
+  job: with a worker's threads above its seats (worker_concurrency > max_num_seqs) batch lines
+  fill every seat, and an interactive job still finds a thread and takes its seat from a batch
+  sequence (the engine preempts batch for interactive: workers/engine/scheduler.py). The
 fleet is read through the api's FleetCache, so the terms cost no Redis read of their own most of
 the time. A tenant's quota is fair_quota x its weight (the keys file's third column), rounded up."""
 
@@ -20,14 +27,18 @@ from broker import priority
 from broker.messages import GenerateJob
 
 
-def window_of(views: Iterable[WorkerView], headroom: int) -> int:
-    """Seats released jobs may fill: 0 when no live worker says its concurrency."""
-    seats = 0
+def window_of(views: Iterable[WorkerView], headroom: int, batch: bool = False) -> int:
+    """Jobs released jobs may number (interactive, or with batch=True every running job): 0 when no
+    live worker says its concurrency."""
+    total = 0
     for view in views:
         status = view.status
         if view.live and status is not None and status.concurrency > 0:
-            seats += max(0, status.concurrency - headroom)
-    return seats
+            seats = (
+                status.concurrency if batch else min(status.concurrency, status.seats or status.concurrency)
+            )
+            total += max(0, seats - headroom)
+    return total
 
 
 def released(job: GenerateJob, deadline: float) -> Placement:

@@ -8,8 +8,10 @@ while the released, unfinished jobs (keys.INFLIGHT) and the parked ones fill the
 interactive job whose tenant already has its quota released is PARKED instead: its metadata,
 message copy and what its release writes (keys.job_parked), no pending entry and no message, so
 no sweep resends it; the dispatcher's release script (api/dispatch/release.py) queues it later.
-Any other job is released: queued as above and added to INFLIGHT (an interactive one to its
-tenant's share too). A batch line is never parked. No round trip is added for the decision.
+Any other job is released: queued as above; an interactive one is added to INFLIGHT and to its
+tenant's share. A batch line is never parked nor counted there (the batch runner counts its own
+running lines against the batch window: api/dispatch/capacity.py). No round trip is added for the
+decision.
 
 Redis replicates asynchronously, so a primary SIGKILLed right after a write may take it along;
 the replica Sentinel promotes then never saw the job. `WAIT n ms` blocks until n replicas have
@@ -60,8 +62,8 @@ if interactive then
     return 0
   end
   redis.call('ZADD', KEYS[8], ARGV[10], ARGV[4])
+  redis.call('ZADD', KEYS[7], ARGV[10], ARGV[4])
 end
-redis.call('ZADD', KEYS[7], ARGV[10], ARGV[4])
 redis.call('ZADD', KEYS[3], ARGV[3], ARGV[4])
 redis.call('SET', KEYS[5], ARGV[6], 'EX', ARGV[1])
 redis.call('SET', KEYS[6], ARGV[4], 'EX', ARGV[1])

@@ -35,9 +35,11 @@ T = TypeVar("T")
 MODEL = "smollm2"
 
 
-def beat(rds: redis.Redis, name: str, concurrency: int) -> None:
-    """A live worker's heartbeat saying its concurrency (the window's seats)."""
-    status = WorkerStatus(name, keys.worker_queue(name), MODEL, 0, 0, 0, time.time(), concurrency=concurrency)
+def beat(rds: redis.Redis, name: str, concurrency: int, seats: int = 0) -> None:
+    """A live worker's heartbeat saying its concurrency and seats (the windows)."""
+    status = WorkerStatus(
+        name, keys.worker_queue(name), MODEL, 0, 0, 0, time.time(), concurrency=concurrency, seats=seats
+    )
     rds.hset(keys.worker_heartbeat(name), HEARTBEAT_FIELD, encode_status(status))
     rds.expire(keys.worker_heartbeat(name), 60)
     rds.sadd(keys.WORKERS, name)
@@ -204,7 +206,8 @@ def test_batch_lines_never_park_nor_count_against_the_tenant(private: tuple[redi
 
     ids = run(redis_url, body)
     assert queued_ids(rds, band=7) == ids and not parked(rds)
-    assert rds.zcard(keys.INFLIGHT) == 3 and rds.zcard(keys.tenant_inflight("alice")) == 0
+    # the runner counts its own running lines (free_slots' batch_running), never INFLIGHT's
+    assert rds.zcard(keys.INFLIGHT) == 0 and rds.zcard(keys.tenant_inflight("alice")) == 0
 
 
 def test_worker_final_frees_the_seat(private: tuple[redis.Redis, str]) -> None:
@@ -238,6 +241,27 @@ def test_free_slots(private: tuple[redis.Redis, str]) -> None:
         return seen
 
     assert run(redis_url, body, fair_quota=0) == [0, 6, 0]
+
+
+def test_batch_window_fills_every_seat_and_interactive_keeps_its_own(
+    private: tuple[redis.Redis, str],
+) -> None:
+    """Threads above seats: batch lines may fill the seats (concurrency - headroom), interactive
+    jobs park beyond min(concurrency, seats) - headroom and never wait for batch lines."""
+    rds, redis_url = private
+
+    async def body(client: JobClient) -> tuple[int, int, list[str]]:
+        ctx: Any = SimpleNamespace(jobs=client, config=SimpleNamespace(dispatch_headroom=2))
+        beat(rds, "w1@test", 8, seats=6)
+        client.fleet.ttl_s = 0
+        empty = await free_slots(ctx)  # 8 - 2
+        with_lines = await free_slots(ctx, batch_running=6)  # the runner's 6 running lines
+        ids = [await submit(client, "alice") for _ in range(5)]  # window 6 - 2 = 4, quota 0
+        return empty, with_lines, ids
+
+    empty, with_lines, ids = run(redis_url, body, fair_quota=0)
+    assert (empty, with_lines) == (6, 0)
+    assert parked(rds) == {ids[4]}  # the interactive window, whatever batch lines run
 
 
 def test_one_dispatcher_among_replicas_releases(private: tuple[redis.Redis, str]) -> None:

@@ -52,7 +52,7 @@ def run_worker(
     maintenance = Maintenance(
         service, broker.heartbeat_interval_s, orphan_grace_s=3 * broker.lease_ttl_s, app=app
     )
-    status = StatusReader(service, maintenance, concurrency)
+    status = StatusReader(service, maintenance, concurrency, engine.max_num_seqs)
     heartbeat = Heartbeat(status, broker.heartbeat_interval_s, broker.heartbeat_ttl_s)
     parts = {"heartbeat": heartbeat, "maintenance": maintenance, "supervisor": Supervisor(service)}
     step = type("KVFigures", (KVFiguresStep,), parts)

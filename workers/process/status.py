@@ -44,11 +44,16 @@ class StatusReader:
     the loop thread (it reads the snapshot the loop publishes after each step, `latest_stats`)."""
 
     def __init__(
-        self, service: EngineService, maintenance: Maintenance | None = None, concurrency: int = 0
+        self,
+        service: EngineService,
+        maintenance: Maintenance | None = None,
+        concurrency: int = 0,
+        seats: int = 0,
     ) -> None:
         self.service = service
         self._maintenance = maintenance
-        self.concurrency = concurrency  # the api's dispatch window counts its seats (api/dispatch/)
+        self.concurrency = concurrency  # the api's dispatch windows count its threads and seats
+        self.seats = seats  # (api/jobs/admission.py)
 
     @staticmethod
     def _stats(loop: EngineLoop | None) -> EngineStats | None:
@@ -70,6 +75,7 @@ class StatusReader:
             engine=figures_of(stats) if stats is not None else None,
             healthy=loop_healthy(loop),
             concurrency=self.concurrency,
+            seats=self.seats,
         )
 
     def maintenance(self) -> MaintenanceFigures:
