@@ -35,8 +35,8 @@ BAD_EVERY = 25  # one line in this many is invalid: it must land in the error fi
 @dataclass(frozen=True, slots=True)
 class BatchChaosConfig:
     workers: int = 2
-    lines: int = 300
-    max_tokens: int = 24
+    lines: int = 600
+    max_tokens: int = 32
     kills: int = 6
     redis_restarts: int = 1
     api_restarts: int = 1
@@ -104,6 +104,15 @@ def _wait(client: OpenAI, batch_id: str, deadline: float) -> Any:
         time.sleep(0.25)
 
 
+def plan(config: BatchChaosConfig) -> list[str]:
+    """The faults in order: the Redis restarts and api SIGKILLs right after the first kill (a kill
+    waits for its worker to be ready again, so the batch must outlast the plan: the quick faults
+    go early, while it surely runs), then the other kills."""
+    others = ["redis"] * config.redis_restarts + ["api"] * config.api_restarts
+    kills = ["kill"] * config.kills
+    return [*kills[:1], *others, *kills[1:]]
+
+
 def count(
     output: list[dict[str, Any]], errors: list[dict[str, Any]], reference: dict[str, str], bad: set[str]
 ) -> dict[str, Any]:
@@ -153,7 +162,9 @@ def run_batch_chaos(
         faults = FaultInjector(
             stack, config.kills, config.redis_restarts, rng, config.gap_s, deadline, log,
             api_restarts=config.api_restarts,
-        ).start()  # fmt: skip
+        )  # fmt: skip
+        faults.plan = plan(config)
+        faults.start()
         try:
             batch = _wait(client, batch.id, deadline)
             ended = time.monotonic()

@@ -27,7 +27,7 @@ from ops.cli_options import engine_options, service_options, settings_from
     help="SIGKILLs of a KV shard, each started again empty; the KV tier then runs on a local 3-shard cluster",
 )
 @click.option("--batch", is_flag=True, help="a Batch API batch under the faults instead of chat clients")
-@click.option("--batch-lines", type=int, help="lines of the --batch batch (300; --quick: 60)")
+@click.option("--batch-lines", type=int, help="lines of the --batch batch (600; --quick: 60)")
 @click.option("--api-restarts", type=int, help="SIGKILLs of the api, each started again (--batch: 1)")
 @click.option("--turns", type=int, help="chat turns per session (3; --quick: 2)")
 @click.option("--max-tokens", type=int, help="tokens per answer (32; --quick: 8)")

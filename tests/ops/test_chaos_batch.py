@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ops.chaos.batch import count
+from ops.chaos.batch import BatchChaosConfig, count, plan
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -35,6 +35,12 @@ def test_count_finds_lost_duplicated_failed_and_mismatched_lines() -> None:
     assert clean["lines_exactly_once"] and clean["lines_lost"] == clean["lines_mismatched"] == 0
     gone = count([_line("a", "x")], [], {"a": "x", "b": "y"}, {"bad"})
     assert gone["lines_lost"] == 2 and not gone["lines_exactly_once"]
+
+
+def test_plan_puts_the_quick_faults_early() -> None:
+    config = BatchChaosConfig(kills=4, redis_restarts=1, api_restarts=1)
+    assert plan(config) == ["kill", "redis", "api", "kill", "kill", "kill"]
+    assert plan(BatchChaosConfig(kills=0, redis_restarts=1, api_restarts=1)) == ["redis", "api"]
 
 
 def test_chaos_batch_quick_every_line_once(
