@@ -26,10 +26,21 @@ def where(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def api(
-    redis_server: RedisServer, two_workers: tuple[WorkerProcess, WorkerProcess], where: Path, files_dir: Path
-) -> Iterator[str]:
-    yield from batch_api(redis_server.url, files_dir, where / "api.log")
+def own_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    """A queue Redis of this module's own: the batch runner is one api's of all on a Redis, and
+    these tests read its figures from their own api's /metrics."""
+    with RedisServer(tmp_path_factory.mktemp("batch-redis")) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def api(start_worker: Callable[..., WorkerProcess], own_redis: RedisServer, where: Path) -> Iterator[str]:
+    workers = [start_worker(name, redis_url=own_redis.url) for name in ("bw1", "bw2")]
+    try:
+        yield from batch_api(own_redis.url, where / "files", where / "api.log")
+    finally:
+        for worker in workers:
+            worker.stop()
 
 
 def _text(tokenizer: Any, ids: list[int]) -> str:
@@ -174,13 +185,13 @@ def _small(c: Any) -> str:
 
 
 def test_expiry_ends_the_batch_expired_with_its_finished_part(
-    redis_server: RedisServer, api: str, where: Path, files_dir: Path
+    own_redis: RedisServer, api: str, where: Path
 ) -> None:
     """A second api whose batches expire after 3 s (the runner reads the deadline from the
     record, whichever api runs it): the short line finished and is in the output file, the long
     ones expire into the error file, every custom_id once across the two."""
     # a second replica: the same Redis and the same file store
-    expiring = batch_api(redis_server.url, files_dir, where / "api2.log", batch_expiry_s="3")
+    expiring = batch_api(own_redis.url, where / "files", where / "api2.log", batch_expiry_s="3")
     url = next(expiring)
     try:
         c = client(url)

@@ -66,7 +66,7 @@ DOCUMENTED = {
     "REDIS_URL": "redis://127.0.0.1:6379/0",
     "KV_REDIS_URL": None,
     "KV_SHARDS": 0,
-    "WORKER_CONCURRENCY": 32,
+    "WORKER_CONCURRENCY": 36,
     "JOB_TIME_LIMIT_S": 1800,
     "HEARTBEAT_TTL_S": 3,
     "ROUTING": "cache-aware",
