@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from api.background import stop_task
+from api.background import STOP_WAIT_S, stop_tasks
 from api.batches.runner import BatchRunner
 from api.config import ApiConfig
 from api.context import ApiContext
@@ -57,9 +58,11 @@ def create_app(config: ApiConfig, tokenizer: Tokenizer | None = None) -> FastAPI
         runner = BatchRunner(ctx)  # runs batches while this api holds the runner's lease
         task = asyncio.create_task(runner.run(), name="kvferry-batch-runner")
         yield
+        await stop_tasks(*[t for t in (dispatcher.task, task) if t is not None])  # together, bounded
         await dispatcher.stop()
-        await stop_task(task)
-        await runner.release()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(STOP_WAIT_S):
+                await runner.release()
         await ctx.jobs.close()
 
     app = FastAPI(title="kvferry", version="0.1.0", lifespan=lifespan)

@@ -9,14 +9,15 @@ import logging
 import time
 
 log = logging.getLogger(__name__)
-STOP_WAIT_S = 5.0  # a background loop stopping at shutdown: at most this long
+STOP_WAIT_S = 2.0  # the background loops stopping at shutdown: at most this long, all together
 
 
-async def stop_task(task: asyncio.Task[None], wait_s: float = STOP_WAIT_S) -> None:
-    """Cancel a background loop and wait for it, a bounded while: a shutdown never hangs."""
-    task.cancel()
-    done, _ = await asyncio.wait({task}, timeout=wait_s)
-    if not done:
+async def stop_tasks(*tasks: asyncio.Task[None], wait_s: float = STOP_WAIT_S) -> None:
+    """Cancel background loops and wait for them, a bounded while: a shutdown never hangs."""
+    for task in tasks:
+        task.cancel()
+    _, pending = await asyncio.wait(set(tasks), timeout=wait_s)
+    for task in pending:
         log.error("%s did not stop within %gs of its cancel", task.get_name(), wait_s)
 
 

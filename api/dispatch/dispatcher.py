@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 from redis.exceptions import RedisError
 
-from api.background import FailureLog, stop_task
+from api.background import STOP_WAIT_S, FailureLog, stop_tasks
 from api.dispatch.lease import DispatchLease, api_name
 from api.dispatch.release import Released, ReleaseScript
 from api.jobs.admission import window_of
@@ -89,9 +89,16 @@ class Dispatcher:
     def start(self) -> None:
         self._task = asyncio.create_task(self.run(), name="kvferry-dispatcher")
 
+    @property
+    def task(self) -> asyncio.Task[None] | None:
+        return self._task
+
     async def stop(self) -> None:
+        """Stop the loop (if the app has not stopped it with others: api/app.py) and give the lease
+        back, a bounded while: with Redis down it lapses by itself."""
         if self._task is not None:
-            await stop_task(self._task)
+            await stop_tasks(self._task)
             self._task = None
-        with contextlib.suppress(RedisError, OSError):
-            await self.lease.release()
+        with contextlib.suppress(RedisError, OSError, TimeoutError):
+            async with asyncio.timeout(STOP_WAIT_S):
+                await self.lease.release()

@@ -40,6 +40,11 @@ T = TypeVar("T")
 SYNC_TIMEOUT_S = 10.0  # the longest a request waits for a blocking Celery call
 
 
+def _retrieve(call: asyncio.Future[Any]) -> None:
+    if not call.cancelled():
+        call.exception()
+
+
 class JobClient:
     def __init__(
         self,
@@ -75,8 +80,12 @@ class JobClient:
     async def _sync(self, fn: Callable[..., T], *args: Any) -> T:
         """Run a blocking Celery call on the pool; past SYNC_TIMEOUT_S the request stops waiting."""
         call = asyncio.get_running_loop().run_in_executor(self._pool, functools.partial(fn, *args))
+        call.add_done_callback(_retrieve)  # a call given up on may still fail: never an unread error
         try:
-            return await asyncio.wait_for(call, SYNC_TIMEOUT_S)
+            # shield: a cancelled caller (a request gone, the api stopping) stops waiting at once,
+            # where wait_for would wait for the thread, which a down broker holds for long
+            async with asyncio.timeout(SYNC_TIMEOUT_S):
+                return await asyncio.shield(call)
         except TimeoutError as exc:
             raise BrokerUnavailableError(f"the broker did not answer within {SYNC_TIMEOUT_S:g}s") from exc
 

@@ -105,12 +105,10 @@ def _wait(client: OpenAI, batch_id: str, deadline: float) -> Any:
 
 
 def plan(config: BatchChaosConfig) -> list[str]:
-    """The faults in order: the Redis restarts and api SIGKILLs right after the first kill (a kill
-    waits for its worker to be ready again, so the batch must outlast the plan: the quick faults
-    go early, while it surely runs), then the other kills."""
-    others = ["redis"] * config.redis_restarts + ["api"] * config.api_restarts
-    kills = ["kill"] * config.kills
-    return [*kills[:1], *others, *kills[1:]]
+    """The faults in order: the Redis restarts and api SIGKILLs first (each takes a second or two,
+    so they land while the batch surely runs), then the kills (each waits for its worker to be
+    ready again: the batch must outlast them)."""
+    return ["redis"] * config.redis_restarts + ["api"] * config.api_restarts + ["kill"] * config.kills
 
 
 def count(
