@@ -90,19 +90,7 @@ async def submit(
         )
         if clock is not None:
             clock.mark("routed")
-        meta = JobMeta(
-            job_id=job_id,
-            endpoint=request.endpoint,
-            model=request.model,
-            queue=route.queue,
-            reason=route.reason,
-            created=job.submitted_at or time.time(),
-            tenant=tenant,
-            session_id=request.session_id,
-            params=request.params,
-            echo=request.echo,
-            tool_parser=request.tool_calling.parser if request.tool_calling else "",
-        )
+        meta = JobMeta.of(job_id, request, route.queue, route.reason, job.submitted_at or time.time(), tenant)
         await jobs.submit(meta, job, clock)
     except Exception:
         if capped:

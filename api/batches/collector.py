@@ -15,7 +15,7 @@ import time
 from typing import Any
 
 from api.batches import state
-from api.batches.feeder import Running, parse, send_missing
+from api.batches.feeder import Running, parse, send, sent
 from api.batches.input import read_at
 from api.batches.lines import error_line, line_id, ok_line
 from api.batches.parts import Parts
@@ -72,11 +72,12 @@ class Collector:
         if self._next_look.get(key, 0.0) > now:
             return None
         self._next_look[key] = now + self.ctx.jobs.state_poll_s
-        store = self.ctx.files
-        text = await asyncio.to_thread(read_at, store, rec.input_file_id, line.offset)
-        parsed = parse(self.ctx, rec, line_no, text)
-        if parsed.request is not None:
-            await send_missing(self.ctx, rec, parsed.request, line)
+        were_sent = await sent(self.ctx, line)
+        if not all(were_sent):  # a runner died between recording the line and sending its jobs
+            text = await asyncio.to_thread(read_at, self.ctx.files, rec.input_file_id, line.offset)
+            parsed = parse(self.ctx, rec, line_no, text)
+            if parsed.request is not None:
+                await send(self.ctx, rec, parsed.request, line, were_sent)
         events: list[StreamEvent] = []
         for job_id in line.jobs:
             end = keys.job_end(job_id)

@@ -5,7 +5,7 @@ cap: a batch waits for free slots instead), routed cache-aware like any job (api
 
 Its jobs are recorded as running (state.feed: with the cursor, atomically) BEFORE they are sent,
 with ids derived from the batch, line and choice: a runner that dies in between leaves a running
-line whose jobs are missing, and `send_missing` sends them (the same ids) on the next pass."""
+line whose jobs are missing, and `send` sends them (the same ids) on the next pass."""
 
 from __future__ import annotations
 
@@ -98,7 +98,7 @@ async def feed(ctx: ApiContext, rec: BatchRecord, parts: Parts, count: int) -> i
                 redis, rec.id, cursor, line_no, next_line, next_offset, running.to_json()
             ):
                 return fed
-            await send_missing(ctx, rec, line.request, running)
+            await send(ctx, rec, line.request, running, [False] * len(running.jobs))  # none sent yet
         cursor = rec.cursor_line = next_line
         rec.cursor_offset = next_offset
         fed += 1
@@ -108,40 +108,34 @@ async def feed(ctx: ApiContext, rec: BatchRecord, parts: Parts, count: int) -> i
     return fed
 
 
-async def send_missing(
-    ctx: ApiContext, rec: BatchRecord, request: CompletionRequest, running: Running
-) -> None:
-    """Send those of the line's jobs that were never sent (no metadata in Redis)."""
-    redis = ctx.jobs.redis
-    pipe = redis.pipeline(transaction=False)
+async def sent(ctx: ApiContext, running: Running) -> list[bool]:
+    """Which of a recorded line's jobs were sent (their metadata is in Redis)."""
+    pipe = ctx.jobs.redis.pipeline(transaction=False)
     for job_id in running.jobs:
         pipe.exists(keys.job_meta(job_id))
-    sent = await pipe.execute()
-    if all(sent):
+    return [bool(n) for n in await pipe.execute()]
+
+
+async def send(
+    ctx: ApiContext, rec: BatchRecord, request: CompletionRequest, running: Running, done: list[bool]
+) -> None:
+    """Send the line's jobs not `done` (sent) yet, under their recorded ids."""
+    if all(done):
         return
     groups = request.split() if request.fans_out else [[request]]
     config = ctx.config
     route: Route | None = None
     if len(running.jobs) > 1 and config.routing != "shared":  # a line's jobs on one worker
         first = await _route(ctx, groups[0][0].to_job(rec.tenant))
-        route = await together(redis, first, config.route_max_waiting, ctx.jobs.fleet)
+        route = await together(ctx.jobs.redis, first, config.route_max_waiting, ctx.jobs.fleet)
     requests = [r for group in groups for r in group]
-    for job_id, request_i, was_sent in zip(running.jobs, requests, sent, strict=True):
+    for job_id, request_i, was_sent in zip(running.jobs, requests, done, strict=True):
         if was_sent:
             continue
         job = msgspec.structs.replace(request_i.to_job(rec.tenant), job_class="batch", batch_id=rec.id)
         chosen = route or await _route(ctx, job)
-        meta = JobMeta(
-            job_id=job_id,
-            endpoint=request_i.endpoint,
-            model=request_i.model,
-            queue=chosen.queue,
-            reason=chosen.reason,
-            created=job.submitted_at or time.time(),
-            tenant=rec.tenant,
-            params=request_i.params,
-            echo=request_i.echo,
-            tool_parser=request_i.tool_calling.parser if request_i.tool_calling else "",
+        meta = JobMeta.of(
+            job_id, request_i, chosen.queue, chosen.reason, job.submitted_at or time.time(), rec.tenant
         )
         await ctx.jobs.submit(meta, job)
 

@@ -26,6 +26,25 @@ class JobMeta:
     echo: bool = False  # completions' echo: the answer starts with the prompt
     tool_parser: str = ""  # a chat whose model may call tools: the parser that reads its calls
 
+    @classmethod
+    def of(
+        cls, job_id: str, request: CompletionRequest, queue: str, reason: str, created: float, tenant: str
+    ) -> JobMeta:
+        """What the api records of a request it queues (online or a batch line)."""
+        return cls(
+            job_id=job_id,
+            endpoint=request.endpoint,
+            model=request.model,
+            queue=queue,
+            reason=reason,
+            created=created,
+            tenant=tenant,
+            session_id=request.session_id,
+            params=request.params,
+            echo=request.echo,
+            tool_parser=request.tool_calling.parser if request.tool_calling else "",
+        )
+
     def request(self) -> CompletionRequest:
         """The request as far as building its response body needs (its prompt is not kept)."""
         endpoint: Endpoint = (
