@@ -72,6 +72,20 @@ def test_find_capacity_stops_at_max_sessions(stack_url: str, tmp_path: Path) -> 
     assert all(c["met"] for c in doc["capacity"]) and doc["sessions_at_slo"] == 2
 
 
+def test_a_level_stops_once_its_slo_is_lost(stack_url: str, tmp_path: Path) -> None:
+    out, table = tmp_path / "m.json", tmp_path / "m.csv"
+    args = ["bench", "sessions", "--base-url", stack_url, "--find-capacity", "--turns", "3",
+            "--output-tokens", "2", "--think-mean-s", "0", "--system-prompts", "1",
+            "--slo-ttft", "0.000001", "--json", str(out), "--csv", str(table)]  # fmt: skip
+    run = CliRunner().invoke(main, args)
+    assert run.exit_code == 0, run.output
+    doc = json.loads(out.read_text())
+    assert doc["sessions_at_slo"] == 0
+    (level,) = doc["capacity"]
+    assert level["sessions"] == 1 and level["met"] is False and level["missed_early"] is True
+    assert len(list(csv.DictReader(table.open()))) == 2  # 2 of 3 TTFTs past the SLO: turn 3 never sent
+
+
 @pytest.mark.parametrize("extra", [[], ["--base-url", "http://127.0.0.1:1", "--workers", "2"]])
 def test_the_command_wants_exactly_one_of_base_url_and_workers(extra: list[str]) -> None:
     run = CliRunner().invoke(main, ["bench", "sessions", *extra])

@@ -8,7 +8,7 @@ import math
 import pytest
 
 from ops.bench.sessions.capacity import find_capacity
-from ops.bench.sessions.stats import Record, meets, per_turn, percentile, summary
+from ops.bench.sessions.stats import Record, meets, per_turn, percentile, summary, sure_miss
 from ops.bench.sessions.workload import plan_sessions, system_prompts
 
 NAN = float("nan")
@@ -63,6 +63,17 @@ def test_meets_needs_both_slos_no_errors_and_no_cutoff() -> None:
     assert not meets(level, 2.0, 0.15)  # TPOT p95 0.195 s
     assert not meets({**level, "timed_out": True}, 2.0, 0.25)
     assert not meets(summary([_rec(1, 1.0), _rec(2, 1.0, error="429")], 1, 2), 2.0, 0.25)
+
+
+def test_sure_miss_fires_exactly_when_the_p95_can_no_longer_meet() -> None:
+    slow = [_rec(1, 5.0)] * 3
+    assert not sure_miss(slow[:2], 24, 2.0, 0.25)
+    assert sure_miss(slow, 24, 2.0, 0.25)
+    # however fast the other 21 are, the level's p95 is then past the SLO; with 2 slow it need not be
+    assert percentile([0.0] * 21 + [5.0] * 3, 95) > 2.0  # type: ignore[operator]
+    assert percentile([0.0] * 22 + [2.1] * 2, 95) <= 2.0  # type: ignore[operator]
+    assert sure_miss([_rec(1, 0.1, tpot=1.0)] * 3, 24, 2.0, 0.25)
+    assert sure_miss([_rec(1, 0.1, error="500")], 24, 2.0, 0.25)
 
 
 @pytest.mark.parametrize(

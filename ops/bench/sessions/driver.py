@@ -11,7 +11,7 @@ from typing import Any
 from ops.bench.sessions.capacity import search
 from ops.bench.sessions.client import Options
 from ops.bench.sessions.run import LevelRun, client_for, probe, run_level
-from ops.bench.sessions.stats import Record, level_line, meets
+from ops.bench.sessions.stats import Record, level_line, meets, sure_miss
 from ops.bench.sessions.workload import plan_sessions, system_prompts
 
 
@@ -56,8 +56,12 @@ async def _run(cfg: Config, log: Callable[[str], None]) -> Result:
 
     async def level(n: int) -> bool:
         plans = plan_sessions(len(levels), n, cfg.turns, cfg.think_mean_s, cfg.seed, systems)
+        total = n * cfg.turns
+        miss = (
+            (lambda rs: sure_miss(rs, total, cfg.slo_ttft_s, cfg.slo_tpot_s)) if cfg.find_capacity else None
+        )
         async with client_for(cfg.base_url, n) as client:
-            summary, run = await run_level(client, opts, plans, cfg.max_level_s, cfg.recompute_turn)
+            summary, run = await run_level(client, opts, plans, cfg.max_level_s, cfg.recompute_turn, miss)
         summary["met"] = meets(summary, cfg.slo_ttft_s, cfg.slo_tpot_s)
         levels.append(summary)
         runs.append(run)
@@ -75,7 +79,8 @@ async def _run(cfg: Config, log: Callable[[str], None]) -> Result:
             best = int(stop.value)
         doc["capacity"] = [
             {"sessions": lv["sessions"], "ttft_p95_s": lv["ttft_p95_s"], "tpot_p95_s": lv["tpot_p95_s"],
-             "met": lv["met"], "wall_s": lv["wall_s"], "timed_out": lv["timed_out"]}
+             "met": lv["met"], "wall_s": lv["wall_s"], "timed_out": lv["timed_out"],
+             "missed_early": lv["missed_early"]}
             for lv in levels
         ]  # fmt: skip
         doc["sessions_at_slo"] = best
@@ -83,7 +88,13 @@ async def _run(cfg: Config, log: Callable[[str], None]) -> Result:
     else:
         await level(cfg.sessions)
         shown = levels[0]
-    doc.update({k: v for k, v in shown.items() if k not in ("met", "wall_s", "timed_out", "requests")})
+    doc.update(
+        {
+            k: v
+            for k, v in shown.items()
+            if k not in ("met", "wall_s", "timed_out", "missed_early", "requests")
+        }
+    )
     doc.update(
         slo_ttft_s=cfg.slo_ttft_s, slo_tpot_s=cfg.slo_tpot_s, output_tokens=cfg.output_tokens,
         think_mean_s=cfg.think_mean_s, seed=cfg.seed, system_prompts=cfg.system_prompts,

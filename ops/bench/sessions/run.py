@@ -1,11 +1,14 @@
 """One level: N concurrent sessions, each T turns; every turn resends the whole history (with the
 reply text the client got) plus a new user message, after a seeded think time. A level that runs
-past `max_level_s` is cut off: its unfinished sessions are cancelled and it counts as missed."""
+past `max_level_s` is cut off: its unfinished sessions are cancelled and it counts as missed. So is
+one whose `early_miss` check says the SLO is already lost (find-capacity: the slow requests so far
+are enough to put the level's p95 past it, whatever the rest do)."""
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,6 +43,8 @@ async def _session(
     out: LevelRun,
     bar: tqdm[Any],
     recompute_turn: int | None,
+    miss: Callable[[list[Record]], bool] | None,
+    missed: asyncio.Event,
 ) -> None:
     await asyncio.sleep(plan.start_delay_s)
     messages = [{"role": "system", "content": plan.system}]
@@ -51,6 +56,8 @@ async def _session(
         out.turns[(plan.sid, i + 1)] = turn
         out.records.append(_record(n, plan.sid, i + 1, turn, opts.output_tokens))
         bar.update(1)
+        if miss is not None and miss(out.records):
+            missed.set()
         if turn.error:
             return  # a session whose turn failed has no reply to build on
         if recompute_turn == i + 1:  # the same request, nothing cached for it anywhere
@@ -66,22 +73,35 @@ async def run_level(
     plans: list[SessionPlan],
     max_level_s: float,
     recompute_turn: int | None = None,
+    early_miss: Callable[[list[Record]], bool] | None = None,
 ) -> tuple[dict[str, Any], LevelRun]:
-    """Run one level; its summary (with wall_s and timed_out) and what it left."""
+    """Run one level; its summary (with wall_s, timed_out, missed_early) and what it left."""
     n = len(plans)
     turns = len(plans[0].users) if plans else 0
     out = LevelRun()
     bar = tqdm(total=n * turns, unit="req", desc=f"{n} sessions", leave=False)
     started = time.perf_counter()
-    tasks = [asyncio.ensure_future(_session(client, opts, p, n, out, bar, recompute_turn)) for p in plans]
-    _done, pending = await asyncio.wait(tasks, timeout=max_level_s)
-    for task in pending:
+    missed = asyncio.Event()
+    tasks = {
+        asyncio.ensure_future(_session(client, opts, p, n, out, bar, recompute_turn, early_miss, missed))
+        for p in plans
+    }
+    stopper = asyncio.ensure_future(missed.wait())
+    pending = set(tasks)
+    while pending and not missed.is_set():
+        left = started + max_level_s - time.perf_counter()
+        if left <= 0:
+            break
+        done, _ = await asyncio.wait(pending | {stopper}, timeout=left, return_when=asyncio.FIRST_COMPLETED)
+        pending -= done
+    for task in (*pending, stopper):
         task.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
+    await asyncio.gather(*tasks, stopper, return_exceptions=True)
     bar.close()
     level = summary(out.records, n, turns)
     level["wall_s"] = time.perf_counter() - started
-    level["timed_out"] = bool(pending)
+    level["missed_early"] = missed.is_set()
+    level["timed_out"] = bool(pending) and not missed.is_set()
     return level, out
 
 

@@ -101,7 +101,20 @@ def meets(level: dict[str, Any], slo_ttft_s: float, slo_tpot_s: float) -> bool:
         and (tpot is None or tpot <= slo_tpot_s)
         and level["errors"] == 0
         and not level.get("timed_out", False)
+        and not level.get("missed_early", False)
     )
+
+
+def sure_miss(records: list[Record], total: int, slo_ttft_s: float, slo_tpot_s: float) -> bool:
+    """Whether a level of `total` requests has already missed, whatever its other requests do: a
+    failed request, or so many TTFTs (or TPOTs) past the SLO that every sample from the p95's
+    lower neighbour up is past it."""
+    if any(r.error for r in records):
+        return True
+    need = total - math.floor(0.95 * (total - 1))
+    slow_ttft = sum(1 for r in records if r.ttft_s > slo_ttft_s)
+    slow_tpot = sum(1 for r in records if r.tpot_s > slo_tpot_s)
+    return slow_ttft >= need or slow_tpot >= need
 
 
 def level_line(level: dict[str, Any], met: bool | None = None) -> str:
@@ -115,5 +128,11 @@ def level_line(level: dict[str, Any], met: bool | None = None) -> str:
         f"N={level['sessions']:>3}: TTFT p50/p95 {ms(level['ttft_p50_s'])}/{ms(level['ttft_p95_s'])} ms, "
         f"TPOT p50/p95 {ms(level['tpot_p50_s'])}/{ms(level['tpot_p95_s'])} ms, "
         f"errors {level['errors']}, stopped short {level['stopped_short']}, "
-        f"{level.get('wall_s', 0):.0f}s{' (cut off)' if level.get('timed_out') else ''}{verdict}"
+        f"{level.get('wall_s', 0):.0f}s{_cut(level)}{verdict}"
     )
+
+
+def _cut(level: dict[str, Any]) -> str:
+    if level.get("timed_out"):
+        return " (cut off: --max-level-s)"
+    return " (stopped: SLO already missed)" if level.get("missed_early") else ""
