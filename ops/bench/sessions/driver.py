@@ -99,7 +99,7 @@ async def _run(cfg: Config, log: Callable[[str], None]) -> Result:
         slo_ttft_s=cfg.slo_ttft_s, slo_tpot_s=cfg.slo_tpot_s, output_tokens=cfg.output_tokens,
         think_mean_s=cfg.think_mean_s, seed=cfg.seed, system_prompts=cfg.system_prompts,
         ignore_eos=opts.ignore_eos and server.kind != "other", refused_fields=sorted(set(opts.refused)),
-        levels=levels,
+        levels=levels, wall_s=sum(lv["wall_s"] for lv in levels),
     )  # fmt: skip
     records = [r for run in runs for r in run.records]
     return Result(doc, records, levels, runs)
