@@ -28,6 +28,7 @@ def plot(path: Path, doc: dict[str, Any]) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     levels = sorted(doc["levels"], key=lambda lv: lv["sessions"])
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
@@ -35,6 +36,7 @@ def plot(path: Path, doc: dict[str, Any]) -> None:
         rows = [r for r in lv["per_turn"] if r["ttft_p95_s"] is not None]
         a.plot([int(r["turn"][4:]) for r in rows], [r["ttft_p95_s"] * 1000 for r in rows],
                marker="o", label=f"N={lv['sessions']}")  # fmt: skip
+    a.xaxis.set_major_locator(MaxNLocator(integer=True))
     a.set_xlabel("turn index")
     a.set_ylabel("TTFT p95 (ms)")
     a.set_title(f"{doc['server']}: TTFT p95 by turn")
@@ -49,6 +51,7 @@ def plot(path: Path, doc: dict[str, Any]) -> None:
     b.set_xlabel("concurrent sessions N")
     b.set_ylabel("ms")
     b.set_xscale("log", base=2)
+    b.set_xticks(ns, [str(n) for n in ns])
     b.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
