@@ -20,12 +20,12 @@ from ops.commands_engine import _write_json, bench, json_option
 @click.option("--input-len", type=int, default=128, show_default=True)
 @click.option("--output-len", type=int, default=64, show_default=True)
 @click.option(
-    "--hold-ttft-s", type=float, default=1.0, show_default=True,
-    help="prefill_batch_ttft_s of the runs with the admission hold on",
+    "--hold", type=float, default=1.0, show_default=True,
+    help="prefill_batch_hold of the runs with the admission hold on",
 )  # fmt: skip
 @click.option("--run-dir", type=click.Path(file_okay=False, path_type=Path), help="logs (default: temp)")
 @engine_options
-def bench_served_decode_cmd(json_path: Path | None, hold_ttft_s: float, **opts: Any) -> None:
+def bench_served_decode_cmd(json_path: Path | None, hold: float, **opts: Any) -> None:
     """Served median TPOT (vLLM bench serve's random workload) vs the engine's decode-only step at
     the same batch, with the admission hold on and off, alternated: ratios."""
     from ops.bench.served_decode import render, run_served_decode
@@ -33,7 +33,7 @@ def bench_served_decode_cmd(json_path: Path | None, hold_ttft_s: float, **opts: 
     sizes = {k: opts.pop(k) for k in ("rounds", "requests", "concurrency", "input_len", "output_len")}
     run_dir = opts.pop("run_dir") or Path(tempfile.mkdtemp(prefix="kvferry-bench-served-"))
     result = run_served_decode(
-        settings_from(opts), run_dir, hold_ttft_s, **sizes, log=lambda m: click.echo(m, err=True)
+        settings_from(opts), run_dir, hold, **sizes, log=lambda m: click.echo(m, err=True)
     )
-    click.echo(render(result))
     _write_json(result, json_path)
+    click.echo(render(result))

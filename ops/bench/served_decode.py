@@ -1,5 +1,5 @@
 """`kvferry bench served-decode`: the served TPOT against the engine's own decode-only step, with
-the admission hold (prefill_batch_ttft_s, workers/engine/scheduler.py) on and off in one run.
+the admission hold (prefill_batch_hold, workers/engine/scheduler.py) on and off in one run.
 
 Each run starts a 1-worker stack with the hold on or off (alternated, `rounds` of each), drives
 vLLM `bench serve`'s random workload through the API (ops/bench/served_client.py), reads from
@@ -88,11 +88,11 @@ def run_served_decode(
         order = list(sides) if r % 2 else list(reversed(sides))  # off, on; then on, off; ...
         for name in order:
             label = f"round {r + 1}/{rounds} {name}"
-            log(f"{label}: starting a 1-worker stack (prefill_batch_ttft_s={sides[name]})")
+            log(f"{label}: starting a 1-worker stack (prefill_batch_hold={sides[name]})")
             torch.set_num_threads(1)  # the bench process is only a client now
             prompts = random_prompts(requests, input_len, seed=1000 * r + len(runs[name]))
             run = _served_run(
-                settings.with_overrides(prefill_batch_ttft_s=sides[name]),
+                settings.with_overrides(prefill_batch_hold=sides[name]),
                 run_dir / f"{name}-{r}", prompts, output_len, concurrency, label,
             )  # fmt: skip
             torch.set_num_threads(threads)
@@ -133,14 +133,14 @@ def figures(
             "output_len": output_len,
         },
         "torch_threads": settings.torch_threads,
-        "prefill_batch_ttft_s_on": budget_s,
-        "prefill_batch_ttft_s_default": DEFAULTS.prefill_batch_ttft_s,
+        "prefill_batch_hold_on": budget_s,
+        "prefill_batch_hold_default": DEFAULTS.prefill_batch_hold,
         "runs": runs,
     }
     for side, side_runs in runs.items():
         for key in keys:
             out[f"{side}_{key}"] = _median(side_runs, key)
-    default = "hold_on" if DEFAULTS.prefill_batch_ttft_s > 0 else "hold_off"
+    default = "hold_on" if DEFAULTS.prefill_batch_hold > 0 else "hold_off"
     out["served_tpot_vs_engine_tpot"] = out[f"{default}_served_tpot_vs_engine_tpot"]
     on, off = runs["hold_on"], runs["hold_off"]
     for key, short in (

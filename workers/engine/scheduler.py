@@ -11,16 +11,20 @@ a batch line never starts while an interactive request waits, and a step that pr
 interactive prompt carries no batch work (batch decodes wait that step out). With no batch
 sequence, phases 1 and 2 are the whole step: running first, then arrivals, as before classes.
 
-Admission hold (prefill_batch_ttft_s): a step that carries a new prompt's prefill costs every
+Admission hold (prefill_batch_hold): a step that carries a new prompt's prefill costs every
 running request a slower step, and the prefill work is the same whenever it runs, so capping it
-per step only spreads it over more steps. What shrinks it is running fewer steps that carry
-prefill: while others decode, new interactive prompts wait and are prefilled together, once the
-TTFT the step cost model (step_cost.py) predicts for the oldest of them (its wait, one more decode
-step, the waiting prompts' prefill) would pass the budget. Requests admitted together finish
-together, so their successors arrive together: the cohorts merge and decode steps between them
-carry no prefill. No hold while nothing decodes, once as many prompts wait as sequences decode
-(the hold would cost them more than it spares the decoders), for a preempted sequence, or
-before the model has timed both kinds of step.
+per step only spreads it over more steps. What shrinks it is fewer steps with prefill in a
+request's life: while others decode, new interactive prompts wait and are then prefilled
+together. Requests admitted together finish together (and at a fixed output length, their
+successors arrive together), so the cohorts merge, and the decode steps between cohorts carry no
+prefill. The bound comes from the step cost model (step_cost.py, timed from this engine's steps
+on the CPU at hand): hold while the oldest waiting prompt's predicted TTFT (its wait, one more
+decode step, then the waiting prompts' prefill) stays under prefill_batch_hold times the
+predicted prefill of a full batch of such prompts (the running sequences and the waiting ones),
+so a cohort can wait for the running one to finish and merge with it. No hold while nothing
+decodes (nothing to spare), while a running prefill continues this step (joining it costs no
+extra step), for a preempted sequence, when the seats are full, or before both kinds of step
+have been timed.
 """
 
 from __future__ import annotations
@@ -150,19 +154,20 @@ class Scheduler:
 
     def _hold_arrivals(self, plan: StepPlan) -> bool:
         """Whether waiting interactive prompts stay out of this step (the admission hold)."""
-        budget = self.config.prefill_batch_ttft_s
-        if budget <= 0 or not plan.num_decodes or plan.num_prefill or not self.cost.ready:
+        factor = self.config.prefill_batch_hold
+        if factor <= 0 or not plan.num_decodes or plan.num_prefill or not self.cost.ready:
             return False
         seqs = [s for s in self.waiting if not s.is_batch]
-        if not seqs or len(seqs) >= plan.num_decodes or any(s.num_preemptions for s in seqs):
+        if not seqs or any(s.num_preemptions for s in seqs):
             return False
-        if len(self.running) + len(seqs) >= self.config.max_num_seqs:
+        batch = len(self.running) + len(seqs)
+        if batch >= self.config.max_num_seqs:
             return False
         now = self.clock()
         waited = now - min(self._arrived.get(id(s), now) for s in seqs)
         prefill = sum(s.num_tokens for s in seqs)
-        # Held one more step, then prefilled with the others: the oldest's TTFT, predicted.
-        return waited + self.cost.predict(0) + self.cost.predict(prefill) < budget
+        ttft = waited + self.cost.predict(0) + self.cost.predict(prefill)  # held one more step
+        return ttft < factor * self.cost.predict(prefill * batch // len(seqs))
 
     def _yield_batch(self, plan: StepPlan) -> bool:
         """Preempt the newest running batch sequence (none is scheduled yet when this runs), for

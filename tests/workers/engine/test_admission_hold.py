@@ -1,7 +1,8 @@
-"""The admission hold (prefill_batch_ttft_s): while others decode, new prompts wait and are then
-prefilled together in one step, once the oldest's predicted TTFT would pass the budget (or as
-many wait as decode); the decode steps in between carry no prefill, and outputs stay token-exact
-with HF generate. The step cost is pinned and the clock is the test's, so the steps are exact."""
+"""The admission hold (prefill_batch_hold): while others decode, new prompts wait and are then
+prefilled together in one step, once the oldest's predicted TTFT would pass the bound (or when
+nothing decodes any more); the decode steps in between carry no prefill, and outputs stay
+token-exact with HF generate. The step cost is pinned and the clock is the test's, so the steps
+are exact."""
 
 from __future__ import annotations
 
@@ -33,8 +34,8 @@ class Clock:
         return self.now
 
 
-def _engine(tiny: TinyModel, budget_s: float) -> tuple[LLMEngine, Clock, list[SchedulerOutput]]:
-    engine = make_engine(tiny.loaded, num_blocks=64, prefill_batch_ttft_s=budget_s)
+def _engine(tiny: TinyModel, hold: float) -> tuple[LLMEngine, Clock, list[SchedulerOutput]]:
+    engine = make_engine(tiny.loaded, num_blocks=64, prefill_batch_hold=hold)
     engine.scheduler.cost = PinnedCost(decode_s=DECODE_S, prefill_row_s=ROW_S)
     clock = Clock()
     engine.scheduler.clock = clock
@@ -67,7 +68,7 @@ def test_held_arrivals_are_prefilled_together_and_outputs_exact(tiny: TinyModel)
     params = SamplingParams(max_tokens=30, ignore_eos=True)
     running = {f"r{i}": random_prompt(rng, 6 + i) for i in range(4)}
     late = {"n0": random_prompt(rng, 20), "n1": random_prompt(rng, 13)}
-    engine, clock, steps = _engine(tiny, budget_s=0.5)
+    engine, clock, steps = _engine(tiny, hold=5.0)
     outs: dict[str, list[int]] = {}
     for rid, prompt in running.items():
         engine.add_request(rid, prompt, params)
@@ -82,7 +83,9 @@ def test_held_arrivals_are_prefilled_together_and_outputs_exact(tiny: TinyModel)
     assert all(s.num_decodes == 4 and s.num_prefill_tokens == 0 for s in held), held
     assert engine.scheduler.num_held_steps == len(held)
 
-    clock.now += 0.5  # n0 has waited past the budget: both go in the next step, together
+    # Bound: 5 x a 6-prompt batch's prefill (0.01 + 6 x 16.5 rows x 0.001 s), about 0.55 s; n0's
+    # TTFT so far: its wait, one more step, the 33 rows' prefill. Past it, both go in together.
+    clock.now += 0.5
     _step(engine, outs)
     assert steps[-1].num_decodes == 4
     assert steps[-1].num_prefill_tokens == len(late["n0"]) + len(late["n1"])
@@ -93,30 +96,27 @@ def test_held_arrivals_are_prefilled_together_and_outputs_exact(tiny: TinyModel)
     assert engine.pool.stats().blocks_used == 0
 
 
-def test_no_hold_once_as_many_wait_as_decode(tiny: TinyModel) -> None:
+def test_held_prompts_go_in_once_nothing_decodes(tiny: TinyModel) -> None:
     rng = random.Random(22)
-    params = SamplingParams(max_tokens=12, ignore_eos=True)
-    engine, _, steps = _engine(tiny, budget_s=5.0)
+    engine, _, steps = _engine(tiny, hold=10.0)
     outs: dict[str, list[int]] = {}
     for i in range(2):
-        engine.add_request(f"r{i}", random_prompt(rng, 8), params)
+        engine.add_request(f"r{i}", random_prompt(rng, 8), SamplingParams(max_tokens=4, ignore_eos=True))
     _step(engine, outs)
-    engine.add_request("n0", random_prompt(rng, 9), params)
-    _step(engine, outs)
-    assert steps[-1].num_prefill_tokens == 0  # one waits, two decode: held
-    engine.add_request("n1", random_prompt(rng, 10), params)
-    _step(engine, outs)
-    assert steps[-1].num_prefill_tokens == 19  # two wait, two decode: both go in
+    late = random_prompt(rng, 9)
+    engine.add_request("n0", late, SamplingParams(max_tokens=6, ignore_eos=True))
     _drain(engine, outs)
-    assert engine.scheduler.num_held_steps == 1
+    assert engine.scheduler.num_held_steps == 3  # r0 and r1's three decode steps
+    assert [s.num_prefill_tokens for s in steps] == [16, 0, 0, 0, 9, 0, 0, 0, 0, 0]
+    assert_tokens(outs["n0"], tiny.expected(late, 6), "n0")
 
 
-@pytest.mark.parametrize("budget_s", [0.0, 0.5])
-def test_off_or_unmeasured_admits_at_once(tiny: TinyModel, budget_s: float) -> None:
+@pytest.mark.parametrize("hold", [0.0, 5.0])
+def test_off_or_unmeasured_admits_at_once(tiny: TinyModel, hold: float) -> None:
     rng = random.Random(23)
     params = SamplingParams(max_tokens=8, ignore_eos=True)
-    engine, _, steps = _engine(tiny, budget_s=budget_s)
-    if budget_s:
+    engine, _, steps = _engine(tiny, hold=hold)
+    if hold:
         engine.scheduler.cost = StepCost()  # nothing timed yet: no hold
     outs: dict[str, list[int]] = {}
     for i in range(3):
@@ -141,6 +141,6 @@ def test_step_cost_follows_timed_steps() -> None:
 
 
 def test_the_budget_is_a_setting_and_validated() -> None:
-    assert Settings.from_env({}, prefill_batch_ttft_s=0.8).engine_config().prefill_batch_ttft_s == 0.8
-    with pytest.raises(ValueError, match="prefill_batch_ttft_s"):
-        EngineConfig(prefill_batch_ttft_s=-1.0)
+    assert Settings.from_env({}, prefill_batch_hold=1.5).engine_config().prefill_batch_hold == 1.5
+    with pytest.raises(ValueError, match="prefill_batch_hold"):
+        EngineConfig(prefill_batch_hold=-1.0)
