@@ -185,6 +185,10 @@ class EngineFigures(Message, frozen=True):
     fragmentation: float
     weights_bytes: int
     pool_bytes: int
+    # Seconds of decode-only steps and of steps with prefill rows; steps that held prompts back.
+    seconds_decode_only: float = 0.0
+    seconds_with_prefill: float = 0.0
+    num_held_steps: int = 0
 
     @property
     def kv_usage(self) -> float:

@@ -9,6 +9,7 @@ import click
 from ops.batch_cli import batch_cmd
 from ops.chaos.command import chaos_cmd
 from ops.commands_bench_batch import bench_batch_cmd  # noqa: F401  (registers `bench batch`)
+from ops.commands_bench_served import bench_served_decode_cmd  # noqa: F401  (`bench served-decode`)
 from ops.commands_bench_sessions import bench_sessions_cmd  # noqa: F401  (registers `bench sessions`)
 from ops.commands_engine import bench, run_batch_cmd
 from ops.commands_service import api_cmd, ping_cmd, preload_cmd, serve_cmd, stats_cmd, submit_cmd, worker_cmd

@@ -18,6 +18,10 @@ class EngineConfig:
     # Prefill tokens in a step that also carries decodes: a long prompt chunk stretches every
     # decode's step (TPOT). None: only max_num_batched_tokens applies.
     max_prefill_tokens_with_decodes: int | None = DEFAULTS.max_prefill_tokens_with_decodes
+    # Admission hold (scheduler.py): while others decode, new interactive prompts wait to be
+    # prefilled together, the oldest's predicted TTFT bounded by this many times the predicted
+    # prefill of a full batch of prompts like them (step_cost.py). 0: admit at once.
+    prefill_batch_hold: float = DEFAULTS.prefill_batch_hold
     max_model_len: int | None = None  # None: the model's own context length
     enable_prefix_caching: bool = DEFAULTS.enable_prefix_caching
     # A bare engine (tests, benchmarks) has no warm tier and no max_tokens default unless given;
@@ -59,6 +63,8 @@ class EngineConfig:
         cap = self.max_prefill_tokens_with_decodes
         if cap is not None and cap < 1:
             raise ValueError(f"max_prefill_tokens_with_decodes must be None or >= 1, got {cap}")
+        if not 0.0 <= self.prefill_batch_hold <= 10.0:
+            raise ValueError(f"prefill_batch_hold must be in [0, 10], got {self.prefill_batch_hold}")
         if self.dtype not in ("float32", "float16", "bfloat16"):
             raise ValueError(f"dtype must be float32, float16 or bfloat16, got {self.dtype}")
         if not 0.0 <= self.first_token_hold_s <= 60.0:

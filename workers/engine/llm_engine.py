@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from pathlib import Path
 
@@ -196,13 +197,17 @@ class LLMEngine:
         finish_reason "error" (its reason in last_errors); anything else that raises is the
         engine's failure: the caller must then call abort_all() before stepping again."""
         self.last_errors = {}
+        started = time.perf_counter()
         step = self.scheduler.schedule()
         self.faults.on_step(step.scheduled)
         outputs = [*self._ready.values(), *(self._finish(seq, "length", []) for seq in step.outgrown)]
         self._ready.clear()
         if not step.scheduled:
             return outputs
-        return [*outputs, *self._postprocess(step, self._run(step))]
+        done = self._postprocess(step, self._run(step))
+        elapsed = time.perf_counter() - started
+        self.scheduler.cost.record(step.num_decodes, step.num_prefill_tokens, elapsed)
+        return [*outputs, *done]
 
     def _run(self, step: SchedulerOutput) -> tuple[list[int | Exception], list[Logprob | None]]:
         """Tier loads, the forward, sampling: one token (or its request's error) per sampling seq,

@@ -53,6 +53,9 @@ class EngineReport:
             max_batch_tokens=counters.max_batch_tokens,
             prompt_tokens_computed=counters.prompt_tokens_computed,
             generation_tokens=self.post.generation_tokens,
+            seconds_decode_only=self.scheduler.cost.seconds_decode_only,
+            seconds_with_prefill=self.scheduler.cost.seconds_with_prefill,
+            num_held_steps=self.scheduler.num_held_steps,
         )
 
     def check_integrity(self, idle: bool) -> None:

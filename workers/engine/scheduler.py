@@ -10,15 +10,34 @@ the running batch sequences, then new batch sequences, only while no interactive
 a batch line never starts while an interactive request waits, and a step that prefills an
 interactive prompt carries no batch work (batch decodes wait that step out). With no batch
 sequence, phases 1 and 2 are the whole step: running first, then arrivals, as before classes.
+
+Admission hold (prefill_batch_hold): a step that carries a new prompt's prefill costs every
+running request a slower step, and the prefill work is the same whenever it runs, so capping it
+per step only spreads it over more steps. What shrinks it is fewer steps with prefill in a
+request's life: while others decode, new interactive prompts wait and are then prefilled
+together. Requests admitted together finish together (and at a fixed output length, their
+successors arrive together), so the cohorts merge, and the decode steps between cohorts carry no
+prefill. The bound comes from the step cost model (step_cost.py, timed from this engine's steps
+on the CPU at hand): hold while the oldest waiting prompt's predicted TTFT (its wait, one more
+decode step, then the waiting prompts' prefill) stays under prefill_batch_hold times the
+predicted prefill of a full batch of such prompts (the running sequences and the waiting ones),
+so a cohort can wait for the running one to finish and merge with it. No hold while nothing
+decodes (nothing to spare), while a running prefill continues this step (joining it costs no
+extra step), for a preempted sequence, when the seats are full, or before both kinds of step
+have been timed.
 """
 
 from __future__ import annotations
+
+import time
+from collections.abc import Callable
 
 from kvstore.chain import BlockHash
 from kvstore.tiers.stored_block import StoredBlock
 from workers.engine.block_manager import BlockManager
 from workers.engine.config import EngineConfig
 from workers.engine.requests.sequence import EngineRequest, RequestStatus
+from workers.engine.step_cost import StepCost
 from workers.engine.step_plan import ScheduledSeq, SchedulerOutput, StepPlan, is_decoding
 from workers.engine.tier_bridge import TierBridge
 from workers.engine.wait_queue import WaitQueue
@@ -36,8 +55,13 @@ class Scheduler:
         self.waiting = WaitQueue()
         self.running: list[EngineRequest] = []
         self.num_preemptions = 0
+        self.cost = StepCost()  # the engine times each step into it
+        self.clock: Callable[[], float] = time.monotonic
+        self._arrived: dict[int, float] = {}  # id(seq) -> when it was added, while it waits
+        self.num_held_steps = 0  # steps that held waiting prompts back (admission hold)
 
     def add(self, seq: EngineRequest) -> None:
+        self._arrived[id(seq)] = self.clock()
         self.waiting.add(seq)
 
     def has_unfinished(self) -> bool:
@@ -50,7 +74,10 @@ class Scheduler:
         if not self._run(plan, [s for s in ordered if not s.is_batch]):
             return plan.output()  # it had to preempt: no room to spare for arrivals
         pending = self._pending_prefix_hashes()
-        self._admit(plan, pending, batch=False)
+        if self._hold_arrivals(plan):
+            self.num_held_steps += 1  # and no batch sequence is admitted while they wait
+        else:
+            self._admit(plan, pending, batch=False)
         if plan.interactive_prefill:
             return plan.output()
         if not self._run(plan, [s for s in ordered if s.is_batch]):
@@ -117,12 +144,30 @@ class Scheduler:
             if seq.num_cached_tokens < 0:  # first admission: count the prefix query once
                 self._count_sources(seq, loaded)
             self.waiting.popleft()
+            self._arrived.pop(id(seq), None)
             seq.status = RequestStatus.RUNNING
             seq.prefix_hashes = hashes
             self.running.append(seq)
             plan.take(seq, n, decode=False)
             pending.update(hashes[known:])
         self.waiting.put_back_all(deferred)
+
+    def _hold_arrivals(self, plan: StepPlan) -> bool:
+        """Whether waiting interactive prompts stay out of this step (the admission hold)."""
+        factor = self.config.prefill_batch_hold
+        if factor <= 0 or not plan.num_decodes or plan.num_prefill or not self.cost.ready:
+            return False
+        seqs = [s for s in self.waiting if not s.is_batch]
+        if not seqs or any(s.num_preemptions for s in seqs):
+            return False
+        batch = len(self.running) + len(seqs)
+        if batch >= self.config.max_num_seqs:
+            return False
+        now = self.clock()
+        waited = now - min(self._arrived.get(id(s), now) for s in seqs)
+        prefill = sum(s.num_tokens for s in seqs)
+        ttft = waited + self.cost.predict(0) + self.cost.predict(prefill)  # held one more step
+        return ttft < factor * self.cost.predict(prefill * batch // len(seqs))
 
     def _yield_batch(self, plan: StepPlan) -> bool:
         """Preempt the newest running batch sequence (none is scheduled yet when this runs), for
@@ -195,5 +240,6 @@ class Scheduler:
             self.running.remove(seq)
         elif seq in self.waiting:
             self.waiting.remove(seq)
+        self._arrived.pop(id(seq), None)
         self.blocks.free(seq)
         seq.status = RequestStatus.FINISHED

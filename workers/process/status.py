@@ -32,6 +32,9 @@ def figures_of(stats: EngineStats) -> EngineFigures:
         fragmentation=pool.fragmentation,
         weights_bytes=stats.memory.weights_bytes,
         pool_bytes=stats.memory.pool_bytes,
+        seconds_decode_only=stats.seconds_decode_only,
+        seconds_with_prefill=stats.seconds_with_prefill,
+        num_held_steps=stats.num_held_steps,
     )
 
 
