@@ -114,9 +114,11 @@ class TierBridge:
         return fresh
 
     def admit(self, blocks: Sequence[StoredBlock]) -> None:
-        """Blocks a prefetch brought from Redis: into the warm tier, known to be in Redis."""
+        """Blocks a prefetch brought from Redis: into the warm tier, known to be in Redis (but
+        not those the pool indexed meanwhile: it holds them, and the tiers are exclusive)."""
         for block in blocks:
-            self.warm.put(block)
+            if block.block_hash not in self._meta:
+                self.warm.put(block)
         hashes = [b.block_hash for b in blocks]
         self.held.arrived(hashes)
         with self._lock:

@@ -7,6 +7,7 @@ import random
 
 from broker.sampling import SamplingParams
 from kvstore.chain import hash_blocks
+from kvstore.tiers.stored_block import StoredBlock
 from tests.workers._helpers import NO_EOS, TinyModel, assert_tokens, make_engine, random_prompt, run_checked
 from workers.engine.kernels import block_writer
 
@@ -100,3 +101,18 @@ def test_sessions_outgrowing_the_pool_keep_their_history_in_pool_plus_warm(tiny:
                 lost += (len(history) - 1) // 16 * 16 - out.cached_tokens
             histories[s] = [*prompt, *out.token_ids]
     assert lost == 0, f"{lost} history tokens recomputed"
+
+
+def test_a_prefetched_block_the_pool_holds_does_not_go_warm(tiny: TinyModel) -> None:
+    rng = random.Random(25)
+    prompt = random_prompt(rng, 40)
+    engine = make_engine(tiny.loaded, num_blocks=8, warm_cache_size_bytes=1 << 20)
+    assert engine.tiers is not None
+    run_checked(engine, {"first": (prompt, SamplingParams(max_tokens=2, **NO_EOS))})
+    root = engine.block_manager.root("")
+    first, second = hash_blocks(prompt[:32], 16, (), parent=root)
+    late = StoredBlock(first, root, tuple(prompt[:16]), engine.kv_cache.read_block(0))  # a racing prefetch
+    fresh = StoredBlock(hash_blocks([7] * 16, 16, (), parent=second)[0], second, (7,) * 16, late.kv)
+    engine.admit_prefetched([late, fresh])
+    assert first not in engine.tiers.warm, "a block the pool holds was duplicated in the warm tier"
+    assert fresh.block_hash in engine.tiers.warm
