@@ -2,7 +2,10 @@
 
 Blocks leave the hot pool only when their slot is reused (lazy LRU eviction): the pool announces
 BlockRemoved before the slot is overwritten, and the block's bytes go to the warm tier then (and
-on to the cold tier). A finished turn's blocks are handed to the writer (workers/tiers/writer.py): one
+on to the cold tier). The two are exclusive: a block the pool indexes (computed, or loaded from the
+warm tier) leaves the warm tier, so the warm tier's bytes go to blocks the pool does not hold, and
+a returning session's history outgrows the pool plus the warm tier, not the larger of the two.
+A finished turn's blocks are handed to the writer (workers/tiers/writer.py): one
 copy of them into its staging arena here; bytes, packing, checksums and Redis I/O on its thread.
 Admission asks the warm tier for the blocks right after the pool's hits; Redis reads happen
 earlier, on the submitting thread, which asks `held` what this worker holds and hands what it
@@ -74,6 +77,9 @@ class TierBridge:
     def _on_event(self, event: BlockEvent) -> None:
         if isinstance(event, BlockStored):
             self._meta[event.block_hash] = (event.parent_hash, event.token_ids)
+            # Exclusive tiers: the pool holds it now, and gives it back to the warm tier when it
+            # evicts it. A copy kept warm meanwhile would take the room of a block only warm holds.
+            self.warm.pop(event.block_hash)
         elif isinstance(event, BlockRemoved):
             meta = self._meta.pop(event.block_hash, None)
             if meta is None:
@@ -108,9 +114,11 @@ class TierBridge:
         return fresh
 
     def admit(self, blocks: Sequence[StoredBlock]) -> None:
-        """Blocks a prefetch brought from Redis: into the warm tier, known to be in Redis."""
+        """Blocks a prefetch brought from Redis: into the warm tier, known to be in Redis (but
+        not those the pool indexed meanwhile: it holds them, and the tiers are exclusive)."""
         for block in blocks:
-            self.warm.put(block)
+            if block.block_hash not in self._meta:
+                self.warm.put(block)
         hashes = [b.block_hash for b in blocks]
         self.held.arrived(hashes)
         with self._lock:

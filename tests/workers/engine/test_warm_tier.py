@@ -7,6 +7,7 @@ import random
 
 from broker.sampling import SamplingParams
 from kvstore.chain import hash_blocks
+from kvstore.tiers.stored_block import StoredBlock
 from tests.workers._helpers import NO_EOS, TinyModel, assert_tokens, make_engine, random_prompt, run_checked
 from workers.engine.kernels import block_writer
 
@@ -50,3 +51,68 @@ def test_small_pool_plus_warm_tier_computes_less_than_small_pool_alone(tiny: Tin
             assert_tokens(out.token_ids, tiny.expected(prompt, 4), f"request {i} (warm={warm})")
         computed[warm] = engine.stats().prompt_tokens_computed
     assert computed[1 << 20] < computed[0] * 0.6, computed
+
+
+def test_a_block_back_in_the_pool_leaves_the_warm_tier_and_returns_when_evicted(tiny: TinyModel) -> None:
+    rng = random.Random(23)
+    system = random_prompt(rng, 64)
+    params = SamplingParams(max_tokens=4, **NO_EOS)
+    engine = make_engine(tiny.loaded, num_blocks=8, warm_cache_size_bytes=1 << 20)
+    assert engine.tiers is not None
+    hashes = hash_blocks(system, 16, (), parent=engine.block_manager.root(""))
+    run_checked(engine, {"first": ([*system, 1, 2], params)})
+    assert not any(h in engine.tiers.warm for h in hashes), (
+        "computed blocks are warm while the pool holds them"
+    )
+    for i in range(2):
+        run_checked(engine, {f"filler{i}": (random_prompt(rng, 100), params)})
+    assert all(h in engine.tiers.warm for h in hashes), "evicted blocks did not go warm"
+
+    again = [*system, 3, 4, 5]
+    out = run_checked(engine, {"again": (again, params)})["again"]
+    assert_tokens(out.token_ids, tiny.expected(again, 4), "after reload from the warm tier")
+    assert out.warm_tokens == 64
+    assert not any(h in engine.tiers.warm for h in hashes), "the warm tier keeps a copy of pool blocks"
+    run_checked(engine, {"filler2": (random_prompt(rng, 100), params)})
+    in_pool = [
+        engine.pool.get_cached_block(h, system[i * 16 : (i + 1) * 16]) is not None
+        for i, h in enumerate(hashes)
+    ]
+    in_warm = [h in engine.tiers.warm for h in hashes]
+    assert any(in_warm), "blocks evicted a second time did not go warm"
+    assert [p != w for p, w in zip(in_pool, in_warm, strict=True)] == [True] * 4, (in_pool, in_warm)
+
+
+def test_sessions_outgrowing_the_pool_keep_their_history_in_pool_plus_warm(tiny: TinyModel) -> None:
+    """Round-robin sessions whose histories fit the pool and the warm tier together, not either
+    alone: after its first turn, a session computes only what is new (no history is lost)."""
+    rng = random.Random(24)
+    params = SamplingParams(max_tokens=6, **NO_EOS)
+    per_block = 8 * 1024  # the tiny models' 16-token block (tests/workers/conftest.py)
+    engine = make_engine(tiny.loaded, num_blocks=10, warm_cache_size_bytes=18 * per_block)
+    histories = [random_prompt(rng, 40) for _ in range(5)]
+    lost = 0
+    for turn in range(4):
+        for s, history in enumerate(histories):
+            prompt = [*history, *random_prompt(rng, 5)]
+            out = run_checked(engine, {f"s{s}t{turn}": (prompt, params)})[f"s{s}t{turn}"]
+            assert_tokens(out.token_ids, tiny.expected(prompt, 6), f"session {s} turn {turn}")
+            if turn:  # every full block of what the last turn computed (its last token never is)
+                lost += (len(history) - 1) // 16 * 16 - out.cached_tokens
+            histories[s] = [*prompt, *out.token_ids]
+    assert lost == 0, f"{lost} history tokens recomputed"
+
+
+def test_a_prefetched_block_the_pool_holds_does_not_go_warm(tiny: TinyModel) -> None:
+    rng = random.Random(25)
+    prompt = random_prompt(rng, 40)
+    engine = make_engine(tiny.loaded, num_blocks=8, warm_cache_size_bytes=1 << 20)
+    assert engine.tiers is not None
+    run_checked(engine, {"first": (prompt, SamplingParams(max_tokens=2, **NO_EOS))})
+    root = engine.block_manager.root("")
+    first, second = hash_blocks(prompt[:32], 16, (), parent=root)
+    late = StoredBlock(first, root, tuple(prompt[:16]), engine.kv_cache.read_block(0))  # a racing prefetch
+    fresh = StoredBlock(hash_blocks([7] * 16, 16, (), parent=second)[0], second, (7,) * 16, late.kv)
+    engine.admit_prefetched([late, fresh])
+    assert first not in engine.tiers.warm, "a block the pool holds was duplicated in the warm tier"
+    assert fresh.block_hash in engine.tiers.warm
