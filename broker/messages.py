@@ -185,6 +185,9 @@ class EngineFigures(Message, frozen=True):
     fragmentation: float
     weights_bytes: int
     pool_bytes: int
+    # Prompt tokens its running sequences have not computed yet (chunked prefills under way; a
+    # waiting one's cache hit is not known before it is scheduled): prefill ahead of a new job.
+    prefill_tokens_pending: int = 0
 
     @property
     def kv_usage(self) -> float:

@@ -53,6 +53,9 @@ class EngineReport:
             max_batch_tokens=counters.max_batch_tokens,
             prompt_tokens_computed=counters.prompt_tokens_computed,
             generation_tokens=self.post.generation_tokens,
+            prefill_tokens_pending=sum(
+                max(0, s.num_prompt_tokens - s.num_computed_tokens) for s in self.scheduler.running
+            ),
         )
 
     def check_integrity(self, idle: bool) -> None:

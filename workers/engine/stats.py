@@ -34,6 +34,7 @@ class EngineStats:
     max_batch_tokens: int
     prompt_tokens_computed: int
     generation_tokens: int
+    prefill_tokens_pending: int = 0  # prompt tokens of running sequences not computed yet
 
     def to_dict(self) -> dict[str, Any]:
         out = {k: v for k, v in asdict(self).items() if k not in ("pool", "memory")}

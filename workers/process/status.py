@@ -32,6 +32,7 @@ def figures_of(stats: EngineStats) -> EngineFigures:
         fragmentation=pool.fragmentation,
         weights_bytes=stats.memory.weights_bytes,
         pool_bytes=stats.memory.pool_bytes,
+        prefill_tokens_pending=stats.prefill_tokens_pending,
     )
 
 
