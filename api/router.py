@@ -8,8 +8,8 @@
    MOVE_MARGIN more: then that one keeps it ("session affinity" or "prefix match"; a move is a
    "load balance"). With session_move_after_turns = K, a session's turn K+1 goes to the cheapest
    worker other than its last one.
-2. A prefix nobody holds: the least loaded ready worker.
-3. No worker ready: the shared queue; any worker takes it, and resumes from Redis what it lacks.
+2. A session's turn with a prefix nobody holds: the least loaded ready worker.
+3. Otherwise the shared queue: any worker takes it, and resumes from Redis what it lacks.
 
 When a session's turn goes to a worker other than its last one, that worker gets a prefetch hint
 first: it loads the session's blocks from the Redis tier into its warm tier while the job waits
@@ -156,12 +156,14 @@ async def _choose(
         unit = "messages" if job.messages else "text chunks"
         choice = _Choice(job, ready, matches, record, home_worker, unit, len(digests))
         return choice.route(move_after, redis_tier, note), record
-    if ready:  # not the shared queue: a worker's prefetch would take a burst of new sessions at once
+    if ready and job.session_id:
+        # A session stays where its first turn runs: that is placed by load, not left to the shared
+        # queue, whose first taker's prefetch would take a whole burst of new sessions.
         backlogs = {n: _backlog(w).cost for n, w in ready.items()}
         name = min(backlogs, key=lambda n: (backlogs[n], random.random()))
         tokens = sum(route_cost.prompt_tokens(job))
         return _to(name, f"least loaded: {name}, no worker holds this prefix{note}", tokens), record
-    reason = "shared: no live worker" if not live else "shared: no worker ready"
+    reason = "shared: no live worker" if not live else "shared: no worker holds this prefix"
     return Route(keys.SHARED_QUEUE, reason + note), record
 
 

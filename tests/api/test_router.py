@@ -66,10 +66,8 @@ def test_longest_prefix_wins_then_least_loaded(rds: redis.Redis, redis_url: str)
     # Both hold the system prompt: the less loaded one takes a new conversation.
     advertise(rds, "b", digests[:1])
     assert _route(redis_url, _job(SYSTEM, ChatMessage("user", "new"))).queue == keys.worker_queue("a")
-    # Nobody holds it: the least loaded worker's own queue (a's), not the shared one, whose first
-    # taker's prefetch would take a whole burst of new sessions.
     assert _route(redis_url, _job(ChatMessage("user", "unknown"))) == Route(
-        keys.worker_queue("a"), "least loaded: a, no worker holds this prefix"
+        keys.SHARED_QUEUE, "shared: no worker holds this prefix"
     )
 
 

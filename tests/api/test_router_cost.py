@@ -122,3 +122,24 @@ def test_the_setting_reaches_the_api(monkeypatch: pytest.MonkeyPatch) -> None:
     assert Settings.from_env(redis_cache_size=0).api_config().redis_tier is False
     with pytest.raises(ValueError, match="session_move_after_turns"):
         Settings.from_env(session_move_after_turns=-1).api_config()
+
+
+def test_a_burst_of_new_sessions_is_placed_by_load_not_left_to_the_shared_queue(
+    clean: redis.Redis, redis_url: str
+) -> None:
+    """The shared queue's first taker would prefetch the whole burst, and affinity then keeps it."""
+    _beat(clean, "a")
+    _beat(clean, "b")
+    first = [
+        _route(redis_url, GenerateJob(model="m", endpoint="chat", messages=HISTORY[:2], session_id=f"n{i}"))
+        for i in range(8)
+    ]
+    assert sorted(r.queue for r in first) == [keys.worker_queue("a")] * 4 + [keys.worker_queue("b")] * 4, (
+        first
+    )
+    assert all(r.reason.endswith(", no worker holds this prefix") for r in first), first
+    # Without a session, the shared queue as before.
+    assert (
+        _route(redis_url, GenerateJob(model="m", endpoint="chat", messages=HISTORY[:2])).queue
+        == keys.SHARED_QUEUE
+    )
