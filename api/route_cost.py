@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import bisect
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -123,3 +123,34 @@ class RecentRoutes:
             return 0.0
         first = bisect.bisect_right(routes, (when, float("inf")))
         return sum(routes[i][1] for i in range(first, len(routes)))
+
+
+class RoutedPrefixes:
+    """The prefix digests of the session first turns this api routed lately, each with the worker
+    it went to (the latest): a prefix under computation there, not advertised until its job ends."""
+
+    def __init__(self, horizon_s: float = 30.0, max_digests: int = 4096) -> None:
+        self.horizon_s = horizon_s
+        self.max_digests = max_digests
+        self._where: OrderedDict[str, tuple[str, float]] = OrderedDict()  # digest -> (worker, when)
+
+    def add(self, worker: str, digests: Sequence[str]) -> None:
+        now = time.time()
+        for digest in digests:
+            self._where[digest] = (worker, now)
+            self._where.move_to_end(digest)
+        while len(self._where) > self.max_digests:
+            self._where.popitem(last=False)
+
+    def runs(self, candidates: Sequence[str], digests: Sequence[str]) -> dict[str, int]:
+        """For each candidate, how many of `digests` from the first on were routed to it lately."""
+        oldest = time.time() - self.horizon_s
+        out = dict.fromkeys(candidates, 0)
+        first = ""
+        for digest in digests:
+            worker, when = self._where.get(digest, ("", 0.0))
+            if worker not in out or when < oldest or worker != (first or worker):
+                break
+            first = worker
+            out[worker] += 1
+        return out

@@ -130,8 +130,9 @@ def test_a_burst_of_new_sessions_is_placed_by_load_not_left_to_the_shared_queue(
     """The shared queue's first taker would prefetch the whole burst, and affinity then keeps it."""
     _beat(clean, "a")
     _beat(clean, "b")
+    prompts = [(ChatMessage("system", f"prompt {i}: " + "be brief. " * 50),) for i in range(8)]
     first = [
-        _route(redis_url, GenerateJob(model="m", endpoint="chat", messages=HISTORY[:2], session_id=f"n{i}"))
+        _route(redis_url, GenerateJob(model="m", endpoint="chat", messages=prompts[i], session_id=f"n{i}"))
         for i in range(8)
     ]
     assert sorted(r.queue for r in first) == [keys.worker_queue("a")] * 4 + [keys.worker_queue("b")] * 4, (
@@ -140,6 +141,34 @@ def test_a_burst_of_new_sessions_is_placed_by_load_not_left_to_the_shared_queue(
     assert all(r.reason.endswith(", no worker holds this prefix") for r in first), first
     # Without a session, the shared queue as before.
     assert (
-        _route(redis_url, GenerateJob(model="m", endpoint="chat", messages=HISTORY[:2])).queue
+        _route(
+            redis_url, GenerateJob(model="m", endpoint="chat", messages=(ChatMessage("user", "new"),))
+        ).queue
         == keys.SHARED_QUEUE
     )
+
+
+def test_a_burst_of_sessions_on_a_few_system_prompts_is_grouped_by_prompt(
+    clean: redis.Redis, redis_url: str
+) -> None:
+    """Before any of them is advertised: the sessions sharing a system prompt go where its first
+    one went (computed once there), the prompts spread by load."""
+    _beat(clean, "a")
+    _beat(clean, "b")
+    systems = [ChatMessage("system", f"You are assistant {k}. " + "Be brief. " * 100) for k in range(2)]
+    routes = [
+        _route(
+            redis_url,
+            GenerateJob(
+                model="m",
+                endpoint="chat",
+                messages=(systems[i % 2], ChatMessage("user", f"q{i}")),
+                session_id=f"g{i}",
+            ),
+        )
+        for i in range(8)
+    ]
+    by_prompt = [{r.queue for r in routes[k::2]} for k in range(2)]
+    assert all(len(queues) == 1 for queues in by_prompt), routes
+    assert by_prompt[0] != by_prompt[1], routes
+    assert all(r.reason.endswith("routed there lately") for r in routes[2:]), routes
