@@ -80,6 +80,12 @@ class Backlog:
     def cost(self) -> float:
         return self.prefill_tokens + DECODE_ROW * self.sequences
 
+    def less_one_ended(self, ended_at: float, w: WorkerStatus) -> Backlog:
+        """Without a job that ended at `ended_at`, when `w`'s heartbeat came before that."""
+        if ended_at <= w.sent_at or self.sequences == 0:
+            return self
+        return Backlog(self.sequences - 1, self.prefill_tokens)
+
 
 def backlog(w: WorkerStatus, since_jobs: int, since_tokens: float) -> Backlog:
     """Jobs the worker holds but its engine does not yet (a Celery thread before its submit, or a

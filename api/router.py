@@ -215,6 +215,12 @@ class _Choice:
         loadable = max([history, *held.values()])
         prefill = {n: route_cost.prefill_cost(total, held[n], loadable, redis_tier) for n in self.ready}
         backlogs = {n: _backlog(w) for n, w in self.ready.items()}
+        if record is not None and home_worker is not None:
+            # The session's last turn ended after its worker's heartbeat: that heartbeat still
+            # counts it, which would push every session's next turn away from its blocks.
+            backlogs[home_worker] = backlogs[home_worker].less_one_ended(
+                record.last_used, self.ready[home_worker]
+            )
         cost = {n: prefill[n] + backlogs[n].cost for n in self.ready}
         tiebreak = {n: random.random() for n in self.ready}
         home = min(self.ready, key=lambda n: (prefill[n], n != home_worker, backlogs[n].cost, tiebreak[n]))

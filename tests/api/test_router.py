@@ -108,7 +108,8 @@ def test_a_burst_of_new_conversations_is_spread_before_heartbeats_catch_up(
 def test_affinity_gives_way_when_its_worker_is_clearly_busier(rds: redis.Redis, redis_url: str) -> None:
     _beat(rds, "a")
     _beat(rds, "b")
-    session_store.save(rds, SessionRecord("hot", "", "m", (1,), (), "a", time.time(), 1), 60)
+    # Its last turn ended before the heartbeats (one ending after is no longer counted on a).
+    session_store.save(rds, SessionRecord("hot", "", "m", (1,), (), "a", time.time() - 1, 1), 60)
     reasons = [_route(redis_url, _job(SYSTEM, session="hot")).reason for _ in range(8)]
     # It stays while the jobs routed to a cost less than a move saves (api/route_cost.py)...
     assert reasons[0] == "session affinity: a", reasons

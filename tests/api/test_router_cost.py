@@ -172,3 +172,18 @@ def test_a_burst_of_sessions_on_a_few_system_prompts_is_grouped_by_prompt(
     assert all(len(queues) == 1 for queues in by_prompt), routes
     assert by_prompt[0] != by_prompt[1], routes
     assert all(r.reason.endswith("routed there lately") for r in routes[2:]), routes
+
+
+def test_the_sessions_own_last_job_is_not_counted_against_its_worker(
+    clean: redis.Redis, redis_url: str
+) -> None:
+    """The heartbeat came while the session's last turn ran: that job has ended since."""
+    _beat(clean, "a", running=6)
+    _beat(clean, "b", running=2)
+    _advertise(clean, "a", HISTORY)
+    session_store.save(clean, SessionRecord("s9", "", "m", (1, 2, 3), (), "a", time.time() - 5, 1), 60)
+    assert _route(redis_url, _next_turn("s9")).reason.startswith("load balance: b (a has 6 jobs, b 2)")
+    _beat(clean, "a", running=6)
+    _beat(clean, "b", running=2)
+    _session(clean, "s9", "a", turns=1)  # it ended after a's heartbeat: a runs 5 others
+    assert _route(redis_url, _next_turn("s9")).reason == "session affinity: a"
