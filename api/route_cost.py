@@ -81,20 +81,23 @@ class Backlog:
         return self.prefill_tokens + DECODE_ROW * self.sequences
 
     def less_one_ended(self, ended_at: float, w: WorkerStatus) -> Backlog:
-        """Without a job that ended at `ended_at`, when `w`'s heartbeat came before that."""
+        """Without a job that ended at `ended_at`, when `w`'s heartbeat came before that: the
+        heartbeat (or the routes since) still count it."""
         if ended_at <= w.sent_at or self.sequences == 0:
             return self
         return Backlog(self.sequences - 1, self.prefill_tokens)
 
 
-def backlog(w: WorkerStatus, since_jobs: int, since_tokens: float) -> Backlog:
+def backlog(w: WorkerStatus, since_jobs: int) -> Backlog:
     """Jobs the worker holds but its engine does not yet (a Celery thread before its submit, or a
-    fetch from Redis) count as sequences; their prompts are not known, so they count no tokens."""
+    fetch from Redis), and those routed to it since its heartbeat, count as sequences; their
+    prompts count no tokens: how much of one hits is not known, nor whether it has ended since
+    (a burst's prefills show in the next heartbeat's prefill_tokens_pending)."""
     e: EngineFigures | None = w.engine
     in_engine = (e.num_running + e.num_waiting) if e else 0
     outside = max(0, w.jobs_running - in_engine)
     pending = e.prefill_tokens_pending if e else 0
-    return Backlog(in_engine + outside + since_jobs, pending + since_tokens)
+    return Backlog(in_engine + outside + since_jobs, pending)
 
 
 def cheapest(costs: Mapping[str, float], tiebreak: Mapping[str, float]) -> str:
@@ -102,33 +105,25 @@ def cheapest(costs: Mapping[str, float], tiebreak: Mapping[str, float]) -> str:
 
 
 class RecentRoutes:
-    """Jobs this api process routed to each worker, with when and their expected prefill: the part
-    of a worker's load that its last heartbeat (up to a second old) cannot show yet. Without it, a
-    burst of new sessions would all see the same stale loads and pile onto one worker."""
+    """Jobs this api process routed to each worker, with when: the part of a worker's load that
+    its last heartbeat (up to a second old) cannot show yet. Without it, a burst of new sessions
+    would all see the same stale loads and pile onto one worker."""
 
     def __init__(self, horizon_s: float = 30.0) -> None:
         self.horizon_s = horizon_s
-        self._routes: dict[str, deque[tuple[float, float]]] = {}  # per worker: (when, tokens), in order
+        self._routes: dict[str, deque[float]] = {}  # per worker, in time order
 
-    def add(self, worker: str, tokens: float = 0.0) -> None:
+    def add(self, worker: str) -> None:
         now = time.time()
-        routes = self._routes.setdefault(worker, deque())
-        routes.append((now, tokens))
-        while routes and routes[0][0] < now - self.horizon_s:
-            routes.popleft()
+        times = self._routes.setdefault(worker, deque())
+        times.append(now)
+        while times and times[0] < now - self.horizon_s:
+            times.popleft()
 
     def since(self, worker: str, when: float) -> int:
         """Routed to `worker` after `when`: a binary search in its own times, whatever the others'."""
-        routes = self._routes.get(worker)
-        return len(routes) - bisect.bisect_right(routes, (when, float("inf"))) if routes else 0
-
-    def tokens_since(self, worker: str, when: float) -> float:
-        """The expected prefill tokens of those jobs."""
-        routes = self._routes.get(worker)
-        if not routes:
-            return 0.0
-        first = bisect.bisect_right(routes, (when, float("inf")))
-        return sum(routes[i][1] for i in range(first, len(routes)))
+        times = self._routes.get(worker)
+        return len(times) - bisect.bisect_right(times, when) if times else 0
 
 
 class RoutedPrefixes:

@@ -48,11 +48,11 @@ def _load(w: WorkerStatus) -> int:
 
 
 def _backlog(w: WorkerStatus) -> route_cost.Backlog:
-    return route_cost.backlog(w, _recent.since(w.name, w.sent_at), _recent.tokens_since(w.name, w.sent_at))
+    return route_cost.backlog(w, _recent.since(w.name, w.sent_at))
 
 
-def _to(worker: str, reason: str, tokens: float = 0.0) -> Route:
-    _recent.add(worker, tokens)
+def _to(worker: str, reason: str) -> Route:
+    _recent.add(worker)
     return Route(keys.worker_queue(worker), reason, worker)
 
 
@@ -183,8 +183,7 @@ def _first_turn(
     else:
         backlogs = {n: _backlog(w).cost for n, w in ready.items()}
         name = min(backlogs, key=lambda n: (backlogs[n], random.random()))
-        tokens = sum(route_cost.prompt_tokens(job))
-        route = _to(name, f"least loaded: {name}, no worker holds this prefix{note}", tokens)
+        route = _to(name, f"least loaded: {name}, no worker holds this prefix{note}")
     if route.worker is not None:
         _routed.add(route.worker, digests)
     return route
@@ -229,20 +228,19 @@ class _Choice:
             if others:
                 name = route_cost.cheapest(others, tiebreak)
                 reason = f"forced move after turn {move_after}: {name} (from {record.last_worker})"
-                return _to(name, reason, prefill[name])
+                return _to(name, reason)
             note += f"; no other worker to move to after turn {move_after}"
         name = route_cost.cheapest(cost, tiebreak)
         if name == home or cost[home] - cost[name] <= route_cost.MOVE_MARGIN:
             if home == home_worker:
-                return _to(home, f"session affinity: {home}{note}", prefill[home])
+                return _to(home, f"session affinity: {home}{note}")
             matched = f"{self.matches.get(home, 0)}/{self.digests} {self.unit}"
-            return _to(home, f"prefix match: {matched} on {home}{note}", prefill[home])
+            return _to(home, f"prefix match: {matched} on {home}{note}")
         jobs = f"{home} has {backlogs[home].sequences} jobs, {name} {backlogs[name].sequences}"
         return _to(
             name,
             f"load balance: {name} ({jobs}), expected cost {cost[home]:.0f} vs {cost[name]:.0f} "
             f"token equivalents{note}",
-            prefill[name],
         )
 
 
