@@ -158,7 +158,7 @@ async def _choose(
         choice = _Choice(job, ready, matches, record, home_worker, unit, len(digests))
         return choice.route(move_after, redis_tier, note), record
     if ready and job.session_id:
-        return _first_turn(job, ready, digests, record, note), record
+        return _first_turn(job, ready, digests, record, redis_tier, note), record
     reason = "shared: no live worker" if not live else "shared: no worker holds this prefix"
     return Route(keys.SHARED_QUEUE, reason + note), record
 
@@ -168,18 +168,20 @@ def _first_turn(
     ready: dict[str, WorkerStatus],
     digests: list[str],
     record: SessionRecord | None,
+    redis_tier: bool,
     note: str,
 ) -> Route:
     """A session stays where its first turn runs: that is placed by load, not left to the shared
     queue, whose first taker's prefetch would take a whole burst of new sessions. A prefix this api
     sent somewhere lately (a burst of sessions on a few system prompts) is not advertised before
     its job ends, yet is computed there by the time this job's turn comes: the same cost rule
-    weighs it, none of it in Redis yet."""
+    weighs it (with the Redis tier, as loadable elsewhere: it is written through once computed,
+    so sessions on one prompt never pile on one worker)."""
     routed = _routed.runs(sorted(ready), digests)
     if max(routed.values(), default=0) > 0:
         unit = "messages" if job.messages else "text chunks"
         choice = _Choice(job, ready, routed, record, None, unit, len(digests))
-        route = choice.route(0, False, ", routed there lately" + note)
+        route = choice.route(0, redis_tier, ", routed there lately" + note)
     else:
         backlogs = {n: _backlog(w).cost for n, w in ready.items()}
         name = min(backlogs, key=lambda n: (backlogs[n], random.random()))

@@ -187,3 +187,24 @@ def test_the_sessions_own_last_job_is_not_counted_against_its_worker(
     _beat(clean, "b", running=2)
     _session(clean, "s9", "a", turns=1)  # it ended after a's heartbeat: a runs 5 others
     assert _route(redis_url, _next_turn("s9")).reason == "session affinity: a"
+
+
+def test_a_burst_of_sessions_on_one_system_prompt_does_not_pile_on_one_worker(
+    clean: redis.Redis, redis_url: str
+) -> None:
+    _beat(clean, "a")
+    _beat(clean, "b")
+    system = ChatMessage("system", "You are the only assistant. " + "Be brief. " * 100)
+    queues = [
+        _route(
+            redis_url,
+            GenerateJob(
+                model="m",
+                endpoint="chat",
+                messages=(system, ChatMessage("user", f"q{i}")),
+                session_id=f"o{i}",
+            ),
+        ).queue
+        for i in range(8)
+    ]
+    assert min(queues.count(keys.worker_queue(n)) for n in ("a", "b")) >= 3, queues
