@@ -24,6 +24,8 @@ class ApiConfig:
     job_ttl_s: int = DEFAULTS.job_ttl_s  # how long job metadata (and so GET /v1/jobs/{id}) lives
     routing: Routing = DEFAULTS.routing  # or "round-robin" / "shared" (baselines for the benchmark)
     prefetch_hints: bool = DEFAULTS.prefetch_hints  # see api/router.py choose_queue
+    session_move_after_turns: int = DEFAULTS.session_move_after_turns  # see api/router.py _Choice
+    redis_tier: bool = True  # whether workers run the Redis tier: routing counts a loaded prefix cheap
     route_max_waiting: int = 8  # a worker with more sequences waiting than this is not routed to
     api_keys: tuple[tuple[str, str], ...] = ()  # (key, tenant) pairs; see api/tenants.py
     api_keys_file: Path | None = None  # one "key tenant" per line, re-read when it changes
@@ -53,6 +55,8 @@ class ApiConfig:
             raise ValueError("metrics_token must be None (open /metrics) or a non-empty string")
         if self.tenant_max_jobs < 0:
             raise ValueError("tenant_max_jobs must be >= 0 (0: no cap)")
+        if self.session_move_after_turns < 0:
+            raise ValueError("session_move_after_turns must be >= 0 (0: off)")
         if self.dispatch_headroom < 0 or self.fair_quota < 0:
             raise ValueError("dispatch_headroom and fair_quota must be >= 0")
         if self.default_max_tokens is not None and self.default_max_tokens < 1:

@@ -87,6 +87,8 @@ async def submit(
             config.route_max_waiting,
             prefetch_hints=config.prefetch_hints,
             cache=jobs.fleet,
+            move_after=config.session_move_after_turns,
+            redis_tier=config.redis_tier,
         )
         if clock is not None:
             clock.mark("routed")

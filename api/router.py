@@ -1,29 +1,30 @@
 """Cache-aware routing: which queue a job goes to, and why (recorded in the job's metadata).
 
-1. A session's next turn goes to the worker that served its last turn, when that worker's
-   heartbeat is fresh and it is not overloaded (its blocks are there).
-2. Otherwise, to the live worker advertising the longest run of the request's prefix digests
-   (chat messages, or text chunks), the least loaded among equals.
+1. Every ready worker (fresh heartbeat, not overloaded) gets an expected cost: the prefill left
+   after its cache hit (a session's last worker holds its history; another, the longest run of
+   the request's prefix digests it advertises; with the Redis tier the rest of what anyone served
+   loads cheaper than it computes) plus the work ahead of the job there (api/route_cost.py).
+   The cheapest takes the job, unless the worker holding the most of the prompt costs at most
+   MOVE_MARGIN more: then that one keeps it ("session affinity" or "prefix match"; a move is a
+   "load balance"). With session_move_after_turns = K, a session's turn K+1 goes to the cheapest
+   worker other than its last one.
+2. A session's turn with a prefix nobody holds: the least loaded ready worker.
 3. Otherwise the shared queue: any worker takes it, and resumes from Redis what it lacks.
 
-When a session's turn goes to a worker other than its last one (which is gone or busy), that
-worker gets a prefetch hint first: it loads the session's blocks from the Redis tier into its
-warm tier while the job waits in its queue (workers/tiers/prefetch.py).
-"""
+When a session's turn goes to a worker other than its last one, that worker gets a prefetch hint
+first: it loads the session's blocks from the Redis tier into its warm tier while the job waits
+in its queue (workers/tiers/prefetch.py)."""
 
 from __future__ import annotations
 
-import bisect
 import itertools
 import random
-import time
-from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
 import redis.asyncio as aioredis
 
-from api import fleet
+from api import fleet, route_cost
 from broker import keys, prefetch_hint, prefix_index
 from broker.messages import GenerateJob, SessionRecord, WorkerStatus
 from broker.prefix_digest import chat_digests, text_digests
@@ -37,34 +38,17 @@ class Route:
     worker: str | None = field(default=None, compare=False)  # whose own queue; None: the shared one
 
 
-class RecentRoutes:
-    """Jobs this api process routed to each worker, with when: the part of a worker's load that
-    its last heartbeat (up to a second old) cannot show yet. Without it, a burst of new sessions
-    would all see the same stale loads and pile onto one worker."""
-
-    def __init__(self, horizon_s: float = 30.0) -> None:
-        self.horizon_s = horizon_s
-        self._routes: dict[str, deque[float]] = {}  # per worker, in time order
-
-    def add(self, worker: str) -> None:
-        now = time.time()
-        times = self._routes.setdefault(worker, deque())
-        times.append(now)
-        while times and times[0] < now - self.horizon_s:
-            times.popleft()
-
-    def since(self, worker: str, when: float) -> int:
-        """Routed to `worker` after `when`: a binary search in its own times, whatever the others'."""
-        times = self._routes.get(worker)
-        return len(times) - bisect.bisect_right(times, when) if times else 0
-
-
-_recent = RecentRoutes()
+_recent = route_cost.RecentRoutes()
+_routed = route_cost.RoutedPrefixes()
 
 
 def _load(w: WorkerStatus) -> int:
     """Jobs running or waiting as of the heartbeat, plus those routed to it since."""
     return w.jobs_running + (w.engine.num_waiting if w.engine else 0) + _recent.since(w.name, w.sent_at)
+
+
+def _backlog(w: WorkerStatus) -> route_cost.Backlog:
+    return route_cost.backlog(w, _recent.since(w.name, w.sent_at))
 
 
 def _to(worker: str, reason: str) -> Route:
@@ -89,15 +73,6 @@ def _digests(job: GenerateJob) -> list[str]:
 _round_robin = itertools.count()
 
 
-def _balanced(name: str, reason: str, loads: dict[str, int]) -> Route:
-    """Where the blocks are, unless that worker is clearly busier than the least loaded one: then
-    moving costs a fetch from Redis, which is cheaper than waiting (SGLang's router does alike)."""
-    least = min(loads, key=lambda n: (loads[n], random.random()))
-    if loads[name] - loads[least] > max(2, loads[least] // 4):
-        return _to(least, f"load balance: {least} ({name} has {loads[name]} jobs, {least} {loads[least]})")
-    return _to(name, reason)
-
-
 async def _live(client: aioredis.Redis, cache: fleet.FleetCache | None) -> dict[str, WorkerStatus]:
     views = await (cache.workers(client) if cache is not None else fleet.workers(client))
     return {v.name: v.status for v in views if v.live and v.status is not None}
@@ -110,10 +85,14 @@ async def choose_queue(
     max_waiting: int = 8,
     prefetch_hints: bool = True,
     cache: fleet.FleetCache | None = None,
+    move_after: int = 0,
+    redis_tier: bool = True,
 ) -> Route:
     """`cache`: the api process's view of the fleet (read at most every cache.ttl_s); None reads
-    it now. Either way a decision costs Redis one read per digest of the job, none per worker."""
-    route, record = await _choose(client, job, routing, max_waiting, cache)
+    it now. Either way a decision costs Redis one read per digest of the job, none per worker.
+    `move_after`: session_move_after_turns (0: off). `redis_tier`: whether the workers run the
+    Redis tier (a prefix missing on a worker is then loaded, not computed)."""
+    route, record = await _choose(client, job, routing, max_waiting, cache, move_after, redis_tier)
     if prefetch_hints and record is not None and route.worker and route.worker != record.last_worker:
         await send_hint(client, route.worker, job)
     return route
@@ -148,7 +127,13 @@ async def send_hint(client: aioredis.Redis, worker: str, job: GenerateJob) -> No
 
 
 async def _choose(
-    client: aioredis.Redis, job: GenerateJob, routing: str, max_waiting: int, cache: fleet.FleetCache | None
+    client: aioredis.Redis,
+    job: GenerateJob,
+    routing: str,
+    max_waiting: int,
+    cache: fleet.FleetCache | None,
+    move_after: int,
+    redis_tier: bool,
 ) -> tuple[Route, SessionRecord | None]:
     """The route, and the session's record when the job continues a known session."""
     if routing == "shared":
@@ -160,26 +145,105 @@ async def _choose(
         name = sorted(live)[next(_round_robin) % len(live)]
         return _to(name, f"round robin: {name}"), await _session(client, job)
     ready = {n: w for n, w in live.items() if not _overloaded(w, max_waiting)}
-    loads = {n: _load(w) for n, w in ready.items()}
     note = ""
     record = await _session(client, job)
-    if record is not None:
-        if record.last_worker in ready:
-            return _balanced(record.last_worker, f"session affinity: {record.last_worker}", loads), record
+    if record is not None and record.last_worker not in ready:
         state = "busy" if record.last_worker in live else "gone"
         note = f"; session's worker {record.last_worker} is {state}"
     digests = _digests(job)
-    if digests and ready:
-        matches = await prefix_index.matches(client, sorted(ready), digests)
-        best = max(matches.values())
-        if best > 0:
-            tied = [n for n, m in matches.items() if m == best]
-            name = min(tied, key=lambda n: (loads[n], random.random()))
-            unit = "messages" if job.messages else "text chunks"
-            route = _balanced(name, f"prefix match: {best}/{len(digests)} {unit} on {name}{note}", loads)
-            return route, record
+    matches = await prefix_index.matches(client, sorted(ready), digests) if digests and ready else {}
+    home_worker = record.last_worker if record is not None and record.last_worker in ready else None
+    if ready and (home_worker is not None or max(matches.values(), default=0) > 0):
+        unit = "messages" if job.messages else "text chunks"
+        choice = _Choice(job, ready, matches, record, home_worker, unit, len(digests))
+        return choice.route(move_after, redis_tier, note), record
+    if ready and job.session_id:
+        return _first_turn(job, ready, digests, record, redis_tier, note), record
     reason = "shared: no live worker" if not live else "shared: no worker holds this prefix"
     return Route(keys.SHARED_QUEUE, reason + note), record
+
+
+def _first_turn(
+    job: GenerateJob,
+    ready: dict[str, WorkerStatus],
+    digests: list[str],
+    record: SessionRecord | None,
+    redis_tier: bool,
+    note: str,
+) -> Route:
+    """A session stays where its first turn runs: that is placed by load, not left to the shared
+    queue, whose first taker's prefetch would take a whole burst of new sessions. A prefix this api
+    sent somewhere lately (a burst of sessions on a few system prompts) is not advertised before
+    its job ends, yet is computed there by the time this job's turn comes: the same cost rule
+    weighs it (with the Redis tier, as loadable elsewhere: it is written through once computed,
+    so sessions on one prompt never pile on one worker)."""
+    routed = _routed.runs(sorted(ready), digests)
+    if max(routed.values(), default=0) > 0:
+        unit = "messages" if job.messages else "text chunks"
+        choice = _Choice(job, ready, routed, record, None, unit, len(digests))
+        route = choice.route(0, redis_tier, ", routed there lately" + note)
+    else:
+        backlogs = {n: _backlog(w).cost for n, w in ready.items()}
+        name = min(backlogs, key=lambda n: (backlogs[n], random.random()))
+        route = _to(name, f"least loaded: {name}, no worker holds this prefix{note}")
+    if route.worker is not None:
+        _routed.add(route.worker, digests)
+    return route
+
+
+@dataclass(slots=True)
+class _Choice:
+    """One cache-aware decision among the ready workers, by expected cost (api/route_cost.py)."""
+
+    job: GenerateJob
+    ready: dict[str, WorkerStatus]
+    matches: dict[str, int]  # each worker's run of the job's prefix digests
+    record: SessionRecord | None
+    home_worker: str | None  # the session's last worker, when ready
+    unit: str
+    digests: int
+
+    def route(self, move_after: int, redis_tier: bool, note: str) -> Route:
+        """The worker of least expected cost; the one holding the most of the prompt unless
+        leaving it saves more than MOVE_MARGIN; another than the session's last worker when the
+        session is due its forced move (`move_after` turns; 0: never)."""
+        units = route_cost.prompt_tokens(self.job)
+        total, record, home_worker = sum(units), self.record, self.home_worker
+        history = route_cost.held_tokens(units, len(units) - 1) if record is not None else 0
+        held = {n: route_cost.held_tokens(units, self.matches.get(n, 0)) for n in self.ready}
+        if home_worker is not None:
+            held[home_worker] = max(held[home_worker], history)
+        loadable = max([history, *held.values()])
+        prefill = {n: route_cost.prefill_cost(total, held[n], loadable, redis_tier) for n in self.ready}
+        backlogs = {n: _backlog(w) for n, w in self.ready.items()}
+        if record is not None and home_worker is not None:
+            # The session's last turn ended after its worker's heartbeat: that heartbeat still
+            # counts it, which would push every session's next turn away from its blocks.
+            backlogs[home_worker] = backlogs[home_worker].less_one_ended(
+                record.last_used, self.ready[home_worker]
+            )
+        cost = {n: prefill[n] + backlogs[n].cost for n in self.ready}
+        tiebreak = {n: random.random() for n in self.ready}
+        home = min(self.ready, key=lambda n: (prefill[n], n != home_worker, backlogs[n].cost, tiebreak[n]))
+        if record is not None and move_after > 0 and record.turns == move_after:
+            others = {n: c for n, c in cost.items() if n != record.last_worker}
+            if others:
+                name = route_cost.cheapest(others, tiebreak)
+                reason = f"forced move after turn {move_after}: {name} (from {record.last_worker})"
+                return _to(name, reason)
+            note += f"; no other worker to move to after turn {move_after}"
+        name = route_cost.cheapest(cost, tiebreak)
+        if name == home or cost[home] - cost[name] <= route_cost.MOVE_MARGIN:
+            if home == home_worker:
+                return _to(home, f"session affinity: {home}{note}")
+            matched = f"{self.matches.get(home, 0)}/{self.digests} {self.unit}"
+            return _to(home, f"prefix match: {matched} on {home}{note}")
+        jobs = f"{home} has {backlogs[home].sequences} jobs, {name} {backlogs[name].sequences}"
+        return _to(
+            name,
+            f"load balance: {name} ({jobs}), expected cost {cost[home]:.0f} vs {cost[name]:.0f} "
+            f"token equivalents{note}",
+        )
 
 
 async def _session(client: aioredis.Redis, job: GenerateJob) -> SessionRecord | None:

@@ -189,6 +189,9 @@ class EngineFigures(Message, frozen=True):
     seconds_decode_only: float = 0.0
     seconds_with_prefill: float = 0.0
     num_held_steps: int = 0
+    # Prompt tokens its running sequences have not computed yet (chunked prefills under way; a
+    # waiting one's cache hit is not known before it is scheduled): prefill ahead of a new job.
+    prefill_tokens_pending: int = 0
 
     @property
     def kv_usage(self) -> float:

@@ -56,6 +56,9 @@ class EngineReport:
             seconds_decode_only=self.scheduler.cost.seconds_decode_only,
             seconds_with_prefill=self.scheduler.cost.seconds_with_prefill,
             num_held_steps=self.scheduler.num_held_steps,
+            prefill_tokens_pending=sum(
+                max(0, s.num_prompt_tokens - s.num_computed_tokens) for s in self.scheduler.running
+            ),
         )
 
     def check_integrity(self, idle: bool) -> None:

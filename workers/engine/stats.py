@@ -39,6 +39,7 @@ class EngineStats:
     seconds_decode_only: float = 0.0
     seconds_with_prefill: float = 0.0
     num_held_steps: int = 0
+    prefill_tokens_pending: int = 0  # prompt tokens of running sequences not computed yet
 
     def to_dict(self) -> dict[str, Any]:
         out = {k: v for k, v in asdict(self).items() if k not in ("pool", "memory")}

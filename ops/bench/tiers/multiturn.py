@@ -10,6 +10,7 @@ import json
 import random
 import statistics
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -54,7 +55,7 @@ async def _session(
             "session_id": sid,
         }
         started = time.perf_counter()
-        ttft, text = float("nan"), []
+        ttft, text, worker = float("nan"), [], ""
         usage: dict[str, Any] = {}
         async with client.stream("POST", "/v1/chat/completions", json=body) as response:
             async for line in response.aiter_lines():
@@ -66,6 +67,7 @@ async def _session(
                         ttft = time.perf_counter() - started
                     text.append(chunk["choices"][0]["delta"]["content"])
                 usage = chunk.get("usage") or usage
+                worker = (chunk.get("x_kvferry") or {}).get("worker", worker)
         messages.append({"role": "assistant", "content": "".join(text)})
         rows.append(
             {
@@ -76,6 +78,7 @@ async def _session(
                 "cached": (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0),
                 "completion": usage.get("completion_tokens", 0),
                 "sources": usage.get("kv_sources", {}),
+                "worker": worker,
             }
         )
 
@@ -127,6 +130,7 @@ def workload(
     ends = {(r["sid"], r["turn"]): r["prompt"] + r["completion"] for r in rows}
     novel = sum(r["prompt"] - ends.get((r["sid"], r["turn"] - 1), 0) + 1 for r in later)
     ttfts = sorted(r["ttft_s"] for r in rows if r["ttft_s"] == r["ttft_s"])
+    workers = Counter(r["worker"] for r in rows)
     return {
         "routing": routing,
         "redis_tier": stack_settings.redis_tier_on,
@@ -140,7 +144,15 @@ def workload(
         # Of the tokens any cache could serve on those turns, the share served.
         "hit_share_of_reusable": sum(r["cached"] for r in later)
         / max(1, sum(r["prompt"] for r in later) - novel),
-        "ttft_p50_s": ttfts[len(ttfts) // 2] if ttfts else float("nan"),
+        "ttft_p50_s": _quantile(ttfts, 0.5),
+        "ttft_p95_s": _quantile(ttfts, 0.95),
         "ttft_mean_s": statistics.fmean(ttfts) if ttfts else float("nan"),
         "redis_tokens": sum(r["sources"].get("redis", 0) for r in rows),
+        # How evenly the routing spread the turns: the busiest worker's share of them.
+        "busiest_worker_share": max(workers.values()) / max(1, len(rows)) if workers else float("nan"),
     }
+
+
+def _quantile(ordered: list[float], q: float) -> float:
+    """The nearest-rank quantile of sorted values (nan for none)."""
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")

@@ -1,0 +1,157 @@
+"""What a job would cost on each worker, for cache-aware routing (api/router.py): the prefill left
+after that worker's cache hit, plus the work already ahead of it there, in one unit, token
+equivalents (the time one prompt token takes to compute).
+
+Sending every job to the worker that holds its prefix piles sessions on one worker; sending it
+to the least loaded one recomputes (or reloads) what another holds. Like Dynamo's KV router (new
+prefill blocks weighed against a worker's active blocks) and SGLang's (cache affinity unless the
+load is out of balance by a threshold), the router takes the worker of least expected cost, and
+leaves the worker that holds the most of the prompt only when that saves more than MOVE_MARGIN.
+
+The api has no tokenizer on the hot path, so a prompt's length is estimated from its characters
+(CHARS_PER_TOKEN, the usual rate for English text under byte-pair encodings). The weights, reasoned
+from the CPU figures in docs/benchmarks.md:
+
+- DECODE_ROW: a sequence running on a worker when the job arrives costs the job's first token a
+  few prompt tokens' time in each step they share (a decode row's share of a batch step against
+  the per-token time of a prompt), over the step or two the job's prefill takes; served, a row
+  costs about twice its engine share (its token streamed through Redis and the api each step:
+  the served TPOT against the engine's step), hence twice that again.
+- LOAD_FIXED + LOAD_SHARE per token: tokens missing on a worker but in the Redis tier (the session's
+  history, or a prefix another worker served, both written through) are loaded, not computed:
+  the resume rows measure a near-constant round trip plus a small share of a recompute per token.
+- MOVE_MARGIN: the loads the router sees are up to a heartbeat old, so one job's difference is
+  noise; and a move spends the cache it leaves behind.
+"""
+
+from __future__ import annotations
+
+import bisect
+import time
+from collections import OrderedDict, deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from broker.messages import EngineFigures, GenerateJob, WorkerStatus
+from broker.prefix_digest import TEXT_CHUNK_CHARS
+
+CHARS_PER_TOKEN = 4
+MESSAGE_OVERHEAD_TOKENS = 4  # a chat template's role markers and separators per message
+DECODE_ROW = 16  # token equivalents per sequence running or waiting on a worker
+LOAD_FIXED = 16  # a Redis tier fetch's round trip, in token equivalents
+LOAD_SHARE = 1 / 32  # a loaded token against a computed one
+MOVE_MARGIN = DECODE_ROW  # what leaving the blocks' worker must save
+
+
+def prompt_tokens(job: GenerateJob) -> list[int]:
+    """Estimated tokens of each prefix unit the router's digests cover (a chat's messages, or a
+    text's chunks, the last one with the text's tail), in order."""
+    if job.messages:
+        return [MESSAGE_OVERHEAD_TOKENS + len(m.content) // CHARS_PER_TOKEN for m in job.messages]
+    if job.prompt:
+        chunks, tail = divmod(len(job.prompt), TEXT_CHUNK_CHARS)
+        return [TEXT_CHUNK_CHARS // CHARS_PER_TOKEN] * chunks + [tail // CHARS_PER_TOKEN]
+    return [max(1, len(job.prompt_token_ids))]
+
+
+def held_tokens(units: Sequence[int], matched: int) -> int:
+    """Tokens of the first `matched` units."""
+    return sum(units[:matched])
+
+
+def prefill_cost(total: int, cached: int, loadable: int, redis_tier: bool) -> float:
+    """Token equivalents to prefill `total` tokens on a worker holding `cached` of them, when
+    `loadable` are in the Redis tier."""
+    cached = min(cached, total)
+    loaded = max(0, min(loadable, total) - cached) if redis_tier else 0
+    computed = total - cached - loaded
+    return computed + (LOAD_FIXED + LOAD_SHARE * loaded if loaded else 0.0)
+
+
+@dataclass(frozen=True, slots=True)
+class Backlog:
+    """A worker's work ahead of a new job: sequences and prompt tokens not yet computed, as of its
+    heartbeat, plus what this api routed to it since."""
+
+    sequences: int
+    prefill_tokens: float
+
+    @property
+    def cost(self) -> float:
+        return self.prefill_tokens + DECODE_ROW * self.sequences
+
+    def less_one_ended(self, ended_at: float, w: WorkerStatus) -> Backlog:
+        """Without a job that ended at `ended_at`, when `w`'s heartbeat came before that: the
+        heartbeat (or the routes since) still count it."""
+        if ended_at <= w.sent_at or self.sequences == 0:
+            return self
+        return Backlog(self.sequences - 1, self.prefill_tokens)
+
+
+def backlog(w: WorkerStatus, since_jobs: int) -> Backlog:
+    """Jobs the worker holds but its engine does not yet (a Celery thread before its submit, or a
+    fetch from Redis), and those routed to it since its heartbeat, count as sequences; their
+    prompts count no tokens: how much of one hits is not known, nor whether it has ended since
+    (a burst's prefills show in the next heartbeat's prefill_tokens_pending)."""
+    e: EngineFigures | None = w.engine
+    in_engine = (e.num_running + e.num_waiting) if e else 0
+    outside = max(0, w.jobs_running - in_engine)
+    pending = e.prefill_tokens_pending if e else 0
+    return Backlog(in_engine + outside + since_jobs, pending)
+
+
+def cheapest(costs: Mapping[str, float], tiebreak: Mapping[str, float]) -> str:
+    return min(costs, key=lambda n: (costs[n], tiebreak[n]))
+
+
+class RecentRoutes:
+    """Jobs this api process routed to each worker, with when: the part of a worker's load that
+    its last heartbeat (up to a second old) cannot show yet. Without it, a burst of new sessions
+    would all see the same stale loads and pile onto one worker."""
+
+    def __init__(self, horizon_s: float = 30.0) -> None:
+        self.horizon_s = horizon_s
+        self._routes: dict[str, deque[float]] = {}  # per worker, in time order
+
+    def add(self, worker: str) -> None:
+        now = time.time()
+        times = self._routes.setdefault(worker, deque())
+        times.append(now)
+        while times and times[0] < now - self.horizon_s:
+            times.popleft()
+
+    def since(self, worker: str, when: float) -> int:
+        """Routed to `worker` after `when`: a binary search in its own times, whatever the others'."""
+        times = self._routes.get(worker)
+        return len(times) - bisect.bisect_right(times, when) if times else 0
+
+
+class RoutedPrefixes:
+    """The prefix digests of the session first turns this api routed lately, each with the worker
+    it went to (the latest): a prefix under computation there, not advertised until its job ends."""
+
+    def __init__(self, horizon_s: float = 30.0, max_digests: int = 4096) -> None:
+        self.horizon_s = horizon_s
+        self.max_digests = max_digests
+        self._where: OrderedDict[str, tuple[str, float]] = OrderedDict()  # digest -> (worker, when)
+
+    def add(self, worker: str, digests: Sequence[str]) -> None:
+        now = time.time()
+        for digest in digests:
+            self._where[digest] = (worker, now)
+            self._where.move_to_end(digest)
+        while len(self._where) > self.max_digests:
+            self._where.popitem(last=False)
+
+    def runs(self, candidates: Sequence[str], digests: Sequence[str]) -> dict[str, int]:
+        """For each candidate, how many of `digests` from the first on were routed to it lately."""
+        oldest = time.time() - self.horizon_s
+        out = dict.fromkeys(candidates, 0)
+        first = ""
+        for digest in digests:
+            worker, when = self._where.get(digest, ("", 0.0))
+            if worker not in out or when < oldest or worker != (first or worker):
+                break
+            first = worker
+            out[worker] += 1
+        return out

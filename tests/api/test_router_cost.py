@@ -1,0 +1,210 @@
+"""Routing by expected cost (api/route_cost.py) and the forced move of session_move_after_turns,
+against real Redis state (heartbeats, prefix digests, session records, prefetch hints)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+import redis
+import redis.asyncio as aioredis
+
+from api.router import Route, choose_queue
+from broker import keys, prefetch_hint, prefix_index
+from broker.messages import ChatMessage, EngineFigures, GenerateJob, SessionRecord, WorkerStatus
+from broker.prefix_digest import chat_digests
+from broker.sessions import store as session_store
+from broker.worker_registry import HEARTBEAT_FIELD, encode_status
+from ops.settings import Settings
+
+LONG = ChatMessage("system", "Answer carefully, briefly and politely. " * 50)  # a long system prompt
+HISTORY = (LONG, ChatMessage("user", "q1"), ChatMessage("assistant", "a1"))
+
+
+def _beat(rds: redis.Redis, name: str, running: int = 0, pending: int = 0) -> None:
+    figures = EngineFigures(running, 0, 0, 0, 0, 10, 0, 0, 1, 0, 0, 0.0, 0, 0, prefill_tokens_pending=pending)
+    status = WorkerStatus(name, keys.worker_queue(name), "m", running, 0, 0, time.time(), figures)
+    rds.hset(keys.worker_heartbeat(name), HEARTBEAT_FIELD, encode_status(status))
+    rds.expire(keys.worker_heartbeat(name), 30)
+    rds.sadd(keys.WORKERS, name)
+
+
+def _advertise(rds: redis.Redis, name: str, messages: tuple[ChatMessage, ...]) -> None:
+    pipe = rds.pipeline()
+    prefix_index.advertise(pipe, name, chat_digests("m", "", messages), time.time())
+    pipe.execute()
+
+
+def _session(rds: redis.Redis, sid: str, worker: str, turns: int) -> None:
+    session_store.save(rds, SessionRecord(sid, "", "m", (1, 2, 3), (), worker, time.time(), turns), 60)
+
+
+def _route(redis_url: str, job: GenerateJob, move_after: int = 0, redis_tier: bool = True) -> Route:
+    async def go() -> Route:
+        client = aioredis.Redis.from_url(redis_url)
+        try:
+            return await choose_queue(
+                client, job, max_waiting=4, move_after=move_after, redis_tier=redis_tier
+            )
+        finally:
+            await client.aclose()
+
+    return asyncio.run(go())
+
+
+def _next_turn(session: str | None = None) -> GenerateJob:
+    return GenerateJob(
+        model="m", endpoint="chat", messages=(*HISTORY, ChatMessage("user", "q2")), session_id=session
+    )
+
+
+@pytest.fixture
+def clean(rds: redis.Redis) -> redis.Redis:
+    rds.flushall()
+    return rds
+
+
+def test_a_busy_holder_loses_the_turn_when_the_redis_tier_makes_the_move_cheap(
+    clean: redis.Redis, redis_url: str
+) -> None:
+    _beat(clean, "a")
+    _beat(clean, "b", running=6)
+    _advertise(clean, "b", HISTORY)
+    route = _route(redis_url, _next_turn())
+    assert route.queue == keys.worker_queue("a"), route
+    assert route.reason.startswith("load balance: a (b has 6 jobs, a 0), expected cost"), route
+    # Without the Redis tier a would recompute the long history: staying costs less.
+    _beat(clean, "b", running=6)  # a fresh heartbeat: the route above is no longer "since"
+    route = _route(redis_url, _next_turn(), redis_tier=False)
+    assert route == Route(keys.worker_queue("b"), "prefix match: 3/4 messages on b"), route
+
+
+def test_a_chunked_prefill_under_way_counts_as_load(clean: redis.Redis, redis_url: str) -> None:
+    _beat(clean, "a", pending=2000)
+    _beat(clean, "b")
+    for name in ("a", "b"):
+        _advertise(clean, name, HISTORY[:1])
+    assert _route(redis_url, _next_turn()).queue == keys.worker_queue("b")
+
+
+def test_forced_move_after_turn_k(clean: redis.Redis, redis_url: str) -> None:
+    _beat(clean, "a")
+    _beat(clean, "b", running=3)  # busier: only the forced move sends the session there
+    _advertise(clean, "a", HISTORY)
+    _session(clean, "s1", "a", turns=1)
+    assert _route(redis_url, _next_turn("s1"), move_after=2).reason == "session affinity: a"
+    _session(clean, "s1", "a", turns=2)
+    moved = _route(redis_url, _next_turn("s1"), move_after=2)
+    assert moved == Route(keys.worker_queue("b"), "forced move after turn 2: b (from a)"), moved
+    # The new worker is told to load the session's blocks while the job waits in its queue.
+    hints = [prefetch_hint.decode(raw) for raw in clean.lrange(keys.worker_prefetch("b"), 0, -1)]
+    assert [h.session_id for h in hints if h is not None] == ["s1"], hints
+    assert _route(redis_url, _next_turn("s1"), move_after=0).reason == "session affinity: a"  # off
+    _beat(clean, "a")
+    _beat(clean, "b")  # fresh heartbeats, as loads even out
+    _session(clean, "s1", "b", turns=3)  # served there: it stays
+    assert _route(redis_url, _next_turn("s1"), move_after=2).reason == "session affinity: b"
+
+
+def test_forced_move_with_no_other_worker_stays(clean: redis.Redis, redis_url: str) -> None:
+    _beat(clean, "a")
+    _session(clean, "s1", "a", turns=2)
+    route = _route(redis_url, _next_turn("s1"), move_after=2)
+    assert route == Route(
+        keys.worker_queue("a"), "session affinity: a; no other worker to move to after turn 2"
+    )
+
+
+def test_the_setting_reaches_the_api(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KVFERRY_SESSION_MOVE_AFTER_TURNS", "3")
+    assert Settings.from_env().api_config().session_move_after_turns == 3
+    assert Settings.from_env(redis_cache_size=0).api_config().redis_tier is False
+    with pytest.raises(ValueError, match="session_move_after_turns"):
+        Settings.from_env(session_move_after_turns=-1).api_config()
+
+
+def test_a_burst_of_new_sessions_is_placed_by_load_not_left_to_the_shared_queue(
+    clean: redis.Redis, redis_url: str
+) -> None:
+    """The shared queue's first taker would prefetch the whole burst, and affinity then keeps it."""
+    _beat(clean, "a")
+    _beat(clean, "b")
+    prompts = [(ChatMessage("system", f"prompt {i}: " + "be brief. " * 50),) for i in range(8)]
+    first = [
+        _route(redis_url, GenerateJob(model="m", endpoint="chat", messages=prompts[i], session_id=f"n{i}"))
+        for i in range(8)
+    ]
+    assert sorted(r.queue for r in first) == [keys.worker_queue("a")] * 4 + [keys.worker_queue("b")] * 4, (
+        first
+    )
+    assert all(r.reason.endswith(", no worker holds this prefix") for r in first), first
+    # Without a session, the shared queue as before.
+    assert (
+        _route(
+            redis_url, GenerateJob(model="m", endpoint="chat", messages=(ChatMessage("user", "new"),))
+        ).queue
+        == keys.SHARED_QUEUE
+    )
+
+
+def test_a_burst_of_sessions_on_a_few_system_prompts_is_grouped_by_prompt(
+    clean: redis.Redis, redis_url: str
+) -> None:
+    """Before any of them is advertised: the sessions sharing a system prompt go where its first
+    one went (computed once there), the prompts spread by load."""
+    _beat(clean, "a")
+    _beat(clean, "b")
+    systems = [ChatMessage("system", f"You are assistant {k}. " + "Be brief. " * 100) for k in range(2)]
+    routes = [
+        _route(
+            redis_url,
+            GenerateJob(
+                model="m",
+                endpoint="chat",
+                messages=(systems[i % 2], ChatMessage("user", f"q{i}")),
+                session_id=f"g{i}",
+            ),
+        )
+        for i in range(8)
+    ]
+    by_prompt = [{r.queue for r in routes[k::2]} for k in range(2)]
+    assert all(len(queues) == 1 for queues in by_prompt), routes
+    assert by_prompt[0] != by_prompt[1], routes
+    assert all(r.reason.endswith("routed there lately") for r in routes[2:]), routes
+
+
+def test_the_sessions_own_last_job_is_not_counted_against_its_worker(
+    clean: redis.Redis, redis_url: str
+) -> None:
+    """The heartbeat came while the session's last turn ran: that job has ended since."""
+    _beat(clean, "a", running=6)
+    _beat(clean, "b", running=2)
+    _advertise(clean, "a", HISTORY)
+    session_store.save(clean, SessionRecord("s9", "", "m", (1, 2, 3), (), "a", time.time() - 5, 1), 60)
+    assert _route(redis_url, _next_turn("s9")).reason.startswith("load balance: b (a has 6 jobs, b 2)")
+    _beat(clean, "a", running=6)
+    _beat(clean, "b", running=2)
+    _session(clean, "s9", "a", turns=1)  # it ended after a's heartbeat: a runs 5 others
+    assert _route(redis_url, _next_turn("s9")).reason == "session affinity: a"
+
+
+def test_a_burst_of_sessions_on_one_system_prompt_does_not_pile_on_one_worker(
+    clean: redis.Redis, redis_url: str
+) -> None:
+    _beat(clean, "a")
+    _beat(clean, "b")
+    system = ChatMessage("system", "You are the only assistant. " + "Be brief. " * 100)
+    queues = [
+        _route(
+            redis_url,
+            GenerateJob(
+                model="m",
+                endpoint="chat",
+                messages=(system, ChatMessage("user", f"q{i}")),
+                session_id=f"o{i}",
+            ),
+        ).queue
+        for i in range(8)
+    ]
+    assert min(queues.count(keys.worker_queue(n)) for n in ("a", "b")) >= 3, queues
