@@ -142,7 +142,12 @@ def bench_serve_cmd(
 @bench.command("tiers")
 @json_option
 @click.option("--quick", is_flag=True, help="smaller sizes, for a smoke run")
-@click.option("--skip", multiple=True, type=click.Choice(["resume", "workload", "api"]), help="skip a part")
+@click.option(
+    "--skip",
+    multiple=True,
+    type=click.Choice(["resume", "workload", "api", "no-tier"]),
+    help="skip a part (no-tier: the workload's two set-ups without the Redis tier)",
+)
 @engine_options
 def bench_tiers_cmd(json_path: Path | None, quick: bool, skip: tuple[str, ...], **opts: Any) -> None:
     """Resume from Redis vs recompute; multi-turn hit rate and TTFT by routing policy."""

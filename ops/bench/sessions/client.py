@@ -4,7 +4,9 @@ The server kind comes from GET /v1/models `owned_by`: kvferry says "kvferry", vL
 ModelCard default) and llama-server "llamacpp". Only kvferry gets `session_id`; kvferry, vLLM and
 llama-server all read `ignore_eos` in a chat body, an unknown server gets only `max_tokens`. A
 server that rejects a field with a 400 naming it gets the turn again without it (and the run stops
-sending it), so the benchmark still measures it; replies shorter than asked are counted."""
+sending it), so the benchmark still measures it; replies shorter than asked are counted. A token's
+chunk is one whose delta carries `content`, empty text included: a token may decode to no text
+yet (vLLM streams "" for it), and its time still is the token's."""
 
 from __future__ import annotations
 
@@ -135,11 +137,11 @@ async def _send(client: httpx.AsyncClient, opts: Options, body: dict[str, Any]) 
                 chunk = json.loads(line[5:])
                 choices = chunk.get("choices") or []
                 content = choices[0].get("delta", {}).get("content") if choices else None
-                if content:
+                if content is not None:  # a token's chunk, even one whose text is empty
                     last = time.perf_counter()
                     first = last if first != first else first
                     pieces.append(content)
-                    chunks += 1
+                    chunks += bool(content)
                 usage = chunk.get("usage") or usage
                 timings = chunk.get("timings") or timings
                 worker = (chunk.get("x_kvferry") or {}).get("worker", worker)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ops.bench.sessions.capacity import search
-from ops.bench.sessions.client import Options
+from ops.bench.sessions.client import Options, chat_turn
 from ops.bench.sessions.run import LevelRun, client_for, probe, run_level
 from ops.bench.sessions.stats import Record, level_line, meets, sure_miss
 from ops.bench.sessions.workload import plan_sessions, system_prompts
@@ -42,6 +42,18 @@ class Result:
     runs: list[LevelRun]
 
 
+async def _warm_up(cfg: Config, opts: Options, systems: list[str], log: Callable[[str], None]) -> None:
+    """Each shared system prompt once, one at a time, before any level (not measured): a serving
+    deployment keeps its system prompts warm, and without this the first level that uses a prompt
+    would pay its cold prefill in that level's p95, whatever the server."""
+    async with client_for(cfg.base_url, 1) as client:
+        for i, system in enumerate(systems):
+            messages = [{"role": "system", "content": system}, {"role": "user", "content": "Hello."}]
+            turn = await chat_turn(client, opts, messages, f"warm-up-{cfg.seed}-{i}")
+            if turn.error:
+                log(f"warm-up of system prompt {i} failed: {turn.error}")
+
+
 def run_bench(cfg: Config, log: Callable[[str], None] = print) -> Result:
     return asyncio.run(_run(cfg, log))
 
@@ -53,6 +65,7 @@ async def _run(cfg: Config, log: Callable[[str], None]) -> Result:
     systems = system_prompts(cfg.system_prompts)
     levels: list[dict[str, Any]] = []
     runs: list[LevelRun] = []
+    await _warm_up(cfg, opts, systems, log)
 
     async def level(n: int) -> bool:
         plans = plan_sessions(len(levels), n, cfg.turns, cfg.think_mean_s, cfg.seed, systems)

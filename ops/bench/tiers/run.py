@@ -52,6 +52,8 @@ def run_tier_bench(settings: Settings, quick: bool, skip: set[str]) -> dict[str,
                 ("cache-aware", "0"),  # routing's own value, without the Redis tier
                 ("round-robin", "0"),
             ]
+            if "no-tier" in skip:  # the routing comparison alone: both with the Redis tier
+                configs = configs[:2]
             results["workload"] = [
                 workload(settings, routing, cache, sessions, turns, 16, run_dir / f"w{i}")
                 for i, (routing, cache) in enumerate(configs)
