@@ -92,6 +92,27 @@ def test_llama_server_timings_give_cached_tokens() -> None:
     assert asyncio.run(go()).cached_tokens == 40
 
 
+def test_tokens_whose_text_is_empty_still_time_the_turn() -> None:
+    """vLLM streams a chunk per token even when its text is "" (a role chunk first): those chunks
+    are tokens, and a role chunk without content is not."""
+    chunks: list[dict[str, Any]] = [{"choices": [{"delta": {"role": "assistant"}}]}]
+    chunks += [{"choices": [{"delta": {"content": ""}}]} for _ in range(3)]
+    chunks.append({"choices": [], "usage": {"prompt_tokens": 9, "completion_tokens": 3}})
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, content=_sse(chunks))
+
+    async def go() -> Any:
+        async with httpx.AsyncClient(transport=httpx.MockTransport(handler), base_url="http://x") as c:
+            return await chat_turn(
+                c, Options(Server("vllm", "m"), 3), [{"role": "user", "content": "q"}], "s"
+            )
+
+    turn = asyncio.run(go())
+    assert turn.error == "" and turn.text == "" and turn.completion_tokens == 3
+    assert turn.ttft_s >= 0 and turn.tpot_s >= 0
+
+
 def test_a_server_that_refuses_ignore_eos_is_asked_again_without_it() -> None:
     bodies: list[dict[str, Any]] = []
 
