@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from dataclasses import replace
 from typing import Any
 
 import httpx
@@ -137,3 +138,34 @@ def test_a_server_that_refuses_ignore_eos_is_asked_again_without_it() -> None:
     assert first.error == "" == second.error and first.completion_tokens == 2
     assert ["ignore_eos" in b for b in bodies] == [True, False, False]  # refused once, then never sent
     assert opts.refused == ["ignore_eos"] and opts.ignore_eos is False
+
+
+def test_kvferry_kv_sources_land_in_the_records_and_the_per_turn_means() -> None:
+    from ops.bench.sessions.run import _record
+    from ops.bench.sessions.stats import per_turn
+
+    usage = {
+        "prompt_tokens": 50,
+        "completion_tokens": 2,
+        "kv_sources": {"pool": 16, "warm": 16, "redis": 0, "computed": 18},
+    }
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, content=_stream(2, usage))
+
+    async def go() -> Any:
+        async with httpx.AsyncClient(transport=httpx.MockTransport(handler), base_url="http://x") as c:
+            return await chat_turn(
+                c, Options(Server("kvferry", "m"), 2), [{"role": "user", "content": "q"}], "s"
+            )
+
+    turn = asyncio.run(go())
+    assert turn.sources == (16, 16, 0, 18)
+    row = per_turn([_record(1, "s", 1, turn, 2)], 1)[0]
+    assert (row["kv_pool_mean"], row["kv_warm_mean"], row["kv_redis_mean"], row["kv_computed_mean"]) == (
+        16,
+        16,
+        0,
+        18,
+    )
+    assert "kv_pool_mean" not in per_turn([_record(1, "s", 1, replace(turn, sources=None), 2)], 1)[0]

@@ -87,6 +87,15 @@ class Turn:
     text: str
     worker: str
     error: str
+    sources: tuple[int, int, int, int] | None = None  # kvferry's kv_sources: pool, warm, redis, computed
+
+
+def _sources(usage: dict[str, Any]) -> tuple[int, int, int, int] | None:
+    got = usage.get("kv_sources")
+    if not isinstance(got, dict):
+        return None
+    pool, warm, redis, computed = (int(got.get(k, 0)) for k in ("pool", "warm", "redis", "computed"))
+    return pool, warm, redis, computed
 
 
 def _cached(usage: dict[str, Any], timings: dict[str, Any]) -> int | None:
@@ -161,4 +170,5 @@ async def _send(client: httpx.AsyncClient, opts: Options, body: dict[str, Any]) 
         "".join(pieces),
         worker,
         "" if first == first else "no token streamed",
+        _sources(usage),
     )

@@ -11,7 +11,8 @@ from typing import Any
 from ops.bench.sessions.stats import Record
 
 CSV_FIELDS = ("level", "session", "turn", "ttft_s", "tpot_s", "prompt_tokens", "cached_tokens",
-              "completion_tokens", "worker", "error", "stopped_short")  # fmt: skip
+              "completion_tokens", "worker", "error", "stopped_short", "kv_pool", "kv_warm", "kv_redis",
+              "kv_computed")  # fmt: skip
 
 
 def write_csv(path: Path, records: list[Record]) -> None:

@@ -32,7 +32,7 @@ class LevelRun:
 def _record(n: int, sid: str, turn: int, t: Turn, output_tokens: int) -> Record:
     short = not t.error and t.completion_tokens < output_tokens
     return Record(n, sid, turn, t.ttft_s, t.tpot_s, t.prompt_tokens, t.cached_tokens, t.completion_tokens,
-                  t.worker, t.error, short)  # fmt: skip
+                  t.worker, t.error, short, *(t.sources or (None, None, None, None)))  # fmt: skip
 
 
 async def _session(

@@ -24,6 +24,10 @@ class Record:
     worker: str
     error: str
     stopped_short: bool
+    kv_pool: int | None = None  # kvferry's kv_sources: where the prompt's tokens came from
+    kv_warm: int | None = None
+    kv_redis: int | None = None
+    kv_computed: int | None = None
 
 
 def percentile(values: list[float], pct: float) -> float | None:
@@ -57,10 +61,21 @@ def per_turn(records: list[Record], turns: int) -> list[dict[str, Any]]:
                 "tpot_p95_s": percentile([r.tpot_s for r in ok], 95),
                 "prompt_tokens_mean": _mean([float(r.prompt_tokens) for r in ok]),
                 "cached_tokens_mean": _mean(cached) if cached else None,
+                **_sources_mean(ok),
                 "stopped_short": sum(r.stopped_short for r in ok),
                 "errors": sum(1 for r in records if r.turn == t and r.error),
             }
         )
+    return out
+
+
+def _sources_mean(ok: list[Record]) -> dict[str, float]:
+    """kvferry's mean prompt tokens by source (pool, warm tier, Redis, computed), when it said."""
+    out = {}
+    for name in ("kv_pool", "kv_warm", "kv_redis", "kv_computed"):
+        values = [float(v) for r in ok if (v := getattr(r, name)) is not None]
+        if values:
+            out[f"{name}_mean"] = statistics.fmean(values)
     return out
 
 
