@@ -11,6 +11,7 @@ import time
 import uuid
 from typing import Any
 
+import msgspec
 from fastapi import Request
 
 from api.context import ApiContext
@@ -90,6 +91,8 @@ async def submit(
             move_after=config.session_move_after_turns,
             redis_tier=config.redis_tier,
         )
+        if route.prefetch_to:  # turn K of a forced move: its worker hints turn K+1's (api/route_hints.py)
+            job = msgspec.structs.replace(job, prefetch_to=route.prefetch_to)
         if clock is not None:
             clock.mark("routed")
         meta = JobMeta.of(job_id, request, route.queue, route.reason, job.submitted_at or time.time(), tenant)

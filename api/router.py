@@ -7,13 +7,16 @@
    The cheapest takes the job, unless the worker holding the most of the prompt costs at most
    MOVE_MARGIN more: then that one keeps it ("session affinity" or "prefix match"; a move is a
    "load balance"). With session_move_after_turns = K, a session's turn K+1 goes to the cheapest
-   worker other than its last one.
+   worker other than its last one: the one chosen when turn K was routed (the job's prefetch_to,
+   kept in the session record as next_worker), if still ready.
 2. A session's turn with a prefix nobody holds: the least loaded ready worker.
 3. Otherwise the shared queue: any worker takes it, and resumes from Redis what it lacks.
 
 When a session's turn goes to a worker other than its last one, that worker gets a prefetch hint
 first: it loads the session's blocks from the Redis tier into its warm tier while the job waits
-in its queue (workers/tiers/prefetch.py)."""
+in its queue (workers/tiers/prefetch.py). A forced move's worker is hinted earlier, by turn K's
+worker as soon as turn K's blocks are written to Redis (workers/sessions/keeper.py): the think
+time before turn K+1 hides the load, which the move's hint alone would add to its TTFT."""
 
 from __future__ import annotations
 
@@ -24,8 +27,8 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from api import fleet, route_cost
-from broker import keys, prefetch_hint, prefix_index
+from api import fleet, route_cost, route_hints
+from broker import keys, prefix_index
 from broker.messages import GenerateJob, SessionRecord, WorkerStatus
 from broker.prefix_digest import chat_digests, text_digests
 from broker.sessions import store as session_store
@@ -36,6 +39,7 @@ class Route:
     queue: str
     reason: str
     worker: str | None = field(default=None, compare=False)  # whose own queue; None: the shared one
+    prefetch_to: str = field(default="", compare=False)  # for the job's prefetch_to (GenerateJob)
 
 
 _recent = route_cost.RecentRoutes()
@@ -51,9 +55,9 @@ def _backlog(w: WorkerStatus) -> route_cost.Backlog:
     return route_cost.backlog(w, _recent.since(w.name, w.sent_at))
 
 
-def _to(worker: str, reason: str) -> Route:
+def _to(worker: str, reason: str, prefetch_to: str = "") -> Route:
     _recent.add(worker)
-    return Route(keys.worker_queue(worker), reason, worker)
+    return Route(keys.worker_queue(worker), reason, worker, prefetch_to)
 
 
 def _overloaded(w: WorkerStatus, max_waiting: int) -> bool:
@@ -91,10 +95,11 @@ async def choose_queue(
     """`cache`: the api process's view of the fleet (read at most every cache.ttl_s); None reads
     it now. Either way a decision costs Redis one read per digest of the job, none per worker.
     `move_after`: session_move_after_turns (0: off). `redis_tier`: whether the workers run the
-    Redis tier (a prefix missing on a worker is then loaded, not computed)."""
+    Redis tier (a prefix missing on a worker is then loaded, not computed). The route's
+    prefetch_to is for the job's (api/intake.py sets it)."""
     route, record = await _choose(client, job, routing, max_waiting, cache, move_after, redis_tier)
     if prefetch_hints and record is not None and route.worker and route.worker != record.last_worker:
-        await send_hint(client, route.worker, job)
+        await route_hints.hint(client, route.worker, job)
     return route
 
 
@@ -112,18 +117,6 @@ async def together(
         return route
     name = min(ready, key=lambda n: (ready[n], random.random()))
     return _to(name, f"choices together: {name}, the least loaded ({route.reason})")
-
-
-async def send_hint(client: aioredis.Redis, worker: str, job: GenerateJob) -> None:
-    """One round trip: push, trim (bounded), expire (a dead worker's list goes away)."""
-    assert job.session_id is not None
-    hint = prefetch_hint.PrefetchHint(job.tenant, job.session_id, job.kv_salt)
-    key = keys.worker_prefetch(worker)
-    pipe = client.pipeline(transaction=False)
-    pipe.lpush(key, prefetch_hint.encode(hint))
-    pipe.ltrim(key, 0, prefetch_hint.MAX_PENDING - 1)
-    pipe.expire(key, prefetch_hint.HINT_TTL_S)
-    await pipe.execute()
 
 
 async def _choose(
@@ -158,7 +151,7 @@ async def _choose(
         choice = _Choice(job, ready, matches, record, home_worker, unit, len(digests))
         return choice.route(move_after, redis_tier, note), record
     if ready and job.session_id:
-        return _first_turn(job, ready, digests, record, redis_tier, note), record
+        return _first_turn(job, ready, digests, record, redis_tier, note, move_after), record
     reason = "shared: no live worker" if not live else "shared: no worker holds this prefix"
     return Route(keys.SHARED_QUEUE, reason + note), record
 
@@ -170,6 +163,7 @@ def _first_turn(
     record: SessionRecord | None,
     redis_tier: bool,
     note: str,
+    move_after: int,
 ) -> Route:
     """A session stays where its first turn runs: that is placed by load, not left to the shared
     queue, whose first taker's prefetch would take a whole burst of new sessions. A prefix this api
@@ -181,11 +175,12 @@ def _first_turn(
     if max(routed.values(), default=0) > 0:
         unit = "messages" if job.messages else "text chunks"
         choice = _Choice(job, ready, routed, record, None, unit, len(digests))
-        route = choice.route(0, redis_tier, ", routed there lately" + note)
+        route = choice.route(move_after, redis_tier, ", routed there lately" + note, force=False)
     else:
         backlogs = {n: _backlog(w).cost for n, w in ready.items()}
         name = min(backlogs, key=lambda n: (backlogs[n], random.random()))
-        route = _to(name, f"least loaded: {name}, no worker holds this prefix{note}")
+        then = route_hints.move_target(job, record, move_after, name, backlogs)
+        route = _to(name, f"least loaded: {name}, no worker holds this prefix{note}", then)
     if route.worker is not None:
         _routed.add(route.worker, digests)
     return route
@@ -203,10 +198,11 @@ class _Choice:
     unit: str
     digests: int
 
-    def route(self, move_after: int, redis_tier: bool, note: str) -> Route:
+    def route(self, move_after: int, redis_tier: bool, note: str, force: bool = True) -> Route:
         """The worker of least expected cost; the one holding the most of the prompt unless
         leaving it saves more than MOVE_MARGIN; another than the session's last worker when the
-        session is due its forced move (`move_after` turns; 0: never)."""
+        session is due its forced move (`move_after` turns; 0: never; `force`: whether to move
+        now, else only choose turn K+1's worker at turn K)."""
         units = route_cost.prompt_tokens(self.job)
         total, record, home_worker = sum(units), self.record, self.home_worker
         history = route_cost.held_tokens(units, len(units) - 1) if record is not None else 0
@@ -225,24 +221,27 @@ class _Choice:
         cost = {n: prefill[n] + backlogs[n].cost for n in self.ready}
         tiebreak = {n: random.random() for n in self.ready}
         home = min(self.ready, key=lambda n: (prefill[n], n != home_worker, backlogs[n].cost, tiebreak[n]))
-        if record is not None and move_after > 0 and record.turns == move_after:
+        if force and record is not None and move_after > 0 and record.turns == move_after:
             others = {n: c for n, c in cost.items() if n != record.last_worker}
             if others:
-                name = route_cost.cheapest(others, tiebreak)
+                chosen = record.next_worker in others  # hinted after turn K: the blocks are warm there
+                name = record.next_worker if chosen else route_cost.cheapest(others, tiebreak)
                 reason = f"forced move after turn {move_after}: {name} (from {record.last_worker})"
                 return _to(name, reason)
             note += f"; no other worker to move to after turn {move_after}"
         name = route_cost.cheapest(cost, tiebreak)
         if name == home or cost[home] - cost[name] <= route_cost.MOVE_MARGIN:
+            then = route_hints.move_target(self.job, record, move_after, home, cost)
             if home == home_worker:
-                return _to(home, f"session affinity: {home}{note}")
+                return _to(home, f"session affinity: {home}{note}", then)
             matched = f"{self.matches.get(home, 0)}/{self.digests} {self.unit}"
-            return _to(home, f"prefix match: {matched} on {home}{note}")
+            return _to(home, f"prefix match: {matched} on {home}{note}", then)
         jobs = f"{home} has {backlogs[home].sequences} jobs, {name} {backlogs[name].sequences}"
         return _to(
             name,
             f"load balance: {name} ({jobs}), expected cost {cost[home]:.0f} vs {cost[name]:.0f} "
             f"token equivalents{note}",
+            route_hints.move_target(self.job, record, move_after, name, cost),
         )
 
 

@@ -87,6 +87,9 @@ class GenerateJob(Message, frozen=True):
     job_class: JobClass = "interactive"
     priority: int = 0
     batch_id: str = ""  # the Batch API batch a line belongs to ("" for any other job)
+    # A session's turn K under session_move_after_turns = K: the worker its turn K+1 moves to,
+    # which this turn's worker hints once the turn's blocks are in Redis ("": none).
+    prefetch_to: str = ""
 
     @property
     def kv_salt(self) -> str:
@@ -235,3 +238,4 @@ class SessionRecord(Message, frozen=True):
     last_worker: str
     last_used: float
     turns: int
+    next_worker: str = ""  # where the forced move after this turn goes (the hinted worker), if ready

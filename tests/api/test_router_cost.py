@@ -107,6 +107,35 @@ def test_forced_move_after_turn_k(clean: redis.Redis, redis_url: str) -> None:
     assert _route(redis_url, _next_turn("s1"), move_after=2).reason == "session affinity: b"
 
 
+def test_turn_k_chooses_the_worker_turn_k_plus_1_moves_to(clean: redis.Redis, redis_url: str) -> None:
+    """Routing turn K (move_after = K), the router picks where turn K+1 will go, so that turn K's
+    worker can hint it once the turn's blocks are in Redis; turn K+1 then goes exactly there."""
+    for name, running in (("a", 0), ("b", 2), ("c", 4)):
+        _beat(clean, name, running=running)
+    _advertise(clean, "a", HISTORY)
+    _session(clean, "s1", "a", turns=1)
+    turn_k = _route(redis_url, _next_turn("s1"), move_after=2)
+    assert (turn_k.reason, turn_k.prefetch_to) == ("session affinity: a", "b"), turn_k  # b: cheaper than c
+    assert _route(redis_url, _next_turn("s1"), move_after=3).prefetch_to == ""  # not turn K
+    assert _route(redis_url, _next_turn(), move_after=2).prefetch_to == ""  # no session
+    first = GenerateJob(model="m", endpoint="chat", messages=(ChatMessage("user", "hi"),), session_id="s2")
+    for name, running in (("a", 0), ("b", 2), ("c", 4)):
+        _beat(clean, name, running=running)  # fresh heartbeats: the routes above are not "since"
+    turn_1 = _route(redis_url, first, move_after=1)  # K = 1: no record yet
+    assert (turn_1.worker, turn_1.prefetch_to) == ("a", "b"), turn_1
+    # Turn K+1 follows the record's next_worker though c is the cheapest now ...
+    for name, running in (("a", 0), ("b", 2), ("c", 0)):
+        _beat(clean, name, running=running)
+    record = SessionRecord("s1", "", "m", (1, 2, 3), (), "a", time.time(), 2, next_worker="b")
+    session_store.save(clean, record, 60)
+    moved = _route(redis_url, _next_turn("s1"), move_after=2)
+    assert moved == Route(keys.worker_queue("b"), "forced move after turn 2: b (from a)"), moved
+    # ... while it is ready; gone, the cheapest other as before.
+    clean.delete(keys.worker_heartbeat("b"))
+    moved = _route(redis_url, _next_turn("s1"), move_after=2)
+    assert moved == Route(keys.worker_queue("c"), "forced move after turn 2: c (from a)"), moved
+
+
 def test_forced_move_with_no_other_worker_stays(clean: redis.Redis, redis_url: str) -> None:
     _beat(clean, "a")
     _session(clean, "s1", "a", turns=2)

@@ -12,7 +12,9 @@ A turn's bookkeeping comes in two parts, so its answer never waits for the KV wr
   exact tokens (a client's next turn, sent the moment it has the answer, reuses them: token-exact),
   naming only the chain's blocks that are in Redis already (none of the writes still queued);
 - settle(), after the answer: once the writer has written the turn's blocks (and those queued
-  before them), the record names the whole chain and the pins follow it, on the Settler's thread.
+  before them), the record names the whole chain and the pins follow it, on the Settler's thread;
+  then, at a forced move's turn K, the worker turn K+1 moves to (job.prefetch_to, kept in the
+  record as next_worker) gets a prefetch hint: it loads the history while the client thinks.
   Newer wins as ever: a later turn's record is never overwritten by an earlier turn's settle."""
 
 from __future__ import annotations
@@ -22,14 +24,12 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 import msgspec
 import redis
 
-from broker import keys, prefix_index
+from broker import keys, prefetch_hint, prefix_index
 from broker.messages import ChatMessage, GenerateJob, SessionRecord
 from broker.prefix_digest import chat_digests, text_digests
 from broker.sessions import store as session_store
@@ -40,7 +40,7 @@ from kvstore.redis import pins as tier_pins
 from kvstore.redis.client import KV_ERRORS, KVClient
 from kvstore.redis.keys import TierKeys
 from workers.engine.requests.output import RequestOutput
-from workers.sessions.settle import Settler
+from workers.sessions.settle import Settle, Settler
 from workers.tiers.config import TierConfig
 
 if TYPE_CHECKING:  # torch's: a worker in the simulated mode never loads them
@@ -61,15 +61,6 @@ class ChainFacts(Protocol):
 
     block_size: int
     fingerprint: str
-
-
-@dataclass(frozen=True, slots=True)
-class Settle:
-    """What a turn leaves to do once its blocks are in Redis: ``mark``, the KV writer's last write
-    when the turn ended (its own writes are at or before it)."""
-
-    mark: int
-    work: Callable[[], None]
 
 
 class SessionKeeper:
@@ -146,6 +137,7 @@ class SessionKeeper:
             last_used=now,
             last_worker=self.worker,
             turns=(previous.turns if previous else 0) + 1,
+            next_worker=job.prefetch_to,
         )
         exact = None
         if job.endpoint == "chat" and job.messages and not job.prompt_token_ids:
@@ -169,6 +161,8 @@ class SessionKeeper:
                 tier.pin_session(job.tenant, job.session_id, hashes, version=now)
             except KV_ERRORS as exc:  # a KV shard away (RedisClusterException is no RedisError)
                 log.warning("session %s: pinning its blocks failed: %s", job.session_id, exc)
+            if job.prefetch_to and job.prefetch_to != self.worker:  # turn K+1 moves there: warm it
+                prefetch_hint.send(self.redis, job.prefetch_to, prefetch_hint.for_job(job))
 
         return Settle(mark, settle)
 

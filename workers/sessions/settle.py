@@ -12,8 +12,18 @@ import logging
 import queue
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Settle:
+    """What a turn leaves to do once its blocks are in Redis: ``mark``, the KV writer's last write
+    when the turn ended (its own writes are at or before it)."""
+
+    mark: int
+    work: Callable[[], None]
 
 
 class Settler:

@@ -1,0 +1,122 @@
+"""A forced move (session_move_after_turns = K) finds the session's history warm: turn K's worker
+hints the worker turn K+1 moves to as soon as turn K's blocks are in Redis, so that worker loads
+them before turn K+1 comes, and the moved turn fetches nothing from Redis on its own path (the
+Redis tier's blocks are deleted before it: only the warm tier can hold them). Token-exact."""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import redis
+
+from broker import keys
+from kvstore.redis.keys import PACK_PREFIX
+from ops.redis_server import RedisServer
+from tests.integration.conftest import MODEL, WorkerProcess, running_api, wait_for
+from tests.integration.test_routing import _ask, _continued
+
+Reference = Callable[[list[int], int], list[int]]
+MOVE_AFTER = 2
+BLOCK = 16
+
+
+@pytest.fixture(scope="module")
+def move_api(
+    redis_server: RedisServer, files_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[str]:
+    log = tmp_path_factory.mktemp("api-move") / "api.log"
+    env = {
+        **os.environ,
+        "KVFERRY_FILES_DIR": str(files_dir),
+        "KVFERRY_SESSION_MOVE_AFTER_TURNS": str(MOVE_AFTER),
+    }
+    yield from running_api(["--redis-url", redis_server.url, "--model", MODEL], env, log)
+
+
+def _waiting_listeners(client: redis.Redis) -> int:
+    """Prefetch-hint listeners blocked in BLPOP now (workers/tiers/prefetch.py; nothing else BLPOPs):
+    one that took a hint is back in it once the hint's blocks are loaded."""
+    return sum(1 for c in client.client_list() if c.get("cmd") == "blpop" and "b" in c.get("flags", ""))
+
+
+def _listeners(client: redis.Redis) -> int:
+    """How many listeners there are: the most seen blocked over one BLPOP timeout (each leaves it
+    only for an instant between two)."""
+    seen, deadline = 0, time.monotonic() + 1.2
+    while time.monotonic() < deadline:
+        seen = max(seen, _waiting_listeners(client))
+        time.sleep(0.05)
+    return seen
+
+
+def _pushed(pubsub: Any, timeout_s: float) -> bool:
+    """Whether an LPUSH onto the subscribed list came within timeout_s."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        message = pubsub.get_message(ignore_subscribe_messages=True, timeout=0.2)
+        if message is not None and message["data"] == b"lpush":
+            return True
+    return False
+
+
+def test_the_moved_turn_finds_its_history_warm(
+    move_api: str,
+    two_workers: tuple[WorkerProcess, WorkerProcess],
+    redis_client: redis.Redis,
+    tokenizer: Any,
+    tiny_reference: Reference,
+) -> None:
+    tag = uuid.uuid4().hex[:8]
+    session = f"move-{tag}"
+    messages = [
+        {"role": "system", "content": f"Move test {tag}: warm the history ahead of the turn. " * 5},
+        {"role": "user", "content": "turn one"},
+    ]
+    reply, job = _ask(move_api, messages, session)
+    first = job["worker"]
+    (other,) = [w.name for w in two_workers if w.name != first]
+    listeners = _listeners(redis_client)
+    assert listeners >= len(two_workers), listeners
+    db = redis_client.connection_pool.connection_kwargs.get("db", 0)
+    before = redis_client.config_get("notify-keyspace-events")["notify-keyspace-events"]
+    redis_client.config_set("notify-keyspace-events", "Kl")
+    pubsub = redis_client.pubsub()
+    pubsub.subscribe(f"__keyspace@{db}__:{keys.worker_prefetch(other)}")
+    try:
+        for turn in range(2, MOVE_AFTER + 1):
+            messages += [
+                {"role": "assistant", "content": reply["choices"][0]["message"]["content"]},
+                {"role": "user", "content": f"turn {turn}"},
+            ]
+            reply, job = _ask(move_api, messages, session)
+            assert job["worker"] == first, job["route"]
+        # Turn K's worker hints `other` after writing its blocks; `other` loads them, then waits again.
+        hinted = _pushed(pubsub, 10)
+        if hinted:
+            wait_for(lambda: _waiting_listeners(redis_client) >= listeners, 10, "the hint to be loaded")
+    finally:
+        pubsub.close()
+        redis_client.config_set("notify-keyspace-events", before)
+    history = len(httpx.get(f"{move_api}/v1/sessions/{session}", timeout=10).json()["token_ids"])
+    for key in redis_client.scan_iter(match=f"{PACK_PREFIX}*"):
+        redis_client.delete(key)  # from here on only a warm tier can hold the history's blocks
+    messages += [
+        {"role": "assistant", "content": reply["choices"][0]["message"]["content"]},
+        {"role": "user", "content": "the moved turn"},
+    ]
+    reply, job = _ask(move_api, messages, session)
+    assert job["route"]["reason"] == f"forced move after turn {MOVE_AFTER}: {other} (from {first})", job
+    usage, sources = reply["usage"], reply["usage"]["kv_sources"]
+    cached = usage["prompt_tokens_details"]["cached_tokens"]
+    assert cached >= history // BLOCK * BLOCK, (hinted, usage)  # the history: none of it computed again
+    assert sources["pool"] == 0, usage  # nothing of it ran there: all warm ahead of the job
+    assert reply["choices"][0]["message"]["content"] == tokenizer.decode(
+        _continued(move_api, session, reply, tiny_reference), skip_special_tokens=True
+    )
