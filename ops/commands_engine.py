@@ -148,12 +148,21 @@ def bench_serve_cmd(
     type=click.Choice(["resume", "workload", "api", "no-tier"]),
     help="skip a part (no-tier: the workload's two set-ups without the Redis tier)",
 )
+@click.option(
+    "--workload-reps",
+    type=click.IntRange(1, 9),
+    default=1,
+    show_default=True,
+    help="cache-aware / round-robin pairs run back to back; the ratios are the pairs' medians",
+)
 @engine_options
-def bench_tiers_cmd(json_path: Path | None, quick: bool, skip: tuple[str, ...], **opts: Any) -> None:
+def bench_tiers_cmd(
+    json_path: Path | None, quick: bool, skip: tuple[str, ...], workload_reps: int, **opts: Any
+) -> None:
     """Resume from Redis vs recompute; multi-turn hit rate and TTFT by routing policy."""
     from ops.bench.tiers.run import run_tier_bench
 
-    results = run_tier_bench(settings_from(opts), quick=quick, skip=set(skip))
+    results = run_tier_bench(settings_from(opts), quick=quick, skip=set(skip), workload_reps=workload_reps)
     _write_json(results, json_path)
 
 
