@@ -15,6 +15,7 @@ from broker import keys, prefetch_hint
 from broker.messages import ChatMessage, GenerateJob, SessionRecord
 from broker.prefix_digest import chat_digests
 from broker.sessions import store as session_store
+from kvstore.redis.keys import PACK_PREFIX
 from tests.api.test_router import _beat, _route, advertise
 from tests.integration.conftest import WorkerProcess, wait_for
 from tests.integration.test_session_tokens import _chat, _used_prompt
@@ -62,8 +63,9 @@ def test_hinted_worker_has_the_blocks_warm_before_the_job(
     redis_client.lpush(keys.worker_prefetch(fresh.name), prefetch_hint.encode(hint))
     wait_for(lambda: redis_client.llen(keys.worker_prefetch(fresh.name)) == 0, 10, "the hint to be taken")
     time.sleep(1.0)  # the fetch itself: a few small packs
-    for key in redis_client.scan_iter(match="kvferry:kv:*:pack:*"):
-        redis_client.delete(key)  # from here on only the hinted warm tier holds turn 1's blocks
+    packs = list(redis_client.scan_iter(match=f"{PACK_PREFIX}*"))
+    assert packs, "turn 1's blocks were never written to the Redis tier"
+    redis_client.delete(*packs)  # from here on only the hinted warm tier holds turn 1's blocks
     turn2 = [*turn1, {"role": "assistant", "content": r1.text}, {"role": "user", "content": "turn two"}]
     r2 = _chat(celery_app, turn2, session, fresh.queue)
     prompt2 = _used_prompt(redis_client, session, r2)
