@@ -63,18 +63,40 @@ class BlockManager:
             root = self._roots[cache_salt] = chain_root(self.model_fingerprint, cache_salt)
         return root
 
+    def prefix_hashes(self, seq: EngineRequest) -> list[BlockHash]:
+        """The hashes of all seq's full blocks but the one holding the last token (always
+        computed: its logits pick the next token). Memoised on seq (seq.prefix_hashes): its tokens
+        only ever grow at the end and a chained hash depends on its prefix alone, so the hashes
+        known stay valid and only blocks new since are hashed (a waiting sequence is looked up at
+        every step, by the admission hold, and hashed once)."""
+        bs = self.block_size
+        num_blocks = (seq.num_tokens - 1) // bs
+        known = seq.prefix_hashes
+        if len(known) < num_blocks:
+            parent = known[-1] if known else self.root(seq.cache_salt)
+            tokens = seq.token_slice(len(known) * bs, num_blocks * bs)
+            known = seq.prefix_hashes = known + hash_blocks(tokens, bs, (), parent=parent)
+        return known[:num_blocks]
+
     def match_prefix(self, seq: EngineRequest) -> tuple[list[Block], list[BlockHash]]:
-        """Cached full blocks covering seq's prefix, and the hashes of all its full blocks but the
-        one holding the last token (always computed: its logits pick the next token)."""
+        """Cached full blocks covering seq's prefix, and prefix_hashes(seq). Reads the pool only:
+        no reference taken, no LRU order or statistic changed."""
         if not self.pool.enable_caching:
             return [], []
-        max_blocks = (seq.num_tokens - 1) // self.block_size
-        tokens = seq.token_ids[: max_blocks * self.block_size]
-        hashes = hash_blocks(tokens, self.block_size, (), parent=self.root(seq.cache_salt))
+        hashes = self.prefix_hashes(seq)
         if seq.needs_prompt_logits:  # its blocks are computed, and committed for others to hit
             return [], hashes
-        hits = self.pool.match_prefix(hashes, tokens)
+        hits = self.pool.match_prefix(hashes, seq.token_slice(0, len(hashes) * self.block_size))
         return hits, hashes
+
+    def kept_tail_tokens(self, seq: EngineRequest, hashes: list[BlockHash], known: int) -> int:
+        """Tokens a kept tail would give seq after its `known` full blocks (allocate takes it);
+        only looks."""
+        if not self.pool.enable_caching or not self.tails or seq.needs_prompt_logits:
+            return 0
+        bs = self.block_size
+        parent = self._parent(seq, hashes, known)
+        return self.tails.held(parent, seq.token_slice(known * bs, seq.num_tokens - 1))
 
     def allocate(
         self,
