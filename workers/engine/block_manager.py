@@ -64,11 +64,9 @@ class BlockManager:
         return root
 
     def prefix_hashes(self, seq: EngineRequest) -> list[BlockHash]:
-        """The hashes of all seq's full blocks but the one holding the last token (always
-        computed: its logits pick the next token). Memoised on seq (seq.prefix_hashes): its tokens
-        only ever grow at the end and a chained hash depends on its prefix alone, so the hashes
-        known stay valid and only blocks new since are hashed (a waiting sequence is looked up at
-        every step, by the admission hold, and hashed once)."""
+        """The hashes of all seq's full blocks but the one holding the last token (always computed:
+        its logits pick the next token), memoised on seq: its tokens only grow at the end and a
+        chained hash depends on its prefix alone, so only blocks new since are hashed."""
         bs = self.block_size
         num_blocks = (seq.num_tokens - 1) // bs
         known = seq.prefix_hashes
@@ -89,14 +87,17 @@ class BlockManager:
         hits = self.pool.match_prefix(hashes, seq.token_slice(0, len(hashes) * self.block_size))
         return hits, hashes
 
-    def kept_tail_tokens(self, seq: EngineRequest, hashes: list[BlockHash], known: int) -> int:
-        """Tokens a kept tail would give seq after its `known` full blocks (allocate takes it);
-        only looks."""
-        if not self.pool.enable_caching or not self.tails or seq.needs_prompt_logits:
+    def held_tokens(
+        self, seq: EngineRequest, hashes: list[BlockHash], known: int, donors: Sequence[EngineRequest]
+    ) -> int:
+        """Tokens after seq's `known` full blocks that allocate would give it uncomputed: a kept
+        tail's, else a running donor's partial block's (a copy). Only looks."""
+        if not self.pool.enable_caching or seq.needs_prompt_logits:
             return 0
-        bs = self.block_size
-        parent = self._parent(seq, hashes, known)
-        return self.tails.held(parent, seq.token_slice(known * bs, seq.num_tokens - 1))
+        parent, bs = self._parent(seq, hashes, known), self.block_size
+        held = self.tails.held(parent, seq.token_slice(known * bs, seq.num_tokens - 1)) if self.tails else 0
+        fork = None if held else self._donor(seq, hashes, known, donors)
+        return fork[1] if fork else held
 
     def allocate(
         self,

@@ -64,7 +64,7 @@ class Scheduler:
         if not self._run(plan, [s for s in ordered if not s.is_batch]):
             return plan.output()  # it had to preempt: no room to spare for arrivals
         pending = self._pending_prefix_hashes()
-        if self.hold.holds(plan, self.waiting, len(self.running), self.cost, self.clock):
+        if self.hold.holds(plan, self.waiting, self.running, self.cost, self.clock):
             self.num_held_steps += 1  # and no batch sequence is admitted while they wait
         else:
             self._admit(plan, pending, batch=False)

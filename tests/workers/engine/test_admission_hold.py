@@ -254,6 +254,34 @@ def test_counting_uncached_tokens_changes_nothing(tiny: TinyModel) -> None:
     assert_tokens(list(outs["turn"].token_ids), tiny.expected(seq.prompt_token_ids, 4), "turn")
 
 
+def test_the_count_leaves_out_a_kept_tail_and_a_running_neighbours_partial_block(tiny: TinyModel) -> None:
+    """Tokens a kept tail or a running sequence's partial block gives (allocate's, uncomputed) are
+    not counted either; neither is taken by counting."""
+    rng = random.Random(37)
+    engine = make_engine(tiny.loaded, num_blocks=32)
+    hold, params = engine.scheduler.hold, SamplingParams(max_tokens=7, ignore_eos=True)
+    turn1 = random_prompt(rng, 40)
+    engine.add_request("t1", turn1, params, keep_tail=True)
+    finals: dict[str, RequestOutput] = {}
+    _finals(engine, finals)  # 46 tokens computed: 2 full blocks and a tail of 14, kept
+    turn2 = [*turn1, *finals["t1"].token_ids, *random_prompt(rng, 10)]
+    assert hold.uncached_tokens(EngineRequest("t2", turn2, params, 7)) == len(turn2) - 46
+    assert len(engine.block_manager.tails) == 1 and engine.block_manager.tails.taken == 0
+    before = engine.stats().prompt_tokens_computed
+    engine.add_request("t2", turn2, params)
+    _finals(engine, finals)
+    assert_tokens(list(finals["t2"].token_ids), tiny.expected(turn2, 7), "t2")
+    assert engine.stats().prompt_tokens_computed - before == len(turn2) - 46  # what admission computed
+
+    prompt = random_prompt(rng, 37)  # 2 full blocks and 5 tokens, 4 of which a neighbour holds
+    engine.add_request("first", prompt, params)
+    for _ in range(2):
+        engine.step()
+    later = EngineRequest("later", prompt, params, 7)
+    assert hold.uncached_tokens(later) == 5  # no running sequence offered
+    assert hold.uncached_tokens(later, engine.scheduler.running) == 1
+
+
 def test_the_budget_is_a_setting_and_validated() -> None:
     assert DEFAULTS.prefill_batch_hold == 1.0 and EngineConfig().prefill_batch_hold == 1.0  # on
     assert Settings.from_env({}, prefill_batch_hold=1.5).engine_config().prefill_batch_hold == 1.5
