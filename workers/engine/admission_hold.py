@@ -77,8 +77,9 @@ class AdmissionHold:
             return False
         now = clock()
         waited = now - min(self._arrived.get(id(s), now) for s in seqs)
-        prefill = sum(self.uncached_tokens(s, running) for s in seqs)
-        ttft = waited + cost.predict(0) + cost.predict(prefill)
+        prefill = sum(self.uncached_tokens(s, running) for s in seqs)  # P: the rows they compute
+        ttft = waited + cost.predict(0) + cost.predict(prefill)  # held one more step, then prefilled
+        # A full batch (the running and the waiting) of prompts computing the waiting ones' mean rows.
         return ttft < self.factor * cost.predict(prefill * batch // len(seqs))
 
     def uncached_tokens(self, seq: EngineRequest, running: Sequence[EngineRequest] = ()) -> int:
