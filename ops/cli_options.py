@@ -72,7 +72,8 @@ def engine_options(fn: Callable[..., Any]) -> Callable[..., Any]:
             "prefill_batch_hold",
             type=float,
             help="while others decode, new prompts wait to be prefilled together, up to this many "
-            f"times a full batch's predicted prefill ({DEFAULTS.prefill_batch_hold}; 0 = admit at once)",
+            "times a full batch's predicted prefill, counting the prompt tokens not cached "
+            f"({DEFAULTS.prefill_batch_hold}; 0 = admit at once)",
         ),
         click.option("--torch-threads", type=int, help="torch intra-op threads"),
         click.option("--cache-dir", type=click.Path(path_type=Path), help="converted-model cache"),

@@ -63,18 +63,41 @@ class BlockManager:
             root = self._roots[cache_salt] = chain_root(self.model_fingerprint, cache_salt)
         return root
 
+    def prefix_hashes(self, seq: EngineRequest) -> list[BlockHash]:
+        """The hashes of all seq's full blocks but the one holding the last token (always computed:
+        its logits pick the next token), memoised on seq: its tokens only grow at the end and a
+        chained hash depends on its prefix alone, so only blocks new since are hashed."""
+        bs = self.block_size
+        num_blocks = (seq.num_tokens - 1) // bs
+        known = seq.prefix_hashes
+        if len(known) < num_blocks:
+            parent = known[-1] if known else self.root(seq.cache_salt)
+            tokens = seq.token_slice(len(known) * bs, num_blocks * bs)
+            known = seq.prefix_hashes = known + hash_blocks(tokens, bs, (), parent=parent)
+        return known[:num_blocks]
+
     def match_prefix(self, seq: EngineRequest) -> tuple[list[Block], list[BlockHash]]:
-        """Cached full blocks covering seq's prefix, and the hashes of all its full blocks but the
-        one holding the last token (always computed: its logits pick the next token)."""
+        """Cached full blocks covering seq's prefix, and prefix_hashes(seq). Reads the pool only:
+        no reference taken, no LRU order or statistic changed."""
         if not self.pool.enable_caching:
             return [], []
-        max_blocks = (seq.num_tokens - 1) // self.block_size
-        tokens = seq.token_ids[: max_blocks * self.block_size]
-        hashes = hash_blocks(tokens, self.block_size, (), parent=self.root(seq.cache_salt))
+        hashes = self.prefix_hashes(seq)
         if seq.needs_prompt_logits:  # its blocks are computed, and committed for others to hit
             return [], hashes
-        hits = self.pool.match_prefix(hashes, tokens)
+        hits = self.pool.match_prefix(hashes, seq.token_slice(0, len(hashes) * self.block_size))
         return hits, hashes
+
+    def held_tokens(
+        self, seq: EngineRequest, hashes: list[BlockHash], known: int, donors: Sequence[EngineRequest]
+    ) -> int:
+        """Tokens after seq's `known` full blocks that allocate would give it uncomputed: a kept
+        tail's, else a running donor's partial block's (a copy). Only looks."""
+        if not self.pool.enable_caching or seq.needs_prompt_logits:
+            return 0
+        parent, bs = self._parent(seq, hashes, known), self.block_size
+        held = self.tails.held(parent, seq.token_slice(known * bs, seq.num_tokens - 1)) if self.tails else 0
+        fork = None if held else self._donor(seq, hashes, known, donors)
+        return fork[1] if fork else held
 
     def allocate(
         self,

@@ -56,18 +56,23 @@ class KeptTails:
             self._drop(self._tails.popitem(last=False)[1][0])
         return True
 
+    def held(self, parent: BlockHash, tokens: list[int]) -> int:
+        """How many of `tokens` take() would give (0: none); changes nothing."""
+        kept = self._tails.get(parent)
+        if kept is None:
+            return 0
+        held = kept[1]
+        return len(held) if len(tokens) >= len(held) and tuple(tokens[: len(held)]) == held else 0
+
     def take(self, parent: BlockHash, tokens: list[int]) -> tuple[Block, int] | None:
         """The tail under `parent` if `tokens` (what follows the parent, the last prompt token
         excluded: it is always computed) start with all of its tokens; the caller owns it then."""
-        kept = self._tails.get(parent)
-        if kept is None:
+        held = self.held(parent, tokens)
+        if not held:
             return None
-        block, held = kept
-        if len(tokens) < len(held) or tuple(tokens[: len(held)]) != held:
-            return None
-        del self._tails[parent]
+        block = self._tails.pop(parent)[0]
         self.taken += 1
-        return block, len(held)
+        return block, held
 
     def make_room(self, need: int) -> None:
         """Give back the oldest tails until the pool has `need` free blocks (or none is left)."""

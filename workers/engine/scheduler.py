@@ -11,20 +11,9 @@ a batch line never starts while an interactive request waits, and a step that pr
 interactive prompt carries no batch work (batch decodes wait that step out). With no batch
 sequence, phases 1 and 2 are the whole step: running first, then arrivals, as before classes.
 
-Admission hold (prefill_batch_hold): a step that carries a new prompt's prefill costs every
-running request a slower step, and the prefill work is the same whenever it runs, so capping it
-per step only spreads it over more steps. What shrinks it is fewer steps with prefill in a
-request's life: while others decode, new interactive prompts wait and are then prefilled
-together. Requests admitted together finish together (and at a fixed output length, their
-successors arrive together), so the cohorts merge, and the decode steps between cohorts carry no
-prefill. The bound comes from the step cost model (step_cost.py, timed from this engine's steps
-on the CPU at hand): hold while the oldest waiting prompt's predicted TTFT (its wait, one more
-decode step, then the waiting prompts' prefill) stays under prefill_batch_hold times the
-predicted prefill of a full batch of such prompts (the running sequences and the waiting ones),
-so a cohort can wait for the running one to finish and merge with it. No hold while nothing
-decodes (nothing to spare), while a running prefill continues this step (joining it costs no
-extra step), for a preempted sequence, when the seats are full, or before both kinds of step
-have been timed.
+Admission hold (prefill_batch_hold, workers/engine/admission_hold.py): while others decode, new
+interactive prompts may wait a few steps to be prefilled together, judged by the prompt tokens
+they will compute (their cached prefixes left out) and the step cost model.
 """
 
 from __future__ import annotations
@@ -34,6 +23,7 @@ from collections.abc import Callable
 
 from kvstore.chain import BlockHash
 from kvstore.tiers.stored_block import StoredBlock
+from workers.engine.admission_hold import AdmissionHold
 from workers.engine.block_manager import BlockManager
 from workers.engine.config import EngineConfig
 from workers.engine.requests.sequence import EngineRequest, RequestStatus
@@ -57,11 +47,11 @@ class Scheduler:
         self.num_preemptions = 0
         self.cost = StepCost()  # the engine times each step into it
         self.clock: Callable[[], float] = time.monotonic
-        self._arrived: dict[int, float] = {}  # id(seq) -> when it was added, while it waits
+        self.hold = AdmissionHold(config, block_manager, tiers)
         self.num_held_steps = 0  # steps that held waiting prompts back (admission hold)
 
     def add(self, seq: EngineRequest) -> None:
-        self._arrived[id(seq)] = self.clock()
+        self.hold.arrive(seq, self.clock())
         self.waiting.add(seq)
 
     def has_unfinished(self) -> bool:
@@ -74,7 +64,7 @@ class Scheduler:
         if not self._run(plan, [s for s in ordered if not s.is_batch]):
             return plan.output()  # it had to preempt: no room to spare for arrivals
         pending = self._pending_prefix_hashes()
-        if self._hold_arrivals(plan):
+        if self.hold.holds(plan, self.waiting, self.running, self.cost, self.clock):
             self.num_held_steps += 1  # and no batch sequence is admitted while they wait
         else:
             self._admit(plan, pending, batch=False)
@@ -144,30 +134,13 @@ class Scheduler:
             if seq.num_cached_tokens < 0:  # first admission: count the prefix query once
                 self._count_sources(seq, loaded)
             self.waiting.popleft()
-            self._arrived.pop(id(seq), None)
+            self.hold.leave(seq)
             seq.status = RequestStatus.RUNNING
             seq.prefix_hashes = hashes
             self.running.append(seq)
             plan.take(seq, n, decode=False)
             pending.update(hashes[known:])
         self.waiting.put_back_all(deferred)
-
-    def _hold_arrivals(self, plan: StepPlan) -> bool:
-        """Whether waiting interactive prompts stay out of this step (the admission hold)."""
-        factor = self.config.prefill_batch_hold
-        if factor <= 0 or not plan.num_decodes or plan.num_prefill or not self.cost.ready:
-            return False
-        seqs = [s for s in self.waiting if not s.is_batch]
-        if not seqs or any(s.num_preemptions for s in seqs):
-            return False
-        batch = len(self.running) + len(seqs)
-        if batch >= self.config.max_num_seqs:
-            return False
-        now = self.clock()
-        waited = now - min(self._arrived.get(id(s), now) for s in seqs)
-        prefill = sum(s.num_tokens for s in seqs)
-        ttft = waited + self.cost.predict(0) + self.cost.predict(prefill)  # held one more step
-        return ttft < factor * self.cost.predict(prefill * batch // len(seqs))
 
     def _yield_batch(self, plan: StepPlan) -> bool:
         """Preempt the newest running batch sequence (none is scheduled yet when this runs), for
@@ -240,6 +213,6 @@ class Scheduler:
             self.running.remove(seq)
         elif seq in self.waiting:
             self.waiting.remove(seq)
-        self._arrived.pop(id(seq), None)
+        self.hold.leave(seq)
         self.blocks.free(seq)
         seq.status = RequestStatus.FINISHED

@@ -148,6 +148,17 @@ class TierBridge:
             run.append(block)
         return run
 
+    def peek_run(self, hashes: Sequence[BlockHash], token_ids: Sequence[int], first_block: int) -> int:
+        """How many blocks lookup would return now, read without refreshing the warm tier's LRU
+        order or counting hits and misses (the admission hold asks it at every step)."""
+        bs = self.pool.block_size
+        for i, block_hash in enumerate(hashes):
+            block = self.warm.peek(block_hash)
+            start = (first_block + i) * bs
+            if block is None or tuple(token_ids[start : start + bs]) != block.token_ids:
+                return i
+        return len(hashes)
+
     def persist(
         self, block_ids: Sequence[int], hashes: Sequence[BlockHash], token_ids: Sequence[int], root: BlockHash
     ) -> None:

@@ -2,19 +2,27 @@
 prefilled together in one step, once the oldest's predicted TTFT would pass the bound (or when
 nothing decodes any more); the decode steps in between carry no prefill, and outputs stay
 token-exact with HF generate. The step cost is pinned and the clock is the test's, so the steps
-are exact."""
+are exact. A waiting prompt counts only the tokens it will compute: a prefix cached in the pool
+or the warm tier is left out (a copy, not a compute), and looking it up changes nothing."""
 
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
+from typing import Any
 
 import pytest
 
+import workers.engine.block_manager as block_manager
+from broker.defaults import DEFAULTS
 from broker.sampling import SamplingParams
+from kvstore.chain import BlockHash
 from ops.settings import Settings
-from tests.workers._helpers import TinyModel, assert_tokens, make_engine, random_prompt
+from tests.workers._helpers import TinyModel, assert_tokens, make_engine, random_prompt, run_checked
 from workers.engine.config import EngineConfig
 from workers.engine.llm_engine import LLMEngine
+from workers.engine.requests.output import RequestOutput
+from workers.engine.requests.sequence import EngineRequest
 from workers.engine.scheduler import SchedulerOutput
 from workers.engine.step_cost import StepCost
 
@@ -34,8 +42,10 @@ class Clock:
         return self.now
 
 
-def _engine(tiny: TinyModel, hold: float) -> tuple[LLMEngine, Clock, list[SchedulerOutput]]:
-    engine = make_engine(tiny.loaded, num_blocks=64, prefill_batch_hold=hold)
+def _engine(
+    tiny: TinyModel, hold: float, num_blocks: int = 64, **config: Any
+) -> tuple[LLMEngine, Clock, list[SchedulerOutput]]:
+    engine = make_engine(tiny.loaded, num_blocks=num_blocks, prefill_batch_hold=hold, **config)
     engine.scheduler.cost = PinnedCost(decode_s=DECODE_S, prefill_row_s=ROW_S)
     clock = Clock()
     engine.scheduler.clock = clock
@@ -140,7 +150,140 @@ def test_step_cost_follows_timed_steps() -> None:
     assert cost.seconds_with_prefill == pytest.approx(0.15)
 
 
+def _finals(engine: LLMEngine, finals: dict[str, RequestOutput], steps: int | None = None) -> None:
+    """Step until nothing is unfinished (or `steps` times), keeping each request's final output."""
+    n = 0
+    while engine.has_unfinished() and (steps is None or n < steps):
+        for out in engine.step():
+            if out.finished:
+                finals[out.request_id] = out
+        n += 1
+
+
+HISTORY = random_prompt(random.Random(31), 64)  # a session's history: 4 full blocks
+NEW = random_prompt(random.Random(32), 6)  # the next turn's new tokens
+
+
+@pytest.mark.parametrize("source", ["cold", "pool", "warm"])
+def test_a_prompt_whose_prefix_is_cached_is_not_held_like_a_cold_one(
+    tiny: TinyModel, source: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One sequence decodes; a 70-token prompt arrives. Cold, it computes 70 rows: held (its TTFT
+    2 x 0.01 + 70 x 0.001 s stays under one 2-prompt batch's prefill, 0.01 + 140 x 0.001 s). Its
+    first 64 tokens cached, in the pool or the warm tier, it computes 6: let in at once (2 x 0.01
+    + 6 x 0.001 s is past 0.01 + 12 x 0.001 s). Before, both counted all 70 and were held."""
+    engine, _, steps = _engine(tiny, hold=1.0, num_blocks=12, warm_cache_size_bytes=1 << 20)
+    assert engine.tiers is not None
+    finals: dict[str, RequestOutput] = {}
+    once = SamplingParams(max_tokens=1, ignore_eos=True)
+    engine.add_request("history", HISTORY, once)
+    _finals(engine, finals)
+    if source == "warm":  # a 12-block filler evicts the history's blocks into the warm tier
+        engine.add_request("filler", random_prompt(random.Random(33), 180), once)
+        _finals(engine, finals)
+        root = engine.block_manager.root("")
+        assert (
+            engine.pool.get_cached_block(
+                block_manager.hash_blocks(HISTORY[:16], 16, (), root)[0], HISTORY[:16]
+            )
+            is None
+        )
+    params = SamplingParams(max_tokens=12, ignore_eos=True)
+    running = random_prompt(random.Random(34), 6)
+    engine.add_request("r0", running, params)
+    _finals(engine, finals, steps=1)  # its prefill: nothing decodes yet, so nothing is held
+
+    hashed: list[int] = []
+    real_hash_blocks = block_manager.hash_blocks
+
+    def counting(tokens: Sequence[int], *args: Any, **kw: Any) -> list[BlockHash]:
+        hashed.append(len(tokens))
+        return real_hash_blocks(tokens, *args, **kw)
+
+    monkeypatch.setattr(block_manager, "hash_blocks", counting)
+    prompt = random_prompt(random.Random(35), 70) if source == "cold" else [*HISTORY, *NEW]
+    engine.add_request("turn", prompt, params)
+    _finals(engine, finals, steps=3)
+    held = source == "cold"
+    assert engine.scheduler.num_held_steps == (3 if held else 0)
+    assert [s.num_prefill_tokens for s in steps[-3:]] == ([0, 0, 0] if held else [6, 0, 0])
+    _finals(engine, finals)
+
+    assert sum(hashed) == 64, "the waiting prompt was hashed more than once"
+    for rid, p in {"r0": running, "turn": prompt}.items():
+        assert_tokens(list(finals[rid].token_ids), tiny.expected(p, 12), rid)
+    turn = finals["turn"]
+    assert (turn.pool_tokens, turn.warm_tokens) == {"cold": (0, 0), "pool": (64, 0), "warm": (0, 64)}[source]
+
+
+def test_counting_uncached_tokens_changes_nothing(tiny: TinyModel) -> None:
+    """A prompt whose prefix is half in the pool, half in the warm tier: the count is what its
+    admission then computes, and counting moves no block in either LRU order, takes no
+    reference and counts no prefix query nor warm-tier hit or miss."""
+    engine = make_engine(tiny.loaded, num_blocks=8, warm_cache_size_bytes=1 << 20)
+    assert engine.tiers is not None
+    once = SamplingParams(max_tokens=1, ignore_eos=True)
+    # The history's 4 blocks go to the free queue's tail, its last block nearest the head; a 6-block
+    # filler takes the 4 never-used blocks and the history's last 2, which go warm.
+    run_checked(engine, {"history": (HISTORY, once)})
+    run_checked(engine, {"filler": (random_prompt(random.Random(36), 90), once)})
+    hashes = block_manager.hash_blocks(HISTORY, 16, (), engine.block_manager.root(""))
+    assert [h in engine.tiers.warm for h in hashes] == [False, False, True, True]
+    seq = EngineRequest("turn", [*HISTORY, *NEW], SamplingParams(max_tokens=4, ignore_eos=True), 4)
+    pool, warm = engine.pool, engine.tiers.warm
+
+    def state() -> tuple[object, ...]:
+        return (
+            [b.block_id for b in pool._free],
+            [b.ref_cnt for b in pool.blocks],
+            pool.stats(),
+            list(warm._blocks),
+            warm.stats(),
+            len(engine.block_manager.tails),
+        )
+
+    before = state()
+    assert engine.scheduler.hold.uncached_tokens(seq) == len(NEW)
+    assert engine.scheduler.hold.uncached_tokens(seq) == len(NEW)
+    assert state() == before
+
+    engine.add_request("turn", seq.prompt_token_ids, seq.params)
+    outs = run_checked(engine)
+    assert engine.stats().prompt_tokens_computed == 64 + 90 + len(NEW)
+    assert (outs["turn"].pool_tokens, outs["turn"].warm_tokens) == (32, 32)
+    assert_tokens(list(outs["turn"].token_ids), tiny.expected(seq.prompt_token_ids, 4), "turn")
+
+
+def test_the_count_leaves_out_a_kept_tail_and_a_running_neighbours_partial_block(tiny: TinyModel) -> None:
+    """Tokens a kept tail or a running sequence's partial block gives (allocate's, uncomputed) are
+    not counted either; neither is taken by counting."""
+    rng = random.Random(37)
+    engine = make_engine(tiny.loaded, num_blocks=32)
+    hold, params = engine.scheduler.hold, SamplingParams(max_tokens=7, ignore_eos=True)
+    turn1 = random_prompt(rng, 40)
+    engine.add_request("t1", turn1, params, keep_tail=True)
+    finals: dict[str, RequestOutput] = {}
+    _finals(engine, finals)  # 46 tokens computed: 2 full blocks and a tail of 14, kept
+    turn2 = [*turn1, *finals["t1"].token_ids, *random_prompt(rng, 10)]
+    assert hold.uncached_tokens(EngineRequest("t2", turn2, params, 7)) == len(turn2) - 46
+    assert len(engine.block_manager.tails) == 1 and engine.block_manager.tails.taken == 0
+    before = engine.stats().prompt_tokens_computed
+    engine.add_request("t2", turn2, params)
+    _finals(engine, finals)
+    assert_tokens(list(finals["t2"].token_ids), tiny.expected(turn2, 7), "t2")
+    assert engine.stats().prompt_tokens_computed - before == len(turn2) - 46  # what admission computed
+
+    prompt = random_prompt(rng, 37)  # 2 full blocks and 5 tokens, 4 of which a neighbour holds
+    engine.add_request("first", prompt, params)
+    for _ in range(2):
+        engine.step()
+    later = EngineRequest("later", prompt, params, 7)
+    assert hold.uncached_tokens(later) == 5  # no running sequence offered
+    assert hold.uncached_tokens(later, engine.scheduler.running) == 1
+
+
 def test_the_budget_is_a_setting_and_validated() -> None:
+    assert DEFAULTS.prefill_batch_hold == 1.0 and EngineConfig().prefill_batch_hold == 1.0  # on
     assert Settings.from_env({}, prefill_batch_hold=1.5).engine_config().prefill_batch_hold == 1.5
     with pytest.raises(ValueError, match="prefill_batch_hold"):
         EngineConfig(prefill_batch_hold=-1.0)

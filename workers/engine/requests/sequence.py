@@ -35,7 +35,8 @@ class EngineRequest:
     num_computed_tokens: int = 0  # tokens whose K/V are in the pool
     block_ids: list[int] = field(default_factory=list)
     block_hashes: list[BlockHash] = field(default_factory=list)  # of the full, committed blocks
-    prefix_hashes: list[BlockHash] = field(default_factory=list)  # all full blocks, at admission
+    # All full blocks but the last token's, hashed (BlockManager.prefix_hashes memoises them here).
+    prefix_hashes: list[BlockHash] = field(default_factory=list)
     # Prompt tokens found at first admission, by where: the pool (-1 = not admitted yet), the
     # host-memory tier (blocks it held itself) and Redis (blocks a prefetch brought into it).
     num_cached_tokens: int = -1
