@@ -104,8 +104,8 @@ def run_tier_bench(settings: Settings, quick: bool, skip: set[str], workload_rep
             results["cache_aware_vs_round_robin_ttft_p50"],
             results["cache_aware_vs_round_robin_ttft_p95"],
         )
-        pairs = len(results["cache_aware_vs_round_robin_ttft_p50_pairs"])
-        label = "" if pairs == 1 else f", median of {pairs} pairs"
+        n_pairs = len(results["cache_aware_vs_round_robin_ttft_p50_pairs"])
+        label = "" if n_pairs == 1 else f", median of {n_pairs} pairs"
         rows.append(
             (
                 f"workload TTFT, cache-aware vs round-robin (Redis tier{label}): p50 / p95",
