@@ -66,7 +66,7 @@ class SettingsFields(BaseModel):
     max_num_seqs: int = 32  # sequences in one engine step
     max_num_batched_tokens: int = 1024  # per-step token budget (chunked prefill)
     max_prefill_tokens_with_decodes: int | None = None  # prefill tokens in a step with decodes; None: no cap
-    prefill_batch_hold: float = 1.0  # new prompts wait, up to this many full-batch prefill times; 0 = off
+    prefill_batch_hold: float = 0.0  # new prompts wait, up to this many full-batch prefill times; 0 = off
     max_model_len: int | None = None  # None: the model's own context length
     enable_prefix_caching: bool = True
     warm_cache_size: Size = ByteSize(256 * MiB)  # host-memory tier for evicted blocks; 0 = none

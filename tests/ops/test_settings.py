@@ -63,7 +63,7 @@ DOCUMENTED = {
     "PACKED_LINEAR": True,
     "DECODE_KERNEL": True,
     "FUSED_DECODE": True,
-    "PREFILL_BATCH_HOLD": 1.0,
+    "PREFILL_BATCH_HOLD": 0.0,
     "REDIS_URL": "redis://127.0.0.1:6379/0",
     "KV_REDIS_URL": None,
     "KV_SHARDS": 0,
