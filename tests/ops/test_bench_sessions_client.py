@@ -27,6 +27,20 @@ def _stream(n: int, usage: dict[str, Any] | None = None, timings: dict[str, Any]
     return _sse(chunks)
 
 
+def _one_turn(kind: str, body: bytes, output_tokens: int) -> Any:
+    """One chat turn against a server that answers every request with `body`."""
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, content=body)
+
+    async def go() -> Any:
+        async with httpx.AsyncClient(transport=httpx.MockTransport(handler), base_url="http://x") as c:
+            opts = Options(Server(kind, "m"), output_tokens)
+            return await chat_turn(c, opts, [{"role": "user", "content": "q"}], "s")
+
+    return asyncio.run(go())
+
+
 def test_api_root_takes_the_url_with_or_without_v1() -> None:
     assert api_root("http://h:1/v1") == api_root("http://h:1/v1/") == api_root("http://h:1") == "http://h:1"
 
@@ -64,17 +78,7 @@ def test_fields_by_kind() -> None:
 
 def test_a_turn_streams_ttft_tpot_and_cached_tokens() -> None:
     usage = {"prompt_tokens": 50, "completion_tokens": 4, "prompt_tokens_details": {"cached_tokens": 32}}
-
-    def handler(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(200, content=_stream(4, usage))
-
-    async def go() -> Any:
-        async with httpx.AsyncClient(transport=httpx.MockTransport(handler), base_url="http://x") as c:
-            return await chat_turn(
-                c, Options(Server("vllm", "m"), 4), [{"role": "user", "content": "q"}], "s"
-            )
-
-    turn = asyncio.run(go())
+    turn = _one_turn("vllm", _stream(4, usage), 4)
     assert turn.error == "" and turn.text == "t0 t1 t2 t3 "
     assert turn.ttft_s >= 0 and turn.tpot_s >= 0
     assert (turn.prompt_tokens, turn.cached_tokens, turn.completion_tokens) == (50, 32, 4)
@@ -149,23 +153,9 @@ def test_kvferry_kv_sources_land_in_the_records_and_the_per_turn_means() -> None
         "completion_tokens": 2,
         "kv_sources": {"pool": 16, "warm": 16, "redis": 0, "computed": 18},
     }
-
-    def handler(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(200, content=_stream(2, usage))
-
-    async def go() -> Any:
-        async with httpx.AsyncClient(transport=httpx.MockTransport(handler), base_url="http://x") as c:
-            return await chat_turn(
-                c, Options(Server("kvferry", "m"), 2), [{"role": "user", "content": "q"}], "s"
-            )
-
-    turn = asyncio.run(go())
+    turn = _one_turn("kvferry", _stream(2, usage), 2)
     assert turn.sources == (16, 16, 0, 18)
     row = per_turn([_record(1, "s", 1, turn, 2)], 1)[0]
-    assert (row["kv_pool_mean"], row["kv_warm_mean"], row["kv_redis_mean"], row["kv_computed_mean"]) == (
-        16,
-        16,
-        0,
-        18,
-    )
+    means = [row[f"kv_{k}_mean"] for k in ("pool", "warm", "redis", "computed")]
+    assert means == [16, 16, 0, 18]
     assert "kv_pool_mean" not in per_turn([_record(1, "s", 1, replace(turn, sources=None), 2)], 1)[0]

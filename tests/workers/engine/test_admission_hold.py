@@ -283,7 +283,7 @@ def test_the_count_leaves_out_a_kept_tail_and_a_running_neighbours_partial_block
 
 
 def test_the_budget_is_a_setting_and_validated() -> None:
-    assert DEFAULTS.prefill_batch_hold == 0.0 and EngineConfig().prefill_batch_hold == 0.0  # off: it spends TTFT
+    assert DEFAULTS.prefill_batch_hold == 0.0 and EngineConfig().prefill_batch_hold == 0.0  # off
     assert Settings.from_env({}, prefill_batch_hold=1.5).engine_config().prefill_batch_hold == 1.5
     with pytest.raises(ValueError, match="prefill_batch_hold"):
         EngineConfig(prefill_batch_hold=-1.0)
