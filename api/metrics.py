@@ -49,6 +49,7 @@ _ENGINE_COUNTERS = {
     ),
     "generation_tokens": ("Tokens generated", lambda e: e.generation_tokens),
     "engine_steps": ("Engine steps run", lambda e: e.num_steps),
+    "num_preemptions": ("Running sequences preempted for want of KV blocks", lambda e: e.num_preemptions),
 }
 
 

@@ -195,6 +195,8 @@ class EngineFigures(Message, frozen=True):
     # Prompt tokens its running sequences have not computed yet (chunked prefills under way; a
     # waiting one's cache hit is not known before it is scheduled): prefill ahead of a new job.
     prefill_tokens_pending: int = 0
+    # Running sequences sent back to wait (their blocks freed) so others could grow: the pool full.
+    num_preemptions: int = 0
 
     @property
     def kv_usage(self) -> float:

@@ -32,6 +32,7 @@ FIGURES = EngineFigures(
     fragmentation=0.125,
     weights_bytes=1,
     pool_bytes=2,
+    num_preemptions=3,
 )
 
 
@@ -116,6 +117,7 @@ def test_metrics_families(fresh_api: Served, rds: redis.Redis, worker: FakeWorke
         'kvferry_worker_prefix_cache_queries_tokens_total{worker="w1"} 64.0',
         'kvferry_worker_prefix_cache_hits_tokens_total{worker="w1"} 48.0',
         'kvferry_worker_generation_tokens_total{worker="w1"} 50.0',
+        'kvferry_worker_num_preemptions_total{worker="w1"} 3.0',
         'kvferry_worker_jobs_done_total{worker="w1"} 5.0',
         'kvferry_tenant_requests_total{tenant=""} 3.0',
         'kvferry_tenant_prompt_tokens_total{tenant=""} 7.0',

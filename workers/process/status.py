@@ -36,6 +36,7 @@ def figures_of(stats: EngineStats) -> EngineFigures:
         seconds_with_prefill=stats.seconds_with_prefill,
         num_held_steps=stats.num_held_steps,
         prefill_tokens_pending=stats.prefill_tokens_pending,
+        num_preemptions=stats.num_preemptions,
     )
 
 
