@@ -20,6 +20,7 @@ from broker import keys
 from kvstore.redis.keys import PACK_PREFIX
 from ops.redis_server import RedisServer
 from tests.integration.conftest import MODEL, WorkerProcess, running_api, wait_for
+from tests.integration.hint_listeners import listeners, waiting_listeners
 from tests.integration.test_routing import _ask, _continued
 
 Reference = Callable[[list[int], int], list[int]]
@@ -40,22 +41,6 @@ def move_api(
     yield from running_api(["--redis-url", redis_server.url, "--model", MODEL], env, log)
 
 
-def _waiting_listeners(client: redis.Redis) -> int:
-    """Prefetch-hint listeners blocked in BLPOP now (workers/tiers/prefetch.py; nothing else BLPOPs):
-    one that took a hint is back in it once the hint's blocks are loaded."""
-    return sum(1 for c in client.client_list() if c.get("cmd") == "blpop" and "b" in c.get("flags", ""))
-
-
-def _listeners(client: redis.Redis) -> int:
-    """How many listeners there are: the most seen blocked over one BLPOP timeout (each leaves it
-    only for an instant between two)."""
-    seen, deadline = 0, time.monotonic() + 1.2
-    while time.monotonic() < deadline:
-        seen = max(seen, _waiting_listeners(client))
-        time.sleep(0.05)
-    return seen
-
-
 def _pushed(pubsub: Any, timeout_s: float) -> bool:
     """Whether an LPUSH onto the subscribed list came within timeout_s."""
     deadline = time.monotonic() + timeout_s
@@ -73,6 +58,13 @@ def test_the_moved_turn_finds_its_history_warm(
     tokenizer: Any,
     tiny_reference: Reference,
 ) -> None:
+    ours = {w.name for w in two_workers}
+
+    def only_ours() -> bool:  # an earlier test's worker, stopped, stays live until its heartbeat expires
+        names = {n.decode() for n in redis_client.smembers(keys.WORKERS)}
+        return all(n in ours or not redis_client.exists(keys.worker_heartbeat(n)) for n in names)
+
+    wait_for(only_ours, 15, "other tests' workers to be gone: turn K+1's worker is chosen among the live")
     tag = uuid.uuid4().hex[:8]
     session = f"move-{tag}"
     messages = [
@@ -82,8 +74,8 @@ def test_the_moved_turn_finds_its_history_warm(
     reply, job = _ask(move_api, messages, session)
     first = job["worker"]
     (other,) = [w.name for w in two_workers if w.name != first]
-    listeners = _listeners(redis_client)
-    assert listeners >= len(two_workers), listeners
+    blocked = listeners(redis_client)
+    assert blocked >= len(two_workers), blocked
     db = redis_client.connection_pool.connection_kwargs.get("db", 0)
     before = redis_client.config_get("notify-keyspace-events")["notify-keyspace-events"]
     redis_client.config_set("notify-keyspace-events", "Kl")
@@ -100,7 +92,7 @@ def test_the_moved_turn_finds_its_history_warm(
         # Turn K's worker hints `other` after writing its blocks; `other` loads them, then waits again.
         hinted = _pushed(pubsub, 10)
         if hinted:
-            wait_for(lambda: _waiting_listeners(redis_client) >= listeners, 10, "the hint to be loaded")
+            wait_for(lambda: waiting_listeners(redis_client) >= blocked, 10, "the hint to be loaded")
     finally:
         pubsub.close()
         redis_client.config_set("notify-keyspace-events", before)

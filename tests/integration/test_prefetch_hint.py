@@ -18,6 +18,7 @@ from broker.sessions import store as session_store
 from kvstore.redis.keys import PACK_PREFIX
 from tests.api.test_router import _beat, _route, advertise
 from tests.integration.conftest import WorkerProcess, wait_for
+from tests.integration.hint_listeners import listeners, waiting_listeners
 from tests.integration.test_session_tokens import _chat, _used_prompt
 
 Reference = Callable[[list[int], int], list[int]]
@@ -59,10 +60,17 @@ def test_hinted_worker_has_the_blocks_warm_before_the_job(
     session = f"hint-{uuid.uuid4().hex[:8]}"
     turn1 = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "turn one"}]
     r1 = _chat(celery_app, turn1, session, w1.queue)
+
+    def written() -> bool:  # the record names the whole chain once turn 1's blocks are in Redis
+        record = session_store.load(redis_client, "", session)
+        return record is not None and len(record.block_hashes) == len(record.token_ids) // 16
+
+    wait_for(written, 30, "turn 1's blocks to be written through")
+    blocked = listeners(redis_client)
     hint = prefetch_hint.PrefetchHint("", session, "")
     redis_client.lpush(keys.worker_prefetch(fresh.name), prefetch_hint.encode(hint))
     wait_for(lambda: redis_client.llen(keys.worker_prefetch(fresh.name)) == 0, 10, "the hint to be taken")
-    time.sleep(1.0)  # the fetch itself: a few small packs
+    wait_for(lambda: waiting_listeners(redis_client) >= blocked, 30, "the hint's blocks to be loaded")
     packs = list(redis_client.scan_iter(match=f"{PACK_PREFIX}*"))
     assert packs, "turn 1's blocks were never written to the Redis tier"
     redis_client.delete(*packs)  # from here on only the hinted warm tier holds turn 1's blocks
