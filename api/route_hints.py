@@ -16,6 +16,7 @@ from collections.abc import Mapping
 
 import redis.asyncio as aioredis
 
+from api import route_cost
 from broker import prefetch_hint
 from broker.messages import GenerateJob, SessionRecord
 
@@ -36,5 +37,5 @@ def move_target(
     done = record.turns if record is not None else 0
     if not job.session_id or move_after <= 0 or done != move_after - 1:
         return ""
-    others = [n for n in cost if n != worker]
-    return min(others, key=lambda n: (cost[n], random.random())) if others else ""
+    others = {n: c for n, c in cost.items() if n != worker}
+    return route_cost.cheapest(others, {n: random.random() for n in others}) if others else ""

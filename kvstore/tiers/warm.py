@@ -61,18 +61,27 @@ class WarmTier:
         with self._lock:
             return self._blocks.get(block_hash)
 
+    def peek_run(self, hashes: Sequence[BlockHash]) -> list[StoredBlock]:
+        """The blocks of hashes[0], hashes[1], ... up to the first one not held; changes nothing."""
+        with self._lock:
+            return self._run(hashes)
+
+    def _run(self, hashes: Sequence[BlockHash]) -> list[StoredBlock]:
+        run: list[StoredBlock] = []
+        for block_hash in hashes:
+            block = self._blocks.get(block_hash)
+            if block is None:
+                break
+            run.append(block)
+        return run
+
     def get_run(self, hashes: Sequence[BlockHash]) -> list[StoredBlock]:
         """The blocks of hashes[0], hashes[1], ... up to the first one not held; refreshes them.
 
         The run is refreshed last block first, so a sequence's prefix stays the most recently used.
         """
         with self._lock:
-            run: list[StoredBlock] = []
-            for block_hash in hashes:
-                block = self._blocks.get(block_hash)
-                if block is None:
-                    break
-                run.append(block)
+            run = self._run(hashes)
             for block in reversed(run):
                 self._blocks.move_to_end(block.block_hash)
             self._hits += len(run)

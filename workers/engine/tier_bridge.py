@@ -139,25 +139,22 @@ class TierBridge:
     ) -> list[StoredBlock]:
         """The warm tier's run of blocks for hashes[0], hashes[1], ...: block i covers tokens
         [(first_block + i) * bs, ...). A block whose tokens differ ends the run."""
-        bs = self.pool.block_size
-        run = []
-        for i, block in enumerate(self.warm.get_run(hashes)):
-            start = (first_block + i) * bs
-            if tuple(token_ids[start : start + bs]) != block.token_ids:
-                break
-            run.append(block)
-        return run
+        run = self.warm.get_run(hashes)
+        return run[: self._same_tokens(run, token_ids, first_block)]
 
     def peek_run(self, hashes: Sequence[BlockHash], token_ids: Sequence[int], first_block: int) -> int:
         """How many blocks lookup would return now, read without refreshing the warm tier's LRU
         order or counting hits and misses (the admission hold asks it at every step)."""
+        return self._same_tokens(self.warm.peek_run(hashes), token_ids, first_block)
+
+    def _same_tokens(self, run: Sequence[StoredBlock], token_ids: Sequence[int], first_block: int) -> int:
+        """How many of run's blocks, from the first, hold the tokens they cover in token_ids."""
         bs = self.pool.block_size
-        for i, block_hash in enumerate(hashes):
-            block = self.warm.peek(block_hash)
+        for i, block in enumerate(run):
             start = (first_block + i) * bs
-            if block is None or tuple(token_ids[start : start + bs]) != block.token_ids:
+            if tuple(token_ids[start : start + bs]) != block.token_ids:
                 return i
-        return len(hashes)
+        return len(run)
 
     def persist(
         self, block_ids: Sequence[int], hashes: Sequence[BlockHash], token_ids: Sequence[int], root: BlockHash

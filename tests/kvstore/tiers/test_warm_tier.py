@@ -56,6 +56,16 @@ def test_get_refreshes_and_peek_does_not() -> None:
     assert (tier.stats().hits, tier.stats().misses) == (1, 1)
 
 
+def test_peek_run_stops_at_first_miss_and_changes_nothing() -> None:
+    tier = WarmTier(capacity_bytes=30)
+    for name in "abc":
+        tier.put(blk(name))
+    assert tier.peek_run([blk(n).block_hash for n in "abxc"]) == [blk("a"), blk("b")]
+    assert tier.stats().hits == tier.stats().misses == 0
+    tier.put(blk("d"))  # a is still the least recent: peeking refreshed nothing
+    assert keys(tier, "a", "b", "c", "d") == ["b", "c", "d"]
+
+
 def test_put_again_refreshes_without_counting_twice() -> None:
     tier = WarmTier(capacity_bytes=30)
     for name in "abc":
