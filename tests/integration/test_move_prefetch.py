@@ -17,6 +17,7 @@ import pytest
 import redis
 
 from broker import keys
+from broker.sessions import store as session_store
 from kvstore.redis.keys import PACK_PREFIX
 from ops.redis_server import RedisServer
 from tests.integration.conftest import MODEL, WorkerProcess, running_api, wait_for
@@ -112,3 +113,53 @@ def test_the_moved_turn_finds_its_history_warm(
     assert reply["choices"][0]["message"]["content"] == tokenizer.decode(
         _continued(move_api, session, reply, tiny_reference), skip_special_tokens=True
     )
+
+
+def test_the_moves_worker_killed_after_its_hint_loses_nothing(
+    worker_factory: Callable[..., WorkerProcess],
+    files_dir: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+    tiny_reference: Reference,
+    tokenizer: Any,
+) -> None:
+    """Turn K's worker hints turn K+1's, which is SIGKILLed before turn K+1: the turn is answered
+    once, token-exact, where the session's blocks are (no other worker to move to), from its cache.
+    A fleet of its own (Redis, api, two workers), so the worker killed is nobody else's."""
+    with RedisServer(tmp_path_factory.mktemp("redis-move-kill")) as server:
+        env = {**os.environ, "KVFERRY_FILES_DIR": str(files_dir), "KVFERRY_SESSION_MOVE_AFTER_TURNS": "2"}
+        log = tmp_path_factory.mktemp("api-move-kill") / "api.log"
+        api = running_api(["--redis-url", server.url, "--model", MODEL], env, log)
+        api_url = next(api)
+        try:
+            workers = {w.name: w for w in (worker_factory(f"mk{i}", redis_url=server.url) for i in (1, 2))}
+            client = redis.Redis.from_url(server.url)
+            session = f"move-kill-{uuid.uuid4().hex[:8]}"
+            messages = [{"role": "system", "content": "Kill the move's target. " * 8}]
+            for turn in (1, 2):
+                messages.append({"role": "user", "content": f"turn {turn}"})
+                reply, job = _ask(api_url, messages, session)
+                messages.append({"role": "assistant", "content": reply["choices"][0]["message"]["content"]})
+            first = job["worker"]
+            (target,) = [n for n in workers if n != first]
+            record = session_store.load(client, "", session)
+            assert record is not None and record.next_worker == target, record
+
+            def hinted() -> bool:  # settled (the record names the whole chain), the hint sent and taken
+                now = session_store.load(client, "", session)
+                settled = now is not None and len(now.block_hashes) == len(now.token_ids) // BLOCK
+                return settled and client.llen(keys.worker_prefetch(target)) == 0
+
+            wait_for(hinted, 30, "turn 2 to settle and its hint to be taken")
+            workers[target].kill()
+            wait_for(lambda: not client.exists(keys.worker_heartbeat(target)), 15, "its heartbeat to expire")
+            messages.append({"role": "user", "content": "the turn that was to move"})
+            reply, job = _ask(api_url, messages, session)
+            assert job["worker"] == first, job["route"]
+            assert "no other worker to move to" in job["route"]["reason"], job["route"]
+            assert reply["usage"]["prompt_tokens_details"]["cached_tokens"] > 0, reply["usage"]
+            assert reply["choices"][0]["message"]["content"] == tokenizer.decode(
+                _continued(api_url, session, reply, tiny_reference), skip_special_tokens=True
+            )
+            assert session_store.load(client, "", session).turns == 3  # answered once, recorded once
+        finally:
+            api.close()
