@@ -61,10 +61,10 @@ class SettingsFields(BaseModel):
     # the engine
     model: str = "smollm2"  # built-in name, local HF directory or .gguf
     served_model_name: str | None = None  # the name requests use; None: `model`
-    cache_size: Size = ByteSize(512 * MiB)  # the hot KV pool's byte budget per worker
+    cache_size: Size = ByteSize(1 * GiB)  # the hot KV pool's byte budget per worker
     block_size: int = 16  # tokens per KV block
     max_num_seqs: int = 32  # sequences in one engine step
-    max_num_batched_tokens: int = 1024  # per-step token budget (chunked prefill)
+    max_num_batched_tokens: int = 2048  # per-step token budget (chunked prefill)
     max_prefill_tokens_with_decodes: int | None = None  # prefill tokens in a step with decodes; None: no cap
     prefill_batch_hold: float = 0.0  # new prompts wait, up to this many full-batch prefill times; 0 = off
     max_model_len: int | None = None  # None: the model's own context length

@@ -35,7 +35,7 @@ def test_env_then_overrides() -> None:
     assert s.model == "/models/x" and s.block_size == 8 and s.max_num_seqs == 32
     assert s.enable_prefix_caching is False and s.cache_dir == Path("/tmp/kv")
     config = s.engine_config()
-    assert config.block_size == 8 and config.cache_size_bytes == 512 * 1024**2
+    assert config.block_size == 8 and config.cache_size_bytes == 1024**3
 
 
 def test_bad_env_value_names_the_variable() -> None:
@@ -49,14 +49,14 @@ def test_bad_env_value_names_the_variable() -> None:
 DOCUMENTED = {
     "MODEL": "smollm2",
     "SERVED_MODEL_NAME": None,
-    "CACHE_SIZE": 512 * MiB,
+    "CACHE_SIZE": 1 * GiB,
     "WARM_CACHE_SIZE": 256 * MiB,
     "REDIS_CACHE_SIZE": 2 * GiB,
     "SESSION_TTL_S": 3600,
     "TENANT_KV_QUOTA": None,
     "BLOCK_SIZE": 16,
     "MAX_NUM_SEQS": 32,
-    "MAX_NUM_BATCHED_TOKENS": 1024,
+    "MAX_NUM_BATCHED_TOKENS": 2048,
     "MAX_MODEL_LEN": None,
     "ENABLE_PREFIX_CACHING": True,
     "TORCH_THREADS": None,

@@ -55,7 +55,7 @@ async def _session(
             "session_id": sid,
         }
         started = time.perf_counter()
-        ttft, text, worker = float("nan"), [], ""
+        ttft, last, text, worker = float("nan"), float("nan"), [], ""
         usage: dict[str, Any] = {}
         async with client.stream("POST", "/v1/chat/completions", json=body) as response:
             async for line in response.aiter_lines():
@@ -63,8 +63,9 @@ async def _session(
                     continue
                 chunk = json.loads(line[6:])
                 if chunk.get("choices") and chunk["choices"][0].get("delta", {}).get("content"):
+                    last = time.perf_counter() - started
                     if ttft != ttft:
-                        ttft = time.perf_counter() - started
+                        ttft = last
                     text.append(chunk["choices"][0]["delta"]["content"])
                 usage = chunk.get("usage") or usage
                 worker = (chunk.get("x_kvferry") or {}).get("worker", worker)
@@ -77,6 +78,10 @@ async def _session(
                 "prompt": usage.get("prompt_tokens", 0),
                 "cached": (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0),
                 "completion": usage.get("completion_tokens", 0),
+                # per output token after the first, as vLLM's bench serve counts TPOT
+                "tpot_s": (last - ttft) / (usage["completion_tokens"] - 1)
+                if usage.get("completion_tokens", 0) > 1
+                else float("nan"),
                 "sources": usage.get("kv_sources", {}),
                 "worker": worker,
             }
@@ -130,6 +135,7 @@ def workload(
     ends = {(r["sid"], r["turn"]): r["prompt"] + r["completion"] for r in rows}
     novel = sum(r["prompt"] - ends.get((r["sid"], r["turn"] - 1), 0) + 1 for r in later)
     ttfts = sorted(r["ttft_s"] for r in rows if r["ttft_s"] == r["ttft_s"])
+    tpots = sorted(r["tpot_s"] for r in rows if r["tpot_s"] == r["tpot_s"])
     workers = Counter(r["worker"] for r in rows)
     return {
         "routing": routing,
@@ -147,6 +153,8 @@ def workload(
         "ttft_p50_s": _quantile(ttfts, 0.5),
         "ttft_p95_s": _quantile(ttfts, 0.95),
         "ttft_mean_s": statistics.fmean(ttfts) if ttfts else float("nan"),
+        "tpot_p50_s": _quantile(tpots, 0.5),
+        "tpot_p95_s": _quantile(tpots, 0.95),
         "redis_tokens": sum(r["sources"].get("redis", 0) for r in rows),
         # How evenly the routing spread the turns: the busiest worker's share of them.
         "busiest_worker_share": max(workers.values()) / max(1, len(rows)) if workers else float("nan"),

@@ -93,10 +93,10 @@ def run_tier_bench(settings: Settings, quick: bool, skip: set[str], workload_rep
         label = f"{w['routing']}{'' if w['redis_tier'] else ', no Redis tier'}"
         rows.append(
             (
-                f"workload hit rate / after turn 1 / of reusable / p50 / p95 TTFT ({label})",
+                f"workload hit rate / after turn 1 / of reusable / p50 / p95 TTFT / p50 TPOT ({label})",
                 f"{w['hit_rate']:.1%} / {w['hit_rate_after_first_turn']:.1%} / "
                 f"{w['hit_share_of_reusable']:.1%} / {w['ttft_p50_s'] * 1000:.0f} / "
-                f"{w['ttft_p95_s'] * 1000:.0f} ms",
+                f"{w['ttft_p95_s'] * 1000:.0f} / {w['tpot_p50_s'] * 1000:.0f} ms",
             )
         )
     if "workload" in results:
@@ -110,6 +110,13 @@ def run_tier_bench(settings: Settings, quick: bool, skip: set[str], workload_rep
             (
                 f"workload TTFT, cache-aware vs round-robin (Redis tier{label}): p50 / p95",
                 f"{p50:.3f} / {p95:.3f}",
+            )
+        )
+        rows.append(
+            (
+                f"workload TPOT p50 and wall time, cache-aware vs round-robin (Redis tier{label})",
+                f"{results['cache_aware_vs_round_robin_tpot_p50']:.3f} / "
+                f"{results['cache_aware_vs_round_robin_wall']:.3f}",
             )
         )
     if "api_ttft" in results:
@@ -131,8 +138,8 @@ def _routing_ratios(runs: list[dict[str, Any]], first_configs: int) -> dict[str,
     the first run's first two set-ups, then each extra pair; the medians are the headline."""
     pairs = [(runs[0], runs[1])] + [(runs[i], runs[i + 1]) for i in range(first_configs, len(runs) - 1, 2)]
     out: dict[str, Any] = {}
-    for q in ("p50", "p95"):
-        ratios = [aware[f"ttft_{q}_s"] / robin[f"ttft_{q}_s"] for aware, robin in pairs]
-        out[f"cache_aware_vs_round_robin_ttft_{q}"] = statistics.median(ratios)
-        out[f"cache_aware_vs_round_robin_ttft_{q}_pairs"] = ratios
+    for key in ("ttft_p50", "ttft_p95", "tpot_p50", "wall"):
+        ratios = [aware[f"{key}_s"] / robin[f"{key}_s"] for aware, robin in pairs]
+        out[f"cache_aware_vs_round_robin_{key}"] = statistics.median(ratios)
+        out[f"cache_aware_vs_round_robin_{key}_pairs"] = ratios
     return out
