@@ -32,6 +32,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 from redis.commands.core import AsyncScript
+from redis.exceptions import NoScriptError
 
 from broker import keys
 from broker.jobs import delivery
@@ -147,9 +148,26 @@ async def write_job(
         record.queue,
         *flat,
     ]
+    try:
+        replies = await _run(client, script, script_keys, args, replicas, wait_ms)
+    except NoScriptError:
+        # The pipeline checks its script once, but its retry may land on a new primary (a
+        # Sentinel failover) that never loaded it. The script did not run, so nothing of the
+        # job was written; a new pipeline loads it where it runs now.
+        replies = await _run(client, script, script_keys, args, replicas, wait_ms)
+    return Written(parked=int(replies[0]) == 0, acked=int(replies[-1]) if replicas > 0 else 0)
+
+
+async def _run(
+    client: aioredis.Redis,
+    script: AsyncScript,
+    script_keys: list[str],
+    args: list[Any],
+    replicas: int,
+    wait_ms: int,
+) -> list[Any]:
     pipe = client.pipeline(transaction=False)
     await script(keys=script_keys, args=args, client=pipe)
     if replicas > 0:
         pipe.execute_command("WAIT", replicas, wait_ms)
-    replies = await pipe.execute()
-    return Written(parked=int(replies[0]) == 0, acked=int(replies[-1]) if replicas > 0 else 0)
+    return list(await pipe.execute())

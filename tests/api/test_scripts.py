@@ -3,8 +3,17 @@ register_script: EVALSHA on each call, the text sent only when Redis lacks it.""
 
 from __future__ import annotations
 
-import redis
+import asyncio
+import time
 
+import pytest
+import redis
+import redis.asyncio as aioredis
+from redis.asyncio.client import Pipeline
+
+from api.jobs import submit_write
+from broker import keys
+from broker.jobs import delivery
 from tests.api.conftest import MODEL, Served
 from tests.api.fake_worker import FakeWorker
 from tests.api.test_ops import heartbeat
@@ -24,3 +33,47 @@ def test_the_api_runs_its_scripts_by_sha(api: Served, rds: redis.Redis, worker: 
         assert c.get("/healthz").json()["workers"] == 1  # the fleet's heartbeats
     calls = _calls(rds)
     assert calls["eval"] == 0 and calls["evalsha"] > 0, calls
+
+
+def test_a_job_is_written_when_its_script_vanished_between_the_check_and_the_run(
+    private_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pipeline checks its scripts once (SCRIPT EXISTS), then runs; under Sentinel the check
+    can be answered by the old primary and the run land on the new one, which never loaded the
+    script (seen in tests/integration/test_sentinel_failover.py as a 503). Here the script is
+    flushed right after the first check says it is there: the job is still written, once."""
+    job_id = "noscript-job"
+
+    async def go() -> None:
+        client = aioredis.Redis.from_url(private_url)
+        script = submit_write.register(client)
+        await client.script_load(submit_write.WRITE)
+        checks: list[bool] = []
+        check = Pipeline.load_scripts
+
+        async def stale_check(pipe: Pipeline) -> None:
+            await check(pipe)
+            if not checks:  # the first check saw the script: it goes before the run
+                await client.script_flush()
+            checks.append(True)
+
+        monkeypatch.setattr(Pipeline, "load_scripts", stale_check)
+        record = delivery.Delivery("tag-1", "kvferry:test:queue", time.time())
+        written = await submit_write.write_job(
+            client,
+            script,
+            job_id,
+            {"status": "queued"},
+            "{}",
+            record.queue,
+            "payload",
+            record,
+            60,
+            time.time(),
+        )
+        assert not written.parked and len(checks) == 2
+        assert await client.hget(keys.job_meta(job_id), "status") == b"queued"
+        assert await client.llen(record.queue) == 1  # queued once
+        await client.aclose()
+
+    asyncio.run(go())

@@ -197,12 +197,16 @@ def test_a_failover_mid_stream_ends_the_job_exact_each_token_once_and_the_worker
     client = connect(sentinel_stack.address(ha))
     received: list[str] = []
     job_ids: list[str] = []
+    refused: list[str] = []
     done = threading.Event()
 
     def stream() -> None:
         with httpx.stream(
             "POST", f"{ha_api}/v1/completions", json=_body(prompt, n, stream=True), timeout=120
         ) as r:
+            if r.status_code != 200:  # say what the API answered instead of a KeyError in a thread
+                refused.append(f"{r.status_code}: {r.read().decode(errors='replace')[:500]}")
+                return
             job_ids.append(r.headers["x-job-id"])
             for line in r.iter_lines():
                 if line.startswith("data: {"):
@@ -213,7 +217,8 @@ def test_a_failover_mid_stream_ends_the_job_exact_each_token_once_and_the_worker
     reader = threading.Thread(target=stream)
     started = time.monotonic()
     reader.start()
-    wait_for(lambda: len("".join(received)) > 0, 60, "the first streamed tokens")
+    wait_for(lambda: len("".join(received)) > 0 or bool(refused), 60, "the first streamed tokens")
+    assert not refused, f"the API refused the streamed job: {refused}"
     assert not done.is_set(), "the job ended before the kill: make it longer"
     t0 = time.monotonic()
     killed = ha.kill_primary()
