@@ -20,6 +20,8 @@ from the CPU figures in docs/benchmarks.md:
 - LOAD_FIXED + LOAD_SHARE per token: tokens missing on a worker but in the Redis tier (the session's
   history, or a prefix another worker served, both written through) are loaded, not computed:
   the resume rows measure a near-constant round trip plus a small share of a recompute per token.
+- The backlog's jobs routed since the worker's heartbeat carry the prefill this router expected
+  of them there (the heartbeat shows neither them nor their prompts yet).
 - MOVE_MARGIN: the loads the router sees are up to a heartbeat old, so one job's difference is
   noise; and a move spends the cache it leaves behind.
 """
@@ -88,42 +90,60 @@ class Backlog:
         return Backlog(self.sequences - 1, self.prefill_tokens)
 
 
-def backlog(w: WorkerStatus, since_jobs: int) -> Backlog:
+def backlog(w: WorkerStatus, since: Routed) -> Backlog:
     """Jobs the worker holds but its engine does not yet (a Celery thread before its submit, or a
-    fetch from Redis), and those routed to it since its heartbeat, count as sequences; their
-    prompts count no tokens: how much of one hits is not known, nor whether it has ended since
-    (a burst's prefills show in the next heartbeat's prefill_tokens_pending)."""
+    fetch from Redis) count as sequences, their prompts as no tokens (how much of one hits is not
+    known). Those routed to it since its heartbeat count as sequences and as the prefill the
+    router expected of them there: a burst of turns for one worker (sessions that ended in one
+    step come back together) would otherwise look no costlier than one turn, and stay together
+    as a convoy whose prefills fill one long step that every one of them waits out."""
     e: EngineFigures | None = w.engine
     in_engine = (e.num_running + e.num_waiting) if e else 0
     outside = max(0, w.jobs_running - in_engine)
     pending = e.prefill_tokens_pending if e else 0
-    return Backlog(in_engine + outside + since_jobs, pending)
+    return Backlog(in_engine + outside + since.jobs, pending + since.prefill_tokens)
 
 
 def cheapest(costs: Mapping[str, float], tiebreak: Mapping[str, float]) -> str:
     return min(costs, key=lambda n: (costs[n], tiebreak[n]))
 
 
+@dataclass(frozen=True, slots=True)
+class Routed:
+    """Jobs routed to a worker over some time, and the prefill the router expected of them there."""
+
+    jobs: int = 0
+    prefill_tokens: float = 0.0
+
+
 class RecentRoutes:
-    """Jobs this api process routed to each worker, with when: the part of a worker's load that
-    its last heartbeat (up to a second old) cannot show yet. Without it, a burst of new sessions
-    would all see the same stale loads and pile onto one worker."""
+    """Jobs this api process routed to each worker, with when and their expected prefill: the part
+    of a worker's load that its last heartbeat (up to a second old) cannot show yet. Without it, a
+    burst of new sessions would all see the same stale loads and pile onto one worker."""
 
     def __init__(self, horizon_s: float = 30.0) -> None:
         self.horizon_s = horizon_s
-        self._routes: dict[str, deque[float]] = {}  # per worker, in time order
+        self._times: dict[str, deque[float]] = {}  # per worker, in time order
+        self._tokens: dict[str, deque[float]] = {}  # the same routes' expected prefill
 
-    def add(self, worker: str) -> None:
+    def add(self, worker: str, prefill_tokens: float = 0.0) -> None:
         now = time.time()
-        times = self._routes.setdefault(worker, deque())
+        times = self._times.setdefault(worker, deque())
+        tokens = self._tokens.setdefault(worker, deque())
         times.append(now)
+        tokens.append(prefill_tokens)
         while times and times[0] < now - self.horizon_s:
             times.popleft()
+            tokens.popleft()
 
-    def since(self, worker: str, when: float) -> int:
+    def since(self, worker: str, when: float) -> Routed:
         """Routed to `worker` after `when`: a binary search in its own times, whatever the others'."""
-        times = self._routes.get(worker)
-        return len(times) - bisect.bisect_right(times, when) if times else 0
+        times = self._times.get(worker)
+        if not times:
+            return Routed()
+        first = bisect.bisect_right(times, when)
+        tokens = self._tokens[worker]
+        return Routed(len(times) - first, sum(tokens[i] for i in range(first, len(tokens))))
 
 
 class RoutedPrefixes:

@@ -48,15 +48,16 @@ _routed = route_cost.RoutedPrefixes()
 
 def _load(w: WorkerStatus) -> int:
     """Jobs running or waiting as of the heartbeat, plus those routed to it since."""
-    return w.jobs_running + (w.engine.num_waiting if w.engine else 0) + _recent.since(w.name, w.sent_at)
+    return w.jobs_running + (w.engine.num_waiting if w.engine else 0) + _recent.since(w.name, w.sent_at).jobs
 
 
 def _backlog(w: WorkerStatus) -> route_cost.Backlog:
     return route_cost.backlog(w, _recent.since(w.name, w.sent_at))
 
 
-def _to(worker: str, reason: str, prefetch_to: str = "") -> Route:
-    _recent.add(worker)
+def _to(worker: str, reason: str, prefetch_to: str = "", prefill_tokens: float = 0.0) -> Route:
+    """`prefill_tokens`: what the job should compute there, in that worker's backlog till its heartbeat."""
+    _recent.add(worker, prefill_tokens)
     return Route(keys.worker_queue(worker), reason, worker, prefetch_to)
 
 
@@ -180,7 +181,8 @@ def _first_turn(
         backlogs = {n: _backlog(w).cost for n, w in ready.items()}
         name = min(backlogs, key=lambda n: (backlogs[n], random.random()))
         then = route_hints.move_target(job, record, move_after, name, backlogs)
-        route = _to(name, f"least loaded: {name}, no worker holds this prefix{note}", then)
+        reason = f"least loaded: {name}, no worker holds this prefix{note}"
+        route = _to(name, reason, then, sum(route_cost.prompt_tokens(job)))
     if route.worker is not None:
         _routed.add(route.worker, digests)
     return route
@@ -227,21 +229,22 @@ class _Choice:
                 chosen = record.next_worker in others  # hinted after turn K: the blocks are warm there
                 name = record.next_worker if chosen else route_cost.cheapest(others, tiebreak)
                 reason = f"forced move after turn {move_after}: {name} (from {record.last_worker})"
-                return _to(name, reason)
+                return _to(name, reason, prefill_tokens=prefill[name])
             note += f"; no other worker to move to after turn {move_after}"
         name = route_cost.cheapest(cost, tiebreak)
         if name == home or cost[home] - cost[name] <= route_cost.MOVE_MARGIN:
             then = route_hints.move_target(self.job, record, move_after, home, cost)
             if home == home_worker:
-                return _to(home, f"session affinity: {home}{note}", then)
+                return _to(home, f"session affinity: {home}{note}", then, prefill[home])
             matched = f"{self.matches.get(home, 0)}/{self.digests} {self.unit}"
-            return _to(home, f"prefix match: {matched} on {home}{note}", then)
+            return _to(home, f"prefix match: {matched} on {home}{note}", then, prefill[home])
         jobs = f"{home} has {backlogs[home].sequences} jobs, {name} {backlogs[name].sequences}"
         return _to(
             name,
             f"load balance: {name} ({jobs}), expected cost {cost[home]:.0f} vs {cost[name]:.0f} "
             f"token equivalents{note}",
             route_hints.move_target(self.job, record, move_after, name, cost),
+            prefill[name],
         )
 
 
