@@ -13,6 +13,7 @@ import anyio
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from redis import RedisError
 
+from api import router
 from api.choice_stream import ChoiceStream
 from api.context import ApiContext
 from api.errors import error_response, failed_response
@@ -62,6 +63,7 @@ async def _observed(
         async for event in events:
             if first and isinstance(event, TokenDelta):
                 ctx.metrics.ttft.labels(label).observe(max(0.0, time.time() - meta.created))
+                router.prefilled(meta.job_id)
                 first = False
             if is_final(event):
                 await ended(ctx, meta, label, event)
@@ -81,6 +83,7 @@ async def settle(
     the dispatch window; its tokens and queue wait are counted once however many readers see the
     end. True for the first of them."""
     ctx.jobs.wake.set()  # this api's dispatcher (if it holds the lease) releases parked jobs now
+    router.prefilled(meta.job_id)
     try:
         first = await tenant_jobs.finish(ctx.jobs.redis, meta.tenant, meta.job_id)
     except Exception as exc:  # the entries' deadlines still remove them

@@ -90,6 +90,7 @@ async def submit(
             cache=jobs.fleet,
             move_after=config.session_move_after_turns,
             redis_tier=config.redis_tier,
+            job_id=job_id,
         )
         if route.prefetch_to:  # turn K of a forced move: its worker hints turn K+1's (api/route_hints.py)
             job = msgspec.structs.replace(job, prefetch_to=route.prefetch_to)

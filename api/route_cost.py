@@ -29,6 +29,7 @@ from the CPU figures in docs/benchmarks.md:
 from __future__ import annotations
 
 import bisect
+import itertools
 import time
 from collections import OrderedDict, deque
 from collections.abc import Mapping, Sequence
@@ -104,6 +105,11 @@ def backlog(w: WorkerStatus, since: Routed) -> Backlog:
     return Backlog(in_engine + outside + since.jobs, pending + since.prefill_tokens)
 
 
+def session_key(job: GenerateJob) -> str:
+    """The job's session as RecentRoutes keeps it ("" for none)."""
+    return f"{job.tenant}\0{job.session_id}" if job.session_id else ""
+
+
 def cheapest(costs: Mapping[str, float], tiebreak: Mapping[str, float]) -> str:
     return min(costs, key=lambda n: (costs[n], tiebreak[n]))
 
@@ -119,31 +125,44 @@ class Routed:
 class RecentRoutes:
     """Jobs this api process routed to each worker, with when and their expected prefill: the part
     of a worker's load that its last heartbeat (up to a second old) cannot show yet. Without it, a
-    burst of new sessions would all see the same stale loads and pile onto one worker."""
+    burst of new sessions would all see the same stale loads and pile onto one worker. A job's
+    prefill stops counting once it is done: prefilled() (the api saw its first token or its end),
+    or its session's next turn is being routed (`ended`)."""
 
     def __init__(self, horizon_s: float = 30.0) -> None:
         self.horizon_s = horizon_s
         self._times: dict[str, deque[float]] = {}  # per worker, in time order
-        self._tokens: dict[str, deque[float]] = {}  # the same routes' expected prefill
+        self._routes: dict[str, deque[tuple[float, str, str]]] = {}  # (prefill, session, job id)
+        self._prefilled: set[str] = set()  # job ids among them whose prefill is done
 
-    def add(self, worker: str, prefill_tokens: float = 0.0) -> None:
+    def add(self, worker: str, prefill_tokens: float = 0.0, session: str = "", job_id: str = "") -> None:
         now = time.time()
         times = self._times.setdefault(worker, deque())
-        tokens = self._tokens.setdefault(worker, deque())
+        routes = self._routes.setdefault(worker, deque())
         times.append(now)
-        tokens.append(prefill_tokens)
+        routes.append((prefill_tokens, session, job_id))
         while times and times[0] < now - self.horizon_s:
             times.popleft()
-            tokens.popleft()
+            self._prefilled.discard(routes.popleft()[2])
 
-    def since(self, worker: str, when: float) -> Routed:
-        """Routed to `worker` after `when`: a binary search in its own times, whatever the others'."""
+    def prefilled(self, job_id: str) -> None:
+        self._prefilled.add(job_id)
+
+    def since(self, worker: str, when: float, ended: str = "") -> Routed:
+        """Routed to `worker` after `when`: a binary search in its own times, whatever the others'.
+        `ended`: a session whose routed turns have all ended (its next is being routed). A job whose
+        prefill is done counts no tokens (it still counts as a job: Backlog.less_one_ended)."""
         times = self._times.get(worker)
         if not times:
             return Routed()
         first = bisect.bisect_right(times, when)
-        tokens = self._tokens[worker]
-        return Routed(len(times) - first, sum(tokens[i] for i in range(first, len(tokens))))
+        routes = self._routes[worker]
+        pending = (
+            tokens
+            for tokens, session, job in itertools.islice(routes, first, None)
+            if not (ended and session == ended) and job not in self._prefilled
+        )
+        return Routed(len(times) - first, sum(pending))
 
 
 class RoutedPrefixes:

@@ -23,7 +23,6 @@ from __future__ import annotations
 import itertools
 import random
 from dataclasses import dataclass, field
-from typing import Any
 
 import redis.asyncio as aioredis
 
@@ -40,6 +39,7 @@ class Route:
     reason: str
     worker: str | None = field(default=None, compare=False)  # whose own queue; None: the shared one
     prefetch_to: str = field(default="", compare=False)  # for the job's prefetch_to (GenerateJob)
+    prefill_tokens: float = field(default=0.0, compare=False)  # expected there (api/route_cost.py)
 
 
 _recent = route_cost.RecentRoutes()
@@ -51,14 +51,18 @@ def _load(w: WorkerStatus) -> int:
     return w.jobs_running + (w.engine.num_waiting if w.engine else 0) + _recent.since(w.name, w.sent_at).jobs
 
 
-def _backlog(w: WorkerStatus) -> route_cost.Backlog:
-    return route_cost.backlog(w, _recent.since(w.name, w.sent_at))
+def _backlog(w: WorkerStatus, session: str = "") -> route_cost.Backlog:
+    """`session`: the job's (route_cost.session_key); its earlier turns routed since count no prefill."""
+    return route_cost.backlog(w, _recent.since(w.name, w.sent_at, session))
 
 
 def _to(worker: str, reason: str, prefetch_to: str = "", prefill_tokens: float = 0.0) -> Route:
-    """`prefill_tokens`: what the job should compute there, in that worker's backlog till its heartbeat."""
-    _recent.add(worker, prefill_tokens)
-    return Route(keys.worker_queue(worker), reason, worker, prefetch_to)
+    return Route(keys.worker_queue(worker), reason, worker, prefetch_to, prefill_tokens)
+
+
+def prefilled(job_id: str) -> None:
+    """The api saw the job's first token (or its end): its prefill no longer counts (RecentRoutes)."""
+    _recent.prefilled(job_id)
 
 
 def _overloaded(w: WorkerStatus, max_waiting: int) -> bool:
@@ -92,13 +96,16 @@ async def choose_queue(
     cache: fleet.FleetCache | None = None,
     move_after: int = 0,
     redis_tier: bool = True,
+    job_id: str = "",
 ) -> Route:
     """`cache`: the api process's view of the fleet (read at most every cache.ttl_s); None reads
     it now. Either way a decision costs Redis one read per digest of the job, none per worker.
     `move_after`: session_move_after_turns (0: off). `redis_tier`: whether the workers run the
     Redis tier (a prefix missing on a worker is then loaded, not computed). The route's
-    prefetch_to is for the job's (api/intake.py sets it)."""
+    prefetch_to is for the job's (api/intake.py sets it). `job_id`: the job's, for prefilled()."""
     route, record = await _choose(client, job, routing, max_waiting, cache, move_after, redis_tier)
+    if route.worker is not None:
+        _recent.add(route.worker, route.prefill_tokens, route_cost.session_key(job), job_id)
     if prefetch_hints and record is not None and route.worker and route.worker != record.last_worker:
         await route_hints.hint(client, route.worker, job)
     return route
@@ -117,6 +124,7 @@ async def together(
     if not ready:
         return route
     name = min(ready, key=lambda n: (ready[n], random.random()))
+    _recent.add(name)
     return _to(name, f"choices together: {name}, the least loaded ({route.reason})")
 
 
@@ -137,10 +145,10 @@ async def _choose(
         if not live:
             return Route(keys.SHARED_QUEUE, "shared: no live worker"), None
         name = sorted(live)[next(_round_robin) % len(live)]
-        return _to(name, f"round robin: {name}"), await _session(client, job)
+        return _to(name, f"round robin: {name}"), await session_store.continued(client, job)
     ready = {n: w for n, w in live.items() if not _overloaded(w, max_waiting)}
     note = ""
-    record = await _session(client, job)
+    record = await session_store.continued(client, job)
     if record is not None and record.last_worker not in ready:
         state = "busy" if record.last_worker in live else "gone"
         note = f"; session's worker {record.last_worker} is {state}"
@@ -178,7 +186,7 @@ def _first_turn(
         choice = _Choice(job, ready, routed, record, None, unit, len(digests))
         route = choice.route(move_after, redis_tier, ", routed there lately" + note, force=False)
     else:
-        backlogs = {n: _backlog(w).cost for n, w in ready.items()}
+        backlogs = {n: _backlog(w, route_cost.session_key(job)).cost for n, w in ready.items()}
         name = min(backlogs, key=lambda n: (backlogs[n], random.random()))
         then = route_hints.move_target(job, record, move_after, name, backlogs)
         reason = f"least loaded: {name}, no worker holds this prefix{note}"
@@ -213,7 +221,8 @@ class _Choice:
             held[home_worker] = max(held[home_worker], history)
         loadable = max([history, *held.values()])
         prefill = {n: route_cost.prefill_cost(total, held[n], loadable, redis_tier) for n in self.ready}
-        backlogs = {n: _backlog(w) for n, w in self.ready.items()}
+        key = route_cost.session_key(self.job)  # its earlier turns have ended
+        backlogs = {n: _backlog(w, key) for n, w in self.ready.items()}
         if record is not None and home_worker is not None:
             # The session's last turn ended after its worker's heartbeat: that heartbeat still
             # counts it, which would push every session's next turn away from its blocks.
@@ -246,13 +255,3 @@ class _Choice:
             route_hints.move_target(self.job, record, move_after, name, cost),
             prefill[name],
         )
-
-
-async def _session(client: aioredis.Redis, job: GenerateJob) -> SessionRecord | None:
-    if not job.session_id:
-        return None
-    raw: Any = await client.get(keys.session(job.tenant, job.session_id))
-    record = session_store.decode(raw) if raw is not None else None
-    if record is None or record.tenant != job.tenant or record.model != job.model:
-        return None
-    return record

@@ -9,9 +9,10 @@ import time
 from typing import Any
 
 import redis
+import redis.asyncio as aioredis
 
 from broker import codec, keys
-from broker.messages import SessionRecord
+from broker.messages import GenerateJob, SessionRecord
 from broker.sessions import tokens as session_tokens
 from broker.sessions.tokens import SessionTokens
 
@@ -88,6 +89,17 @@ def load(client: redis.Redis, tenant: str, session_id: str) -> SessionRecord | N
     raw: Any = client.get(keys.session(tenant, session_id))
     record = decode(raw) if raw is not None else None
     return record if record is not None and record.tenant == tenant else None
+
+
+async def continued(client: aioredis.Redis, job: GenerateJob) -> SessionRecord | None:
+    """The record of the session `job` continues (its tenant's, for its model), if any."""
+    if not job.session_id:
+        return None
+    raw: Any = await client.get(keys.session(job.tenant, job.session_id))
+    record = decode(raw) if raw is not None else None
+    if record is None or record.tenant != job.tenant or record.model != job.model:
+        return None
+    return record
 
 
 def load_tokens(client: redis.Redis, tenant: str, session_id: str) -> SessionTokens | None:

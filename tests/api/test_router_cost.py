@@ -265,6 +265,22 @@ def test_turns_that_come_back_together_do_not_all_wait_on_one_workers_step(
     assert {r.split(":")[0] for r in reasons} == {"session affinity", "load balance"}, reasons
 
 
+def test_a_sessions_next_turn_before_the_next_heartbeat_stays_with_its_blocks(
+    clean: redis.Redis, redis_url: str
+) -> None:
+    """Its first turn, routed since the heartbeats, counted as the long prompt it would compute;
+    that turn has ended (the session's record says so), so none of it is counted against the
+    next turn, which would otherwise move off its blocks."""
+    _beat(clean, "a")
+    _beat(clean, "b")
+    first = _route(redis_url, GenerateJob(model="m", endpoint="chat", messages=HISTORY[:2], session_id="q"))
+    home = first.worker
+    assert home is not None and first.reason.startswith("least loaded"), first
+    _advertise(clean, home, HISTORY)
+    _session(clean, "q", home, turns=1)  # it ended after the heartbeats
+    assert _route(redis_url, _next_turn("q")).reason == f"session affinity: {home}"
+
+
 def test_recent_routes_count_the_jobs_and_their_expected_prefill_since_a_time() -> None:
     recent = RecentRoutes()
     recent.add("a", 100.0)
@@ -277,3 +293,8 @@ def test_recent_routes_count_the_jobs_and_their_expected_prefill_since_a_time() 
     assert recent.since("a", mark) == Routed(2, 30.0)
     assert recent.since("b", mark) == Routed(1, 7.0)
     assert recent.since("c", mark) == Routed()
+    recent.add("b", 50.0, session="t\0s")
+    assert recent.since("b", mark, ended="t\0s") == Routed(2, 7.0)  # its prefill is done
+    recent.add("b", 20.0, job_id="j1")
+    recent.prefilled("j1")  # the api saw its first token
+    assert recent.since("b", mark) == Routed(3, 57.0)
