@@ -122,6 +122,15 @@ class Routed:
     prefill_tokens: float = 0.0
 
 
+@dataclass(slots=True)
+class _Route:
+    at: float
+    prefill_tokens: float
+    session: str  # route_cost.session_key of its job ("" for none)
+    job_id: str
+    prefilled: bool = False
+
+
 class RecentRoutes:
     """Jobs this api process routed to each worker, with when and their expected prefill: the part
     of a worker's load that its last heartbeat (up to a second old) cannot show yet. Without it, a
@@ -131,38 +140,36 @@ class RecentRoutes:
 
     def __init__(self, horizon_s: float = 30.0) -> None:
         self.horizon_s = horizon_s
-        self._times: dict[str, deque[float]] = {}  # per worker, in time order
-        self._routes: dict[str, deque[tuple[float, str, str]]] = {}  # (prefill, session, job id)
-        self._prefilled: set[str] = set()  # job ids among them whose prefill is done
+        self._routes: dict[str, deque[_Route]] = {}  # per worker, in time order
+        self._by_job: dict[str, _Route] = {}  # the same routes, by job id where one was given
 
     def add(self, worker: str, prefill_tokens: float = 0.0, session: str = "", job_id: str = "") -> None:
         now = time.time()
-        times = self._times.setdefault(worker, deque())
         routes = self._routes.setdefault(worker, deque())
-        times.append(now)
-        routes.append((prefill_tokens, session, job_id))
-        while times and times[0] < now - self.horizon_s:
-            times.popleft()
-            self._prefilled.discard(routes.popleft()[2])
+        route = _Route(now, prefill_tokens, session, job_id)
+        routes.append(route)
+        if job_id:
+            self._by_job[job_id] = route
+        while routes and routes[0].at < now - self.horizon_s:
+            self._by_job.pop(routes.popleft().job_id, None)
 
     def prefilled(self, job_id: str) -> None:
-        self._prefilled.add(job_id)
+        """A job this api did not route here (or forgot, past the horizon) changes nothing."""
+        route = self._by_job.get(job_id)
+        if route is not None:
+            route.prefilled = True
 
     def since(self, worker: str, when: float, ended: str = "") -> Routed:
         """Routed to `worker` after `when`: a binary search in its own times, whatever the others'.
         `ended`: a session whose routed turns have all ended (its next is being routed). A job whose
         prefill is done counts no tokens (it still counts as a job: Backlog.less_one_ended)."""
-        times = self._times.get(worker)
-        if not times:
+        routes = self._routes.get(worker)
+        if not routes:
             return Routed()
-        first = bisect.bisect_right(times, when)
-        routes = self._routes[worker]
-        pending = (
-            tokens
-            for tokens, session, job in itertools.islice(routes, first, None)
-            if not (ended and session == ended) and job not in self._prefilled
-        )
-        return Routed(len(times) - first, sum(pending))
+        first = bisect.bisect_right(routes, when, key=lambda r: r.at)
+        after = list(itertools.islice(routes, first, None))
+        pending = (r.prefill_tokens for r in after if not r.prefilled and not (ended and r.session == ended))
+        return Routed(len(after), sum(pending))
 
 
 class RoutedPrefixes:

@@ -298,3 +298,14 @@ def test_recent_routes_count_the_jobs_and_their_expected_prefill_since_a_time() 
     recent.add("b", 20.0, job_id="j1")
     recent.prefilled("j1")  # the api saw its first token
     assert recent.since("b", mark) == Routed(3, 57.0)
+
+
+def test_recent_routes_forget_what_they_did_not_route_and_what_is_past_the_horizon() -> None:
+    recent = RecentRoutes(horizon_s=0.05)
+    recent.prefilled("never-routed-here")  # a shared-queue job's first token: nothing to mark
+    recent.add("a", 40.0, job_id="old")
+    assert recent.since("a", 0.0) == Routed(1, 40.0)
+    time.sleep(0.1)
+    recent.add("a", 5.0, job_id="new")
+    assert recent.since("a", 0.0) == Routed(1, 5.0)  # "old" is past the horizon, forgotten
+    assert set(recent._by_job) == {"new"}  # nothing kept for jobs it forgot or never routed
