@@ -132,8 +132,11 @@ def test_the_moves_worker_killed_after_its_hint_loses_nothing(
         log = tmp_path_factory.mktemp("api-move-kill") / "api.log"
         api = running_api(["--redis-url", server.url, "--model", MODEL], env, log)
         api_url = next(api)
+        workers: dict[str, WorkerProcess] = {}
         try:
-            workers = {w.name: w for w in (worker_factory(f"mk{i}", redis_url=server.url) for i in (1, 2))}
+            for i in (1, 2):
+                worker = worker_factory(f"mk{i}", redis_url=server.url)
+                workers[worker.name] = worker
             client = redis.Redis.from_url(server.url)
             session = f"move-kill-{uuid.uuid4().hex[:8]}"
             messages = [{"role": "system", "content": "Kill the move's target. " * 8}]
@@ -165,3 +168,5 @@ def test_the_moves_worker_killed_after_its_hint_loses_nothing(
             assert session_store.load(client, "", session).turns == 3  # answered once, recorded once
         finally:
             api.close()
+            for started in workers.values():  # while their Redis is up: without it a warm shutdown waits
+                started.stop()
