@@ -167,9 +167,9 @@ class RecentRoutes:
         if not routes:
             return Routed()
         first = bisect.bisect_right(routes, when, key=lambda r: r.at)
-        after = list(itertools.islice(routes, first, None))
+        after = itertools.islice(routes, first, None)
         pending = (r.prefill_tokens for r in after if not r.prefilled and not (ended and r.session == ended))
-        return Routed(len(after), sum(pending))
+        return Routed(len(routes) - first, sum(pending))
 
 
 class RoutedPrefixes:

@@ -46,6 +46,7 @@ def _continued(api_url: str, session: str, reply: dict[str, Any], reference: Ref
 
 def test_session_affinity_and_prefix_match(
     api_url: str,
+    redis_client: redis.Redis,
     two_workers: tuple[WorkerProcess, WorkerProcess],
     tokenizer: Any,
     tiny_reference: Reference,
@@ -73,6 +74,7 @@ def test_session_affinity_and_prefix_match(
     _, job3 = _ask(api_url, other)
     assert job3["route"]["reason"].startswith("prefix match: 3/4 messages on " + first_worker), job3["route"]
 
+    wait_settled(redis_client, "", session)  # its blocks reach the record just after the answer
     view = httpx.get(f"{api_url}/v1/sessions/{session}", timeout=10).json()
     assert view["turns"] == 2 and view["last_worker"] == first_worker and view["last_worker_alive"]
     assert view["blocks"] == len(view["token_ids"]) // 16
