@@ -83,7 +83,7 @@ async def settle(
     the dispatch window; its tokens and queue wait are counted once however many readers see the
     end. True for the first of them."""
     ctx.jobs.wake.set()  # this api's dispatcher (if it holds the lease) releases parked jobs now
-    router.prefilled(meta.job_id)
+    router.ended(meta.job_id)
     try:
         first = await tenant_jobs.finish(ctx.jobs.redis, meta.tenant, meta.job_id)
     except Exception as exc:  # the entries' deadlines still remove them

@@ -45,7 +45,7 @@ async def workers(client: aioredis.Redis) -> list[WorkerView]:
 class FleetCache:
     """The fleet as one api process last read it, for at most `ttl_s`: routing reads every
     worker's heartbeat once per period, not once per job (heartbeats are that old anyway, and
-    api/route_cost.py's RecentRoutes counts the jobs routed since)."""
+    api/recent_routes.py's RecentRoutes counts the jobs routed since)."""
 
     def __init__(self, ttl_s: float = 1.0) -> None:
         self.ttl_s = ttl_s

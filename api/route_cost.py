@@ -21,20 +21,18 @@ from the CPU figures in docs/benchmarks.md:
   history, or a prefix another worker served, both written through) are loaded, not computed:
   the resume rows measure a near-constant round trip plus a small share of a recompute per token.
 - The backlog's jobs routed since the worker's heartbeat carry the prefill this router expected
-  of them there (the heartbeat shows neither them nor their prompts yet).
+  of them there (the heartbeat shows neither them nor their prompts yet); those this api routed
+  before the heartbeat and saw end (or prefill) since are taken off it (it still counts them).
 - MOVE_MARGIN: the loads the router sees are up to a heartbeat old, so one job's difference is
   noise; and a move spends the cache it leaves behind.
 """
 
 from __future__ import annotations
 
-import bisect
-import itertools
-import time
-from collections import OrderedDict, deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from api.recent_routes import Routed
 from broker.messages import EngineFigures, GenerateJob, WorkerStatus
 from broker.prefix_digest import TEXT_CHUNK_CHARS
 
@@ -97,12 +95,16 @@ def backlog(w: WorkerStatus, since: Routed) -> Backlog:
     known). Those routed to it since its heartbeat count as sequences and as the prefill the
     router expected of them there: a burst of turns for one worker (sessions that ended in one
     step come back together) would otherwise look no costlier than one turn, and stay together
-    as a convoy whose prefills fill one long step that every one of them waits out."""
+    as a convoy whose prefills fill one long step that every one of them waits out. Those this api
+    routed before the heartbeat and saw end since (or prefill since) no longer count: a cohort that
+    has just ended would otherwise still weigh on its worker for up to a heartbeat and a fleet read,
+    and push its next turns away from their blocks."""
     e: EngineFigures | None = w.engine
     in_engine = (e.num_running + e.num_waiting) if e else 0
     outside = max(0, w.jobs_running - in_engine)
     pending = e.prefill_tokens_pending if e else 0
-    return Backlog(in_engine + outside + since.jobs, pending + since.prefill_tokens)
+    held = max(0, in_engine + outside - since.gone)
+    return Backlog(held + since.jobs, max(0.0, pending - since.prefill_done) + since.prefill_tokens)
 
 
 def session_key(job: GenerateJob) -> str:
@@ -112,92 +114,3 @@ def session_key(job: GenerateJob) -> str:
 
 def cheapest(costs: Mapping[str, float], tiebreak: Mapping[str, float]) -> str:
     return min(costs, key=lambda n: (costs[n], tiebreak[n]))
-
-
-@dataclass(frozen=True, slots=True)
-class Routed:
-    """Jobs routed to a worker over some time, and the prefill the router expected of them there."""
-
-    jobs: int = 0
-    prefill_tokens: float = 0.0
-
-
-@dataclass(slots=True)
-class _Route:
-    at: float
-    prefill_tokens: float
-    session: str  # route_cost.session_key of its job ("" for none)
-    job_id: str
-    prefilled: bool = False
-
-
-class RecentRoutes:
-    """Jobs this api process routed to each worker, with when and their expected prefill: the part
-    of a worker's load that its last heartbeat (up to a second old) cannot show yet. Without it, a
-    burst of new sessions would all see the same stale loads and pile onto one worker. A job's
-    prefill stops counting once it is done: prefilled() (the api saw its first token or its end),
-    or its session's next turn is being routed (`ended`)."""
-
-    def __init__(self, horizon_s: float = 30.0) -> None:
-        self.horizon_s = horizon_s
-        self._routes: dict[str, deque[_Route]] = {}  # per worker, in time order
-        self._by_job: dict[str, _Route] = {}  # the same routes, by job id where one was given
-
-    def add(self, worker: str, prefill_tokens: float = 0.0, session: str = "", job_id: str = "") -> None:
-        now = time.time()
-        routes = self._routes.setdefault(worker, deque())
-        route = _Route(now, prefill_tokens, session, job_id)
-        routes.append(route)
-        if job_id:
-            self._by_job[job_id] = route
-        while routes and routes[0].at < now - self.horizon_s:
-            self._by_job.pop(routes.popleft().job_id, None)
-
-    def prefilled(self, job_id: str) -> None:
-        """A job this api did not route here (or forgot, past the horizon) changes nothing."""
-        route = self._by_job.get(job_id)
-        if route is not None:
-            route.prefilled = True
-
-    def since(self, worker: str, when: float, ended: str = "") -> Routed:
-        """Routed to `worker` after `when`: a binary search in its own times, whatever the others'.
-        `ended`: a session whose routed turns have all ended (its next is being routed). A job whose
-        prefill is done counts no tokens (it still counts as a job: Backlog.less_one_ended)."""
-        routes = self._routes.get(worker)
-        if not routes:
-            return Routed()
-        first = bisect.bisect_right(routes, when, key=lambda r: r.at)
-        after = itertools.islice(routes, first, None)
-        pending = (r.prefill_tokens for r in after if not r.prefilled and not (ended and r.session == ended))
-        return Routed(len(routes) - first, sum(pending))
-
-
-class RoutedPrefixes:
-    """The prefix digests of the session first turns this api routed lately, each with the worker
-    it went to (the latest): a prefix under computation there, not advertised until its job ends."""
-
-    def __init__(self, horizon_s: float = 30.0, max_digests: int = 4096) -> None:
-        self.horizon_s = horizon_s
-        self.max_digests = max_digests
-        self._where: OrderedDict[str, tuple[str, float]] = OrderedDict()  # digest -> (worker, when)
-
-    def add(self, worker: str, digests: Sequence[str]) -> None:
-        now = time.time()
-        for digest in digests:
-            self._where[digest] = (worker, now)
-            self._where.move_to_end(digest)
-        while len(self._where) > self.max_digests:
-            self._where.popitem(last=False)
-
-    def runs(self, candidates: Sequence[str], digests: Sequence[str]) -> dict[str, int]:
-        """For each candidate, how many of `digests` from the first on were routed to it lately."""
-        oldest = time.time() - self.horizon_s
-        out = dict.fromkeys(candidates, 0)
-        first = ""
-        for digest in digests:
-            worker, when = self._where.get(digest, ("", 0.0))
-            if worker not in out or when < oldest or worker != (first or worker):
-                break
-            first = worker
-            out[worker] += 1
-        return out

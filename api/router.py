@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import redis.asyncio as aioredis
 
-from api import fleet, route_cost, route_hints
+from api import fleet, recent_routes, route_cost, route_hints
 from broker import keys, prefix_index
 from broker.messages import GenerateJob, SessionRecord, WorkerStatus
 from broker.prefix_digest import chat_digests, text_digests
@@ -42,13 +42,15 @@ class Route:
     prefill_tokens: float = field(default=0.0, compare=False)  # expected there (api/route_cost.py)
 
 
-_recent = route_cost.RecentRoutes()
-_routed = route_cost.RoutedPrefixes()
+_recent = recent_routes.RecentRoutes()
+_routed = recent_routes.RoutedPrefixes()
 
 
 def _load(w: WorkerStatus) -> int:
-    """Jobs running or waiting as of the heartbeat, plus those routed to it since."""
-    return w.jobs_running + (w.engine.num_waiting if w.engine else 0) + _recent.since(w.name, w.sent_at).jobs
+    """Jobs running or waiting as of the heartbeat, plus those routed to it since, less those
+    this api saw end since."""
+    since = _recent.since(w.name, w.sent_at)
+    return max(0, w.jobs_running + (w.engine.num_waiting if w.engine else 0) - since.gone) + since.jobs
 
 
 def _backlog(w: WorkerStatus, session: str = "") -> route_cost.Backlog:
@@ -61,8 +63,13 @@ def _to(worker: str, reason: str, prefetch_to: str = "", prefill_tokens: float =
 
 
 def prefilled(job_id: str) -> None:
-    """The api saw the job's first token (or its end): its prefill no longer counts (RecentRoutes)."""
+    """The api saw the job's first token: its prefill no longer counts (RecentRoutes)."""
     _recent.prefilled(job_id)
+
+
+def ended(job_id: str) -> None:
+    """The api saw the job end: neither its prefill nor its seat counts any more (RecentRoutes)."""
+    _recent.ended(job_id)
 
 
 def _overloaded(w: WorkerStatus, max_waiting: int) -> bool:

@@ -10,7 +10,8 @@ import pytest
 import redis
 import redis.asyncio as aioredis
 
-from api.route_cost import RecentRoutes, Routed
+from api import router
+from api.recent_routes import RecentRoutes, Routed
 from api.router import Route, choose_queue
 from broker import keys, prefetch_hint, prefix_index
 from broker.messages import ChatMessage, EngineFigures, GenerateJob, SessionRecord, WorkerStatus
@@ -41,12 +42,14 @@ def _session(rds: redis.Redis, sid: str, worker: str, turns: int) -> None:
     session_store.save(rds, SessionRecord(sid, "", "m", (1, 2, 3), (), worker, time.time(), turns), 60)
 
 
-def _route(redis_url: str, job: GenerateJob, move_after: int = 0, redis_tier: bool = True) -> Route:
+def _route(
+    redis_url: str, job: GenerateJob, move_after: int = 0, redis_tier: bool = True, job_id: str = ""
+) -> Route:
     async def go() -> Route:
         client = aioredis.Redis.from_url(redis_url)
         try:
             return await choose_queue(
-                client, job, max_waiting=4, move_after=move_after, redis_tier=redis_tier
+                client, job, max_waiting=4, move_after=move_after, redis_tier=redis_tier, job_id=job_id
             )
         finally:
             await client.aclose()
@@ -309,3 +312,42 @@ def test_recent_routes_forget_what_they_did_not_route_and_what_is_past_the_horiz
     recent.add("a", 5.0, job_id="new")
     assert recent.since("a", 0.0) == Routed(1, 5.0)  # "old" is past the horizon, forgotten
     assert set(recent._by_job) == {"new"}  # nothing kept for jobs it forgot or never routed
+
+
+def test_jobs_seen_ending_since_the_heartbeat_no_longer_weigh_on_their_worker(
+    clean: redis.Redis, redis_url: str
+) -> None:
+    """A cohort that just ended on its worker: the heartbeat still counts it, the api knows better,
+    and the next job stays with the blocks instead of moving to a worker that only looks lighter."""
+    _beat(clean, "a")  # b is not up yet: the cohort goes to a, the only worker
+    _advertise(clean, "a", HISTORY)
+    ids = [f"cohort-{i}" for i in range(6)]
+    for job_id in ids:
+        assert _route(redis_url, _next_turn(), job_id=job_id).worker == "a"
+    time.sleep(0.01)
+    _beat(clean, "a", running=6)  # the heartbeat shows them
+    _beat(clean, "b", running=2)
+    assert _route(redis_url, _next_turn()).reason.startswith("load balance: b"), "a looks busier"
+    _beat(clean, "a", running=6)  # fresh heartbeats, as before: the route to b has ended
+    _beat(clean, "b", running=2)
+    time.sleep(0.01)
+    for job_id in ids:
+        router.ended(job_id)  # the api saw them end, after the heartbeats
+    assert _route(redis_url, _next_turn()).reason == "prefix match: 3/4 messages on a"
+
+
+def test_recent_routes_take_off_what_the_heartbeat_counts_but_has_ended_or_prefilled_since() -> None:
+    recent = RecentRoutes()
+    recent.add("a", 100.0, session="t\0s", job_id="j1")
+    recent.add("a", 40.0, job_id="j2")
+    recent.add("a", 10.0, job_id="j3")
+    time.sleep(0.01)
+    beat = time.time()  # the heartbeat counts all three
+    time.sleep(0.01)
+    recent.prefilled("j2")
+    recent.ended("j3")
+    assert recent.since("a", beat) == Routed(0, 0.0, gone=1, prefill_done=50.0)
+    recent.ended("j1")  # the session's own turn: Backlog.less_one_ended takes it off, not `gone`
+    assert recent.since("a", beat, ended="t\0s") == Routed(0, 0.0, gone=1, prefill_done=150.0)
+    assert recent.since("a", beat) == Routed(0, 0.0, gone=2, prefill_done=150.0)
+    assert recent.since("a", time.time()) == Routed()  # a heartbeat after the ends counts none of them
