@@ -89,21 +89,24 @@ class RecentRoutes:
     def since(self, worker: str, when: float, ended: str = "") -> Routed:
         """Routed to `worker` after `when`: a binary search in its own times, whatever the others'.
         `ended`: a session whose routed turns have all ended (its next is being routed). A job whose
-        prefill is done counts no tokens (it still counts as a job until ended()). Of those routed
-        by `when`: the ones ended since (but `ended`'s own: Backlog.less_one_ended takes it off),
-        and the expected prefill of the ones prefilled since."""
+        prefill is done counts no tokens, and one that has ended no job either (but `ended`'s own:
+        Backlog.less_one_ended takes it off). Of those routed by `when`: the ones ended since (again
+        but `ended`'s own), and the expected prefill of the ones prefilled since."""
         routes = self._routes.get(worker)
         if not routes:
             return Routed()
         first = bisect.bisect_right(routes, when, key=lambda r: r.at)
-        after = itertools.islice(routes, first, None)
-        pending = (r.prefill_tokens for r in after if not r.prefilled and not (ended and r.session == ended))
+        jobs, pending = 0, 0.0
+        for r in itertools.islice(routes, first, None):
+            own = bool(ended) and r.session == ended
+            jobs += not r.ended_at or own
+            pending += r.prefill_tokens if not (r.prefilled or own) else 0.0
         ends = _after(self._ends.get(worker), when, "ended_at")
         gone = sum(1 for r in ends if r.at <= when and not (ended and r.session == ended))
         done = sum(
             r.prefill_tokens for r in _after(self._prefills.get(worker), when, "prefilled_at") if r.at <= when
         )
-        return Routed(len(routes) - first, sum(pending), gone, done)
+        return Routed(jobs, pending, gone, done)
 
 
 def _trim(events: deque[_Route] | None, field: str, oldest: float) -> None:

@@ -351,3 +351,7 @@ def test_recent_routes_take_off_what_the_heartbeat_counts_but_has_ended_or_prefi
     assert recent.since("a", beat, ended="t\0s") == Routed(0, 0.0, gone=1, prefill_done=150.0)
     assert recent.since("a", beat) == Routed(0, 0.0, gone=2, prefill_done=150.0)
     assert recent.since("a", time.time()) == Routed()  # a heartbeat after the ends counts none of them
+    recent.add("a", 30.0, session="t\0u", job_id="j4")
+    recent.ended("j4")  # routed and ended after that heartbeat: it counts nothing
+    assert recent.since("a", beat) == Routed(0, 0.0, gone=2, prefill_done=150.0)
+    assert recent.since("a", beat, ended="t\0u") == Routed(1, 0.0, gone=2, prefill_done=150.0)  # its own
