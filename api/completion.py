@@ -71,6 +71,9 @@ async def _observed(
 
 
 async def ended(ctx: ApiContext, meta: JobMeta, label: str, event: StreamEvent) -> None:
+    """The job's end, seen as it came (a poll that finds a job ended long ago settles it without
+    this: its end is no news to the router)."""
+    router.ended(meta.job_id)
     ctx.metrics.job_latency.labels(label).observe(max(0.0, time.time() - meta.created))
     result = event.result if isinstance(event, JobDone) else None
     await settle(ctx, meta, result.usage if result else None, result.queue_wait_s if result else None)
@@ -83,7 +86,6 @@ async def settle(
     the dispatch window; its tokens and queue wait are counted once however many readers see the
     end. True for the first of them."""
     ctx.jobs.wake.set()  # this api's dispatcher (if it holds the lease) releases parked jobs now
-    router.ended(meta.job_id)
     try:
         first = await tenant_jobs.finish(ctx.jobs.redis, meta.tenant, meta.job_id)
     except Exception as exc:  # the entries' deadlines still remove them

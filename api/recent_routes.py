@@ -1,8 +1,8 @@
 """What this api routed lately, for cache-aware routing (api/router.py, api/route_cost.py): the jobs
 routed to each worker, with when, the prefill expected of them there, and when the api saw each
 one's first token and its end (RecentRoutes); and the prefixes of the session first turns routed
-lately (RoutedPrefixes). Both are what a worker's heartbeat, up to a second old and read through a
-fleet cache, cannot show yet."""
+lately (RoutedPrefixes). Both are what a worker's heartbeat (sent every second, read through a fleet
+cache of a second) cannot show yet."""
 
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ class Routed:
     prefill_tokens: float = 0.0
     gone: int = 0
     prefill_done: float = 0.0
+    own_ended: bool = False  # a turn of the session being routed was seen ending, and is counted off
 
 
 @dataclass(slots=True)
@@ -44,7 +45,8 @@ class _Route:
 
 class RecentRoutes:
     """Jobs this api process routed to each worker, with when and their expected prefill: the part
-    of a worker's load that its last heartbeat (up to a second old) cannot show yet. Without it, a
+    of a worker's load that its last heartbeat (a second old, read through a fleet cache of another)
+    cannot show yet. Without it, a
     burst of new sessions would all see the same stale loads and pile onto one worker. A job's
     prefill stops counting once it is done: prefilled() (the api saw its first token or its end),
     or its session's next turn is being routed (`ended`). Its seat stops counting at ended().
@@ -88,25 +90,31 @@ class RecentRoutes:
 
     def since(self, worker: str, when: float, ended: str = "") -> Routed:
         """Routed to `worker` after `when`: a binary search in its own times, whatever the others'.
-        `ended`: a session whose routed turns have all ended (its next is being routed). A job whose
-        prefill is done counts no tokens, and one that has ended no job either (but `ended`'s own:
-        Backlog.less_one_ended takes it off). Of those routed by `when`: the ones ended since (again
-        but `ended`'s own), and the expected prefill of the ones prefilled since."""
+        A job whose prefill is done counts no tokens, and one that has ended no job either.
+        `ended`: a session whose routed turns have all ended (its next is being routed): its turns'
+        prefill counts no more even before the api sees their first token. Of those routed by
+        `when`: the ones that had their first token by then (so the heartbeat of `when` counted
+        them) and ended since, and the expected prefill of the ones prefilled since (the heartbeat
+        counted it if they were in the engine by then; a guess, floored at none left)."""
         routes = self._routes.get(worker)
         if not routes:
             return Routed()
         first = bisect.bisect_right(routes, when, key=lambda r: r.at)
-        jobs, pending = 0, 0.0
+        jobs, pending, own_ended = 0, 0.0, False
         for r in itertools.islice(routes, first, None):
             own = bool(ended) and r.session == ended
-            jobs += not r.ended_at or own
+            jobs += not r.ended_at
+            own_ended = own_ended or (own and bool(r.ended_at))
             pending += r.prefill_tokens if not (r.prefilled or own) else 0.0
-        ends = _after(self._ends.get(worker), when, "ended_at")
-        gone = sum(1 for r in ends if r.at <= when and not (ended and r.session == ended))
+        gone = 0
+        for r in _after(self._ends.get(worker), when, "ended_at"):
+            if r.at <= when and 0.0 < r.prefilled_at <= when:
+                gone += 1
+                own_ended = own_ended or (bool(ended) and r.session == ended)
         done = sum(
             r.prefill_tokens for r in _after(self._prefills.get(worker), when, "prefilled_at") if r.at <= when
         )
-        return Routed(jobs, pending, gone, done)
+        return Routed(jobs, pending, gone, done, own_ended)
 
 
 def _trim(events: deque[_Route] | None, field: str, oldest: float) -> None:

@@ -72,10 +72,12 @@ def prefill_cost(total: int, cached: int, loadable: int, redis_tier: bool) -> fl
 @dataclass(frozen=True, slots=True)
 class Backlog:
     """A worker's work ahead of a new job: sequences and prompt tokens not yet computed, as of its
-    heartbeat, plus what this api routed to it since."""
+    heartbeat, plus what this api routed to it since, less what it saw end or prefill since
+    (api/recent_routes.py). `own_ended`: that includes a turn of the session being routed."""
 
     sequences: int
     prefill_tokens: float
+    own_ended: bool = False
 
     @property
     def cost(self) -> float:
@@ -83,10 +85,11 @@ class Backlog:
 
     def less_one_ended(self, ended_at: float, w: WorkerStatus) -> Backlog:
         """Without a job that ended at `ended_at`, when `w`'s heartbeat came before that: the
-        heartbeat (or the routes since) still count it."""
-        if ended_at <= w.sent_at or self.sequences == 0:
+        heartbeat (or the routes since) still count it. For a session's last turn, when this api
+        did not see it end (another api routed it): else it is off already (`own_ended`)."""
+        if self.own_ended or ended_at <= w.sent_at or self.sequences == 0:
             return self
-        return Backlog(self.sequences - 1, self.prefill_tokens)
+        return Backlog(self.sequences - 1, self.prefill_tokens, True)
 
 
 def backlog(w: WorkerStatus, since: Routed) -> Backlog:
@@ -104,7 +107,8 @@ def backlog(w: WorkerStatus, since: Routed) -> Backlog:
     outside = max(0, w.jobs_running - in_engine)
     pending = e.prefill_tokens_pending if e else 0
     held = max(0, in_engine + outside - since.gone)
-    return Backlog(held + since.jobs, max(0.0, pending - since.prefill_done) + since.prefill_tokens)
+    prefill = max(0.0, pending - since.prefill_done) + since.prefill_tokens
+    return Backlog(held + since.jobs, prefill, since.own_ended)
 
 
 def session_key(job: GenerateJob) -> str:

@@ -54,7 +54,8 @@ def _load(w: WorkerStatus) -> int:
 
 
 def _backlog(w: WorkerStatus, session: str = "") -> route_cost.Backlog:
-    """`session`: the job's (route_cost.session_key); its earlier turns routed since count no prefill."""
+    """`session`: the job's (route_cost.session_key); its earlier turns count no prefill (and, seen
+    ending, no job: Backlog.own_ended)."""
     return route_cost.backlog(w, _recent.since(w.name, w.sent_at, session))
 
 
@@ -109,7 +110,8 @@ async def choose_queue(
     it now. Either way a decision costs Redis one read per digest of the job, none per worker.
     `move_after`: session_move_after_turns (0: off). `redis_tier`: whether the workers run the
     Redis tier (a prefix missing on a worker is then loaded, not computed). The route's
-    prefetch_to is for the job's (api/intake.py sets it). `job_id`: the job's, for prefilled()."""
+    prefetch_to is for the job's (api/intake.py sets it). `job_id`: the job's, for prefilled()
+    and ended()."""
     route, record = await _choose(client, job, routing, max_waiting, cache, move_after, redis_tier)
     if route.worker is not None:
         _recent.add(route.worker, route.prefill_tokens, route_cost.session_key(job), job_id)

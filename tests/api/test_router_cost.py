@@ -321,9 +321,10 @@ def test_jobs_seen_ending_since_the_heartbeat_no_longer_weigh_on_their_worker(
     and the next job stays with the blocks instead of moving to a worker that only looks lighter."""
     _beat(clean, "a")  # b is not up yet: the cohort goes to a, the only worker
     _advertise(clean, "a", HISTORY)
-    ids = [f"cohort-{i}" for i in range(6)]
+    ids = [f"cohort-{time.time()}-{i}" for i in range(6)]
     for job_id in ids:
         assert _route(redis_url, _next_turn(), job_id=job_id).worker == "a"
+        router.prefilled(job_id)  # decoding by the heartbeat below
     time.sleep(0.01)
     _beat(clean, "a", running=6)  # the heartbeat shows them
     _beat(clean, "b", running=2)
@@ -336,22 +337,46 @@ def test_jobs_seen_ending_since_the_heartbeat_no_longer_weigh_on_their_worker(
     assert _route(redis_url, _next_turn()).reason == "prefix match: 3/4 messages on a"
 
 
+def test_a_sessions_last_turn_seen_ending_is_taken_off_its_worker_once(
+    clean: redis.Redis, redis_url: str
+) -> None:
+    """Seen ending by this api (RecentRoutes) and ended after the heartbeat (the session record's
+    last_used: Backlog.less_one_ended): one job, taken off once."""
+    sid, job_id = f"once-{time.time()}", f"once-{time.time()}"
+    _beat(clean, "a")
+    _advertise(clean, "a", HISTORY)
+    assert _route(redis_url, _next_turn(sid), job_id=job_id).worker == "a"
+    router.prefilled(job_id)
+    time.sleep(0.01)
+    _beat(clean, "a", running=6)  # its last turn and 5 others
+    _beat(clean, "b", running=1)
+    time.sleep(0.01)
+    _session(clean, sid, "a", turns=1)  # its record: ended after the heartbeat
+    router.ended(job_id)
+    route = _route(redis_url, _next_turn(sid))
+    assert route.reason.startswith("load balance: b (a has 5 jobs, b 1)"), route
+
+
 def test_recent_routes_take_off_what_the_heartbeat_counts_but_has_ended_or_prefilled_since() -> None:
     recent = RecentRoutes()
     recent.add("a", 100.0, session="t\0s", job_id="j1")
     recent.add("a", 40.0, job_id="j2")
     recent.add("a", 10.0, job_id="j3")
+    recent.add("a", 5.0, job_id="j5")
+    recent.prefilled("j1")
+    recent.prefilled("j3")  # j1 and j3 decode by the heartbeat
     time.sleep(0.01)
-    beat = time.time()  # the heartbeat counts all three
+    beat = time.time()  # it counts j1, j3 and perhaps j2 and j5 (or they wait in the queue still)
     time.sleep(0.01)
     recent.prefilled("j2")
     recent.ended("j3")
-    assert recent.since("a", beat) == Routed(0, 0.0, gone=1, prefill_done=50.0)
-    recent.ended("j1")  # the session's own turn: Backlog.less_one_ended takes it off, not `gone`
-    assert recent.since("a", beat, ended="t\0s") == Routed(0, 0.0, gone=1, prefill_done=150.0)
-    assert recent.since("a", beat) == Routed(0, 0.0, gone=2, prefill_done=150.0)
+    recent.ended("j5")  # it had no first token by the heartbeat, which may not count it: left there
+    assert recent.since("a", beat) == Routed(0, 0.0, gone=1, prefill_done=45.0)
+    recent.ended("j1")  # the session's own turn, off once: less_one_ended is told (own_ended)
+    assert recent.since("a", beat, ended="t\0s") == Routed(0, 0.0, gone=2, prefill_done=45.0, own_ended=True)
+    assert recent.since("a", beat) == Routed(0, 0.0, gone=2, prefill_done=45.0)
     assert recent.since("a", time.time()) == Routed()  # a heartbeat after the ends counts none of them
     recent.add("a", 30.0, session="t\0u", job_id="j4")
     recent.ended("j4")  # routed and ended after that heartbeat: it counts nothing
-    assert recent.since("a", beat) == Routed(0, 0.0, gone=2, prefill_done=150.0)
-    assert recent.since("a", beat, ended="t\0u") == Routed(1, 0.0, gone=2, prefill_done=150.0)  # its own
+    assert recent.since("a", beat) == Routed(0, 0.0, gone=2, prefill_done=45.0)
+    assert recent.since("a", beat, ended="t\0u") == Routed(0, 0.0, gone=2, prefill_done=45.0, own_ended=True)
