@@ -46,8 +46,8 @@ class _Route:
 class RecentRoutes:
     """Jobs this api process routed to each worker, with when and their expected prefill: the part
     of a worker's load that its last heartbeat (a second old, read through a fleet cache of another)
-    cannot show yet. Without it, a
-    burst of new sessions would all see the same stale loads and pile onto one worker. A job's
+    cannot show yet. Without it, a burst of new sessions would all see the same stale loads and
+    pile onto one worker. A job's
     prefill stops counting once it is done: prefilled() (the api saw its first token or its end),
     or its session's next turn is being routed (`ended`). Its seat stops counting at ended().
     The same holds the other way: a job the heartbeat counts but this api saw prefill or end

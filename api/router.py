@@ -46,13 +46,6 @@ _recent = recent_routes.RecentRoutes()
 _routed = recent_routes.RoutedPrefixes()
 
 
-def _load(w: WorkerStatus) -> int:
-    """Jobs running or waiting as of the heartbeat, plus those routed to it since, less those
-    this api saw end since."""
-    since = _recent.since(w.name, w.sent_at)
-    return max(0, w.jobs_running + (w.engine.num_waiting if w.engine else 0) - since.gone) + since.jobs
-
-
 def _backlog(w: WorkerStatus, session: str = "") -> route_cost.Backlog:
     """`session`: the job's (route_cost.session_key); its earlier turns count no prefill (and, seen
     ending, no job: Backlog.own_ended)."""
@@ -129,7 +122,7 @@ async def together(
     if route.worker is not None:
         return route
     live = (await _live(client, cache)).values()
-    ready = {w.name: _load(w) for w in live if not _overloaded(w, max_waiting)}
+    ready = {w.name: _backlog(w).sequences for w in live if not _overloaded(w, max_waiting)}
     if not ready:
         return route
     name = min(ready, key=lambda n: (ready[n], random.random()))
