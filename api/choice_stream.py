@@ -5,7 +5,7 @@ from __future__ import annotations
 from api.jobs.view import failed_body
 from api.schema import sse
 from api.schema.openai import CompletionRequest
-from api.tool_calls.answer import TOOL_CALLS, StreamedCalls, call_delta
+from api.tool_calls.answer import StreamedCalls, call_delta, finish_reason_of
 from api.tool_calls.parser import ContentPiece, Piece
 from broker.messages import JobDone, JobFailed, StreamEvent, TokenDelta, TokenLogprob
 
@@ -54,8 +54,8 @@ class ChoiceStream:
                 out.extend(self._text(tail))
             finish_reason = r.finish_reason
             if self.calls is not None:
-                out.extend(self._pieces(self.calls.finish()))
-                finish_reason = TOOL_CALLS if self.calls.called else finish_reason
+                out.extend(self._pieces(self.calls.finish(finish_reason)))
+                finish_reason = finish_reason_of(self.calls.called, finish_reason)
             out.append(self.writer.text("", finish_reason, worker=r.worker))
             if include_usage:
                 out.append(self.writer.usage(r.usage))

@@ -78,11 +78,12 @@ class HermesStream:
             self._buf, self._inside = self._buf[at + len(CLOSE) :], False
             self._end_call(body, OPEN + body + CLOSE, out)
 
-    def finish(self) -> list[Piece]:
-        """The output ended: a call left open parses if its JSON is whole (max_tokens, a stop)."""
+    def finish(self, cut: bool = False) -> list[Piece]:
+        """The output ended: a call left open parses if its JSON is whole (max_tokens, a stop);
+        one that does not, cut short by max_tokens (`cut`), is dropped."""
         out: list[Piece] = []
         if self._inside:
-            self._end_call(self._buf, OPEN + self._buf, out)
+            self._end_call(self._buf, OPEN + self._buf, out, open_cut=cut)
         else:
             self._content(self._buf, out)
         self._buf, self._inside = "", False
@@ -113,12 +114,15 @@ class HermesStream:
             out.append(CallPiece(self._index, None, args[len(self._sent) :]))
             self._sent = args
 
-    def _end_call(self, body: str, raw: str, out: list[Piece]) -> None:
+    def _end_call(self, body: str, raw: str, out: list[Piece], open_cut: bool = False) -> None:
         try:
             doc = json.loads(body)
         except ValueError:
             doc = None
         if not (isinstance(doc, dict) and isinstance(doc.get("name"), str) and "arguments" in doc):
+            if open_cut:  # a call max_tokens cut mid-way: dropped, the complete ones stand
+                self._head_end = 0
+                return
             self.failed = True
             if not self._head_end:
                 self._content(raw, out)  # as vLLM: what does not parse stays text

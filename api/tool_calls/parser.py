@@ -40,14 +40,15 @@ Piece = ContentPiece | CallPiece
 class CallStream(Protocol):
     """Reads one choice's output. feed() and finish() return what can be told so far; `calls`
     holds each call once complete; `failed` is set when a call's text did not parse (as vLLM,
-    a whole answer with one is all content)."""
+    a whole answer with one is all content). finish(cut=True) says the output was cut short
+    (max_tokens): a call it left open and unparsable is dropped, not a failure."""
 
     calls: list[ParsedCall]
     failed: bool
 
     def feed(self, text: str) -> list[Piece]: ...
 
-    def finish(self) -> list[Piece]: ...
+    def finish(self, cut: bool = False) -> list[Piece]: ...
 
 
 class ToolParser(Protocol):
@@ -65,10 +66,11 @@ def call_id() -> str:
     return f"call_{secrets.token_hex(12)}"
 
 
-def parse(parser: ToolParser, text: str) -> tuple[str | None, list[ParsedCall]]:
-    """A whole output: (content, calls). No call, or one that does not parse: all of it is content."""
+def parse(parser: ToolParser, text: str, cut: bool = False) -> tuple[str | None, list[ParsedCall]]:
+    """A whole output: (content, calls). No call, or one that does not parse: all of it is content;
+    but a call left open by a cut (`cut`: max_tokens) is dropped and the complete ones stay."""
     stream = parser.stream()
-    pieces = [*stream.feed(text), *stream.finish()]
+    pieces = [*stream.feed(text), *stream.finish(cut)]
     if not stream.calls or stream.failed:
         return text, []
     content = "".join(p.text for p in pieces if isinstance(p, ContentPiece)).strip()

@@ -28,6 +28,10 @@ TOOL_CALL_PIECES = (
     'ty": "Paris"}}\n</tool_call>\n<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_',
     "call>",
 )
+TOOL_CUT_PIECES = (  # a second parallel call cut by max_tokens
+    '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n',
+    '<tool_call>\n{"name": "get_time", "argu',
+)
 USAGE = Usage(prompt_tokens=7, completion_tokens=3, cached_tokens=4)
 
 
@@ -125,6 +129,10 @@ class FakeWorker:
             self.celery.backend.mark_as_failure(job_id, RuntimeError("worker lost"))
         elif "SILENT" in text:
             return
+        elif "TOOL_CUT" in text:  # a complete call, then one cut by max_tokens
+            for i, piece in enumerate(TOOL_CUT_PIECES):
+                self._publish(job_id, TokenDelta(piece, (i,)))
+            self._done(job_id, job, "".join(TOOL_CUT_PIECES), "length", len(TOOL_CUT_PIECES))
         elif "TOOL_CALL" in text:  # Hermes-format calls, cut mid-markup (tests/api/test_tools.py)
             for i, piece in enumerate(TOOL_CALL_PIECES):
                 self._publish(job_id, TokenDelta(piece, (i,)))

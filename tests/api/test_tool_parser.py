@@ -54,6 +54,19 @@ def test_what_does_not_parse_is_all_content(text: str) -> None:
     assert parse(HERMES, text) == (text, [])
 
 
+def test_a_cut_keeps_the_complete_calls_and_drops_the_open_one() -> None:
+    cut = f'Sure.\n{WEATHER}\n<tool_call>\n{{"name": "get_time", "argu'  # max_tokens hit here
+    assert parse(HERMES, cut, cut=True) == (
+        "Sure.",
+        [ParsedCall("get_weather", '{"city": "Paris", "days": [1, {"n": 2}]}')],
+    )
+    assert parse(HERMES, cut) == (cut, [])  # not a cut (a stop): as before, all content
+    stream = HERMES.stream()
+    pieces = [*stream.feed(cut), *stream.finish(cut=True)]
+    assert not stream.failed and [c.name for c in stream.calls] == ["get_weather"]
+    assert all("<tool_call>" not in p.text for p in pieces if isinstance(p, ContentPiece))
+
+
 def _streamed(text: str, rng: random.Random) -> tuple[str, list[ParsedCall]]:
     """Feed text in random pieces; rebuild content and calls from the pieces, as a client does."""
     stream = HERMES.stream()

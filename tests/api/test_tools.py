@@ -170,6 +170,23 @@ def test_streamed_calls_are_deltas(api: Served, worker: FakeWorker) -> None:
     assert _chunks(r.text)[-1]["choices"][0]["finish_reason"] == "tool_calls"
 
 
+def test_a_length_cut_keeps_the_complete_calls(api: Served, worker: FakeWorker) -> None:
+    body = chat("TOOL_CUT", tools=TOOLS, tool_choice="required", max_tokens=30)
+    with api.client() as c:
+        whole = c.post(CHAT, json=body).json()["choices"][0]
+        streamed = c.post(CHAT, json={**body, "stream": True})
+    assert whole["finish_reason"] == "length"
+    assert whole["message"]["content"] is None  # no raw markup
+    calls = whole["message"]["tool_calls"]
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == [
+        ("get_weather", {"city": "Paris"})
+    ]
+    chunks = _chunks(streamed.text)
+    deltas = [ch["choices"][0]["delta"] for ch in chunks if ch["choices"]]
+    assert not "".join(d.get("content") or "" for d in deltas)
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+
+
 def test_queued_job_result_parses_calls(api: Served, worker: FakeWorker) -> None:
     with api.client() as c:
         job = c.post("/v1/jobs", json={"endpoint": CHAT, "body": chat("TOOL_CALL", tools=TOOLS)}).json()
