@@ -74,7 +74,7 @@ class BatchRunner:
             except state.LeaseLost:
                 self.lease.lost()
             except Exception as exc:  # Redis down, a broker hiccup: the next pass tries again
-                self.failures.failed(exc)
+                self.failures.failed(exc, expected=isinstance(exc, (RedisError, OSError)))
             await asyncio.sleep(PASS_S)
 
     async def release(self) -> None:
