@@ -117,20 +117,23 @@ def eval_jobs(text: str) -> list[str]:
 
 
 def test_an_input_file_gone_mid_batch_fails_that_batch_alone(rig: Callable[..., Any], tmp_path: Path) -> None:
-    """Two seats: alice's batch (a line that never ends, then more) feeds a line at a time. Its
-    input file vanishes: it fails, its finished lines in its output file, its parts removed; bob's
-    batch, created after, still runs to completion."""
+    """One seat: alice's batch (3 good lines, then many bad ones: each an error line at once) feeds
+    a line a pass. Its input file vanishes with nothing of it running and lines still to feed: it
+    fails, its finished lines in its output and error files, its parts removed; bob's batch,
+    created after, still runs to completion (it once waited behind alice's failing feed)."""
 
     async def body(ctx: ApiContext, rds: redis.Redis, _: ApiContext) -> None:
         runner = BatchRunner(ctx, "api-a")
-        doomed = await create(ctx, "alice", [line("s", "SILENT")] + [line(f"a{i}") for i in range(12)])
+        bad = [line(f"x{i}", max_tokens=-1) for i in range(60)]
+        doomed = await create(ctx, "alice", [line(f"a{i}") for i in range(3)] + bad)
 
-        async def some_done() -> bool:
-            return (await load(ctx, doomed)).completed >= 2
+        async def good_done() -> bool:
+            return (await load(ctx, doomed)).completed == 3
 
-        await passes(runner, some_done)
+        await passes(runner, good_done)
         rec = await load(ctx, doomed)
         assert not rec.fed_all, "lines still to feed when the file goes"
+        assert not rds.hlen(keys.batch_running(doomed)), "nothing of it running"
         ctx.files.delete(rec.input_file_id)  # a crash, an operator, an expiry
         other = await create(ctx, "bob", [line(f"b{i}") for i in range(4)])
 
@@ -142,12 +145,13 @@ def test_an_input_file_gone_mid_batch_fails_that_batch_alone(rig: Callable[..., 
         assert completed.status == "completed" and completed.completed == 4
         assert failed.status == "failed" and failed.errors[0]["code"] == "file_not_found"
         delivered = [x["custom_id"] for x in file_lines(ctx, failed.output_file_id)]
-        assert len(delivered) >= 2 and failed.completed == len(delivered)
-        assert set(delivered) <= {f"a{i}" for i in range(12)}
+        assert sorted(delivered) == ["a0", "a1", "a2"] and failed.completed == 3
+        refused = [x["custom_id"] for x in file_lines(ctx, failed.error_file_id)]
+        assert refused and failed.failed == len(refused) and set(refused) <= {f"x{i}" for i in range(60)}
         assert not parts_left(tmp_path / "files")
         assert not rds.zscore(keys.BATCHES_ACTIVE, doomed)
 
-    rig(body, window=2)
+    rig(body, window=1)
 
 
 def test_a_cancel_racing_an_expiry_lists_no_file_without_content(rig: Callable[..., Any]) -> None:
