@@ -73,7 +73,7 @@ def test_chaos_batch_quick_every_line_once(
         env=env,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=420,  # the races add a second api, a 6.5 s pause and a 6.5 s re-read
     )
     print(done.stderr[-3000:], done.stdout, sep="\n")
     assert out.exists(), done.stdout[-3000:] + done.stderr[-3000:]
