@@ -85,10 +85,10 @@ class LeaseRacer(threading.Thread):
         self.stack, self.pauses, self.gap_s, self.say = stack, pauses, gap_s, say
         self.done = 0
         self.epochs: list[int] = []
-        self._stop = threading.Event()
+        self._halt = threading.Event()
 
     def stop(self) -> None:
-        self._stop.set()
+        self._halt.set()
         self.join(LEASE_PAUSE_S + 5)
 
     def _epoch(self, client: redis.Redis) -> int:
@@ -97,7 +97,7 @@ class LeaseRacer(threading.Thread):
     def run(self) -> None:
         client = redis.Redis.from_url(self.stack.settings.queue_url, socket_timeout=5)
         ours = {"api", "api2"}
-        while self.done < self.pauses and not self._stop.wait(self.gap_s):
+        while self.done < self.pauses and not self._halt.wait(self.gap_s):
             try:
                 raw = client.get(keys.BATCH_RUNNER_LEASE)
                 token = raw.decode() if isinstance(raw, bytes) else str(raw or "")
@@ -111,7 +111,7 @@ class LeaseRacer(threading.Thread):
             os.kill(pid, signal.SIGSTOP)
             self.say(f"SIGSTOP {pids[pid]} (the runner, epoch {before}) for {LEASE_PAUSE_S}s")
             try:
-                self._stop.wait(LEASE_PAUSE_S)
+                self._halt.wait(LEASE_PAUSE_S)
             finally:
                 with contextlib.suppress(ProcessLookupError):  # SIGKILLed meanwhile (an api restart)
                     os.kill(pid, signal.SIGCONT)
