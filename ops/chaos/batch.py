@@ -177,7 +177,8 @@ def run_batch_chaos(
         faults.plan = plan(config)
         faults.start()
         pauses = config.lease_pauses if config.api_replicas > 1 else 0
-        racer = races.LeaseRacer(stack, pauses, 2.0, lambda m: log(stamped(m)))
+        # its first pause after the quick faults (a Redis restart, an api SIGKILL) are done
+        racer = races.LeaseRacer(stack, pauses, 5.0, lambda m: log(stamped(m)))
         racer.start()
         model, files_dir = stack.settings.served_model, stack.settings.api_config().files_dir
         side = _retrying(lambda: races.side_batches(client, model, config.side_batches, files_dir), deadline)
