@@ -51,11 +51,13 @@ def create_app(config: ApiConfig, tokenizer: Tokenizer | None = None) -> FastAPI
         tokenizer=tokenizer,
     )
     dispatcher = Dispatcher(job_client, config.dispatch_headroom, key_ring.weights)
+    metrics.background.watch("dispatcher", dispatcher.failures)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         dispatcher.start()  # one api of all replicas releases parked jobs (api/dispatch/)
         runner = BatchRunner(ctx)  # runs batches while this api holds the runner's lease
+        metrics.background.watch("batch_runner", runner.failures)
         task = asyncio.create_task(runner.run(), name="kvferry-batch-runner")
         yield
         await stop_tasks(*[t for t in (dispatcher.task, task) if t is not None])  # together, bounded

@@ -16,7 +16,7 @@ from redis import RedisError
 from api import router
 from api.choice_stream import ChoiceStream
 from api.context import ApiContext
-from api.errors import error_response, failed_response
+from api.errors import INTERNAL, UNAVAILABLE, error_response, failed_response
 from api.jobs import tenant_jobs
 from api.jobs.errors import ClientGoneError, JobTimeoutError
 from api.jobs.meta import JobMeta
@@ -188,12 +188,11 @@ async def _sse(
         pass
     except RedisError as exc:  # an error frame the client can read, not a connection cut mid-body
         log.warning("job %s: lost the queue service mid-stream: %s", meta.job_id, exc)
-        message = f"the queue service is unavailable: {exc}"
-        yield sse.error_frame(error_body(message, "service_unavailable_error"))
+        yield sse.error_frame(error_body(UNAVAILABLE, "service_unavailable_error"))
         yield sse.DONE
     except CodecError as exc:  # our bug, not the queue's: a 500 frame, its cause in the log
         log.error("job %s: a stream event does not decode", meta.job_id, exc_info=exc)
-        yield sse.error_frame(error_body(f"internal error: {exc}", "server_error"))
+        yield sse.error_frame(error_body(INTERNAL, "server_error"))
         yield sse.DONE
     finally:
         with anyio.CancelScope(shield=True):  # runs even when the response task is cancelled

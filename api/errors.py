@@ -87,16 +87,22 @@ async def _http(_: Request, exc: Exception) -> JSONResponse:
     return response
 
 
+# What a client reads when the queue service fails: never the exception's text (it names internal
+# hosts, ports and Sentinel masters); that goes to the log only.
+UNAVAILABLE = "the queue service is unavailable; try again later"
+INTERNAL = "internal error"
+
+
 async def _unavailable(_: Request, exc: Exception) -> JSONResponse:
-    log.warning("queue service unavailable: %s", exc)
-    return error_response(503, f"the queue service is unavailable: {exc}", "service_unavailable_error")
+    log.warning("queue service unavailable: %s: %s", type(exc).__name__, exc)
+    return error_response(503, UNAVAILABLE, "service_unavailable_error")
 
 
 async def _codec(_: Request, exc: Exception) -> JSONResponse:
     # A message between our own processes that does not decode: a bug or a version mismatch.
     # Neither the client's fault (400) nor the queue service's (503).
     log.error("a broker message does not decode", exc_info=exc)
-    return error_response(500, f"internal error: {exc}", "server_error")
+    return error_response(500, INTERNAL, "server_error")
 
 
 async def _internal(_: Request, exc: Exception) -> JSONResponse:

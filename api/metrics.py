@@ -20,6 +20,7 @@ from starlette.routing import BaseRoute
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api import dispatch_metrics, fleet
+from api.background import BackgroundCollector
 from api.fleet import WorkerView
 from api.jobs import tenant_jobs
 from broker.messages import EngineFigures, Usage
@@ -194,6 +195,8 @@ class ApiMetrics:
         r.register(self._redis)
         self._dispatch = dispatch_metrics.DispatchCollector()
         r.register(self._dispatch)
+        self.background = BackgroundCollector()  # the dispatcher's and batch runner's failures
+        r.register(self.background)
 
     def observe_queue_wait(self, tenant: str, job_class: str, seconds: float) -> None:
         """A finished job's queue wait (its result's queue_wait_s), once per job; job_class is

@@ -51,10 +51,15 @@ class RecentRoutes:
     prefill stops counting once it is done: prefilled() (the api saw its first token or its end),
     or its session's next turn is being routed (`ended`). Its seat stops counting at ended().
     The same holds the other way: a job the heartbeat counts but this api saw prefill or end
-    since counts no more."""
+    since counts no more.
 
-    def __init__(self, horizon_s: float = 30.0) -> None:
+    Bounded: what is older than the horizon is dropped from every worker (a worker routed to no
+    more, gone from the fleet, keeps nothing), and at most `max_routes` per worker are kept."""
+
+    def __init__(self, horizon_s: float = 30.0, max_routes: int = 65536) -> None:
         self.horizon_s = horizon_s
+        self.max_routes = max_routes
+        self._trimmed = 0.0  # when every worker was last trimmed
         self._routes: dict[str, deque[_Route]] = {}  # per worker, in time order
         self._prefills: dict[str, deque[_Route]] = {}  # per worker, in the order they prefilled
         self._ends: dict[str, deque[_Route]] = {}  # per worker, in the order they ended
@@ -68,10 +73,25 @@ class RecentRoutes:
         if job_id:
             self._by_job[job_id] = route
         oldest = now - self.horizon_s
-        while routes and routes[0].at < oldest:
+        while routes and (routes[0].at < oldest or len(routes) > self.max_routes):
             self._by_job.pop(routes.popleft().job_id, None)
         _trim(self._prefills.get(worker), "prefilled_at", oldest)
         _trim(self._ends.get(worker), "ended_at", oldest)
+        if now - self._trimmed >= min(1.0, self.horizon_s):
+            self._trim_all(oldest)
+            self._trimmed = now
+
+    def _trim_all(self, oldest: float) -> None:
+        for worker in list(self._routes):
+            routes = self._routes[worker]
+            while routes and routes[0].at < oldest:
+                self._by_job.pop(routes.popleft().job_id, None)
+            _trim(self._prefills.get(worker), "prefilled_at", oldest)
+            _trim(self._ends.get(worker), "ended_at", oldest)
+            if not (routes or self._prefills.get(worker) or self._ends.get(worker)):
+                del self._routes[worker]
+                self._prefills.pop(worker, None)
+                self._ends.pop(worker, None)
 
     def prefilled(self, job_id: str) -> None:
         """A job this api did not route here (or forgot, past the horizon) changes nothing."""

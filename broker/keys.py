@@ -1,4 +1,10 @@
-"""Every queue name and Redis key format kvferry uses, defined here and nowhere else."""
+"""Every queue name and Redis key format kvferry uses, defined here and nowhere else.
+
+No key may spell another, whatever a tenant, job, file or batch id holds (a tenant named `active`
+once read the runner's global list of active batches). The rule that keeps it so: a format with a
+caller's string in it ends in a suffix of its own family (`kvferry:<family>:{x}:<suffix>`), no
+suffix of a family ends another one of it (so `{x}:<a>` never equals `{y}:<b>`), and no global key
+lies under a family's prefix. tests/broker/test_keys.py checks it over crafted names."""
 
 from __future__ import annotations
 
@@ -160,7 +166,7 @@ def message_job(delivery_tag: str) -> str:
 QUEUES_STARTED = f"{PREFIX}:queues:started"
 
 
-def tenant_jobs(tenant: str) -> str:
+def tenant_jobs(tenant: str) -> str:  # the tenant family: kvferry:tenant:{tenant}:<suffix>
     """ZSET job id -> deadline: a tenant's jobs not yet finished (the per-tenant job limit)."""
     return f"{PREFIX}:tenant:{tenant}:jobs"
 
@@ -168,12 +174,18 @@ def tenant_jobs(tenant: str) -> str:
 def file_record(file_id: str) -> str:
     """Hash: an uploaded or generated file's metadata (api/files/records.py); its contents live in
     the file store (a directory by default), never in Redis."""
-    return f"{PREFIX}:file:{file_id}"
+    return f"{PREFIX}:file:{file_id}:record"
+
+
+def file_readers(file_id: str) -> str:
+    """SET of the batches, not yet ended, that read this file as their input: while any does, the
+    file cannot be deleted (api/files/records.py)."""
+    return f"{PREFIX}:file:{file_id}:readers"
 
 
 def tenant_files(tenant: str) -> str:
     """ZSET file id -> when it was saved: a tenant's files, for GET /v1/files."""
-    return f"{PREFIX}:files:{tenant}"
+    return f"{PREFIX}:tenant:{tenant}:files"
 
 
 # Fair dispatch (api/dispatch/): admission at the api decides, inside the submit script, whether a
@@ -209,12 +221,12 @@ def job_parked(job_id: str) -> str:
 def batch_record(batch_id: str) -> str:
     """Hash: a batch's record (api/batches/records.py): its OpenAI fields, tenant, counts and the
     runner's cursor into its input file."""
-    return f"{PREFIX}:batch:{batch_id}"
+    return f"{PREFIX}:batch:{batch_id}:record"
 
 
 def tenant_batches(tenant: str) -> str:
     """ZSET batch id -> created_at: a tenant's batches, for GET /v1/batches."""
-    return f"{PREFIX}:batches:{tenant}"
+    return f"{PREFIX}:tenant:{tenant}:batches"
 
 
 def batch_running(batch_id: str) -> str:
@@ -223,4 +235,7 @@ def batch_running(batch_id: str) -> str:
 
 
 BATCHES_ACTIVE = f"{PREFIX}:batches:active"  # ZSET batch id -> created_at: not yet ended
-BATCH_RUNNER_LEASE = f"{PREFIX}:batches:runner:lease"  # the api that runs every batch (a Lock)
+# The api that runs every batch (api/batches/lease.py): "<epoch>|<api>", with a TTL. The epoch is
+# BATCH_RUNNER_EPOCH, raised by every take: the fencing token every runner write is checked against.
+BATCH_RUNNER_LEASE = f"{PREFIX}:batches:runner:lease"
+BATCH_RUNNER_EPOCH = f"{PREFIX}:batches:runner:epoch"

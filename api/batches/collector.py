@@ -39,7 +39,11 @@ class Collector:
         self.parts = parts
         self._next_look: dict[str, float] = {}  # "<batch>:<line>" -> when to look again
 
-    async def collect(self, rec: BatchRecord) -> int:
+    def keep(self, batch_ids: set[str]) -> None:
+        """Forget the looks of batches no longer active (ended, cancelled with silent lines)."""
+        self._next_look = {k: v for k, v in self._next_look.items() if k.partition(":")[0] in batch_ids}
+
+    async def collect(self, fence: state.Fence, rec: BatchRecord) -> int:
         """Write every running line of the batch whose jobs have all ended; how many."""
         redis = self.ctx.jobs.redis
         running = {n: Running.from_json(text) for n, text in (await state.running(redis, rec.id)).items()}
@@ -64,7 +68,7 @@ class Collector:
             looked = await self._look(rec, line_no, running[line_no])
             if looked is not None:
                 finished[line_no] = looked
-        return await self._write(rec, running, finished)
+        return await self._write(fence, rec, running, finished)
 
     async def _look(self, rec: BatchRecord, line_no: int, line: Running) -> list[StreamEvent] | None:
         key = f"{rec.id}:{line_no}"
@@ -93,7 +97,11 @@ class Collector:
         return events
 
     async def _write(
-        self, rec: BatchRecord, running: dict[int, Running], finished: dict[int, list[StreamEvent]]
+        self,
+        fence: state.Fence,
+        rec: BatchRecord,
+        running: dict[int, Running],
+        finished: dict[int, list[StreamEvent]],
     ) -> int:
         outputs: list[dict[str, Any]] = []
         errors: list[dict[str, Any]] = []
@@ -118,11 +126,12 @@ class Collector:
                     ok_line(rid, parsed.custom_id, _body(parsed.request, running[line_no], events))
                 )
                 outcome[line_no] = "completed"
+        if outcome:
+            await fence.check()
         await self.parts.output(rec.id, outputs)
         await self.parts.errors(rec.id, errors)
-        redis = self.ctx.jobs.redis
         for line_no, result in outcome.items():
-            if await state.done(redis, rec.id, line_no, result):
+            if await state.done(fence, rec.id, line_no, result):
                 self.parts.metrics.lines.labels(rec.tenant, result).inc()
                 for event in finished[line_no]:
                     if isinstance(event, JobDone):  # counted as the online endpoints count theirs

@@ -71,13 +71,12 @@ def parse(ctx: ApiContext, rec: BatchRecord, line_no: int, text: bytes) -> Batch
     return parse_line(line_no, text, online, rec.endpoint)
 
 
-async def feed(ctx: ApiContext, rec: BatchRecord, parts: Parts, count: int) -> int:
+async def feed(ctx: ApiContext, fence: state.Fence, rec: BatchRecord, parts: Parts, count: int) -> int:
     """Feed up to `count` lines from the batch's cursor; the lines fed (bad ones included)."""
     store = ctx.files
     chunk = await asyncio.to_thread(
         read_from, store, rec.input_file_id, rec.cursor_offset, rec.cursor_line, count
     )
-    redis = ctx.jobs.redis
     fed, cursor = 0, rec.cursor_line
     for i, (line_no, offset, text) in enumerate(chunk.lines):
         if i + 1 < len(chunk.lines):
@@ -88,14 +87,15 @@ async def feed(ctx: ApiContext, rec: BatchRecord, parts: Parts, count: int) -> i
         if line.request is None:
             body = error_body(line.error_message or "invalid request", code=line.error_code)
             record = error_line(line_id(rec.id, line_no), line.custom_id, line.status_code, body)
+            await fence.check()
             await parts.errors(rec.id, [record])  # written first: a crash now writes it again
-            if not await state.feed(redis, rec.id, cursor, line_no, next_line, next_offset, ""):
+            if not await state.feed(fence, rec.id, cursor, line_no, next_line, next_offset, ""):
                 return fed  # another runner moved the cursor
             parts.metrics.lines.labels(rec.tenant, "failed").inc()
         else:
             running = Running(offset, job_ids(rec.id, line_no, line.request), time.time())
             if not await state.feed(
-                redis, rec.id, cursor, line_no, next_line, next_offset, running.to_json()
+                fence, rec.id, cursor, line_no, next_line, next_offset, running.to_json()
             ):
                 return fed
             await send(ctx, rec, line.request, running, [False] * len(running.jobs))  # none sent yet
@@ -104,7 +104,7 @@ async def feed(ctx: ApiContext, rec: BatchRecord, parts: Parts, count: int) -> i
         fed += 1
     if chunk.at_end:
         rec.fed_all = True
-        await state.update(redis, rec.id, fed_all=1)
+        await state.update(fence, rec.id, fed_all=1)
     return fed
 
 

@@ -1,15 +1,17 @@
 """Ending a batch: its part files merged into its output and error files (a torn line dropped,
 one line per request id: the first copy, an output line winning over an error line), registered
 as the tenant's files (purpose "batch_output"), the counts set from what was written, the status
-set. The file ids derive from the batch's, so finalizing again after a crash rewrites the same
-files. An expired batch's unanswered lines go to the error file as OpenAI writes them."""
+set, all in one fenced script (state.finish) that ends the batch only once: the files are new ones
+each time (fresh ids), so a finalize that comes second (a runner that lost its lease, or a
+cancel that came first) never replaces another's files; it removes its own, unnamed. A crash
+between the merge and the script leaves unnamed files behind (the file store's collector's).
+An expired batch's unanswered lines go to the error file as OpenAI writes them."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import time
-import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,16 +21,11 @@ from api.batches.lines import line_id, numbered, unrun_line
 from api.batches.parts import error_part, output_part, read_part
 from api.batches.records import BatchRecord, Status
 from api.context import ApiContext
-from api.files import records as file_records
 from api.files.records import FileRecord
-from api.files.store import FileStore
+from api.files.store import FileStore, new_file_id
 
-_FILE_IDS = uuid.UUID("c2b8f5f4-7d2a-4a8e-9a53-0e6a1f3d7b25")
+_PURPOSE = "batch_output"
 EXPIRED = "This request could not be executed before the completion window expired."
-
-
-def file_id(batch_id: str, kind: str) -> str:
-    return f"file-{uuid.uuid5(_FILE_IDS, f'{batch_id}:{kind}').hex}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,13 +36,15 @@ class Merged:
     error_bytes: int
 
 
-def merge(store: FileStore, rec: BatchRecord, unrun: list[tuple[int, int]] | None) -> Merged:
-    """unrun: for an expired batch, the (line, offset) of lines fed but unanswered; the lines never
-    fed (from the cursor on) are unanswered too."""
+def merge(
+    store: FileStore, rec: BatchRecord, unrun: list[tuple[int, int]] | None, ids: tuple[str, str]
+) -> Merged:
+    """Into new files `ids` (output, error). unrun: for an expired batch, the (line, offset) of
+    lines fed but unanswered; the lines never fed (from the cursor on) are unanswered too."""
     seen: set[str] = set()
     sizes = []
-    for kind, part in (("output", output_part(rec.id)), ("error", error_part(rec.id))):
-        writer = store.create(file_id(rec.id, kind))
+    for kind, part, fid in (("output", output_part(rec.id), ids[0]), ("error", error_part(rec.id), ids[1])):
+        writer = store.create(fid)
         count = size = 0
         try:
             for record in read_part(store, part):
@@ -95,40 +94,47 @@ def _expired(batch_id: str, line_no: int, text: bytes) -> dict[str, Any]:
     )
 
 
-async def finalize(ctx: ApiContext, rec: BatchRecord, end: Status, *from_: Status) -> None:
-    """Write the batch's files and end it `end` (from one of `from_`)."""
+async def finalize(
+    ctx: ApiContext,
+    fence: state.Fence,
+    rec: BatchRecord,
+    end: Status,
+    *from_: Status,
+    errors: list[dict[str, Any]] | None = None,
+) -> bool:
+    """Write the batch's files and end it `end` (from one of `from_`); False if it was not in one
+    of them (another runner ended it, or a cancel came first): then nothing is changed, and the
+    files written here are removed (no record names them)."""
     store = ctx.files
-    redis = ctx.jobs.redis
     unrun = None
     if end == "expired":
-        fed = await state.running(redis, rec.id)
+        fed = await state.running(ctx.jobs.redis, rec.id)
         unrun = [(n, Running.from_json(text).offset) for n, text in fed.items()]
-    merged = await asyncio.to_thread(merge, store, rec, unrun)
-    now = int(time.time())
-    ids = {}
-    for kind, count, size in (
-        ("output", merged.output, merged.output_bytes),
-        ("error", merged.errors, merged.error_bytes),
-    ):
-        fid = file_id(rec.id, kind)
-        if not count:
-            await asyncio.to_thread(store.delete, fid)
-            ids[kind] = ""
-            continue
-        name = f"{rec.id}_{kind}.jsonl"
-        await file_records.save(
-            redis, FileRecord(fid, rec.tenant, size, now, name, "batch_output", lines=count)
+    ids = (new_file_id(), new_file_id())
+    ended = False
+    files: dict[str, dict[str, str]] = {}
+    try:
+        merged = await asyncio.to_thread(merge, store, rec, unrun, ids)
+        now = int(time.time())
+        files = {
+            kind: FileRecord(
+                fid, rec.tenant, size, now, f"{rec.id}_{kind}.jsonl", _PURPOSE, lines=count
+            ).to_hash()
+            for kind, fid, count, size in (
+                ("output", ids[0], merged.output, merged.output_bytes),
+                ("error", ids[1], merged.errors, merged.error_bytes),
+            )
+            if count
+        }
+        ending = state.Ending(
+            end, files.get("output"), files.get("error"), merged.output, merged.errors, errors
         )
-        ids[kind] = fid
-    await state.update(
-        redis,
-        rec.id,
-        output_file_id=ids["output"],
-        error_file_id=ids["error"],
-        completed=merged.output,
-        failed=merged.errors,
-    )
-    if await state.transition(redis, rec.id, end, now, *from_):
-        await state.ended(redis, rec.id)
-        for part in (output_part(rec.id), error_part(rec.id)):
-            await asyncio.to_thread(store.delete, part)
+        ended = await state.finish(fence, rec, ending, now, time.time(), *from_)
+    finally:
+        kinds = zip(ids, ("output", "error"), strict=True)
+        unused = [fid for fid, kind in kinds if not ended or kind not in files]
+        if ended:
+            unused += [output_part(rec.id), error_part(rec.id)]
+        for name in unused:
+            await asyncio.to_thread(store.delete, name)
+    return ended

@@ -1,6 +1,7 @@
 """A batch's record in the queue Redis: hash `keys.batch_record(id)` (OpenAI's Batch fields, its
 tenant, its live counts and the runner's cursor into its input file), listed under its tenant
-(`keys.tenant_batches`, by created_at) and, until it ends, in `keys.BATCHES_ACTIVE`.
+(`keys.tenant_batches`, by created_at) and, until it ends, in `keys.BATCHES_ACTIVE` and among
+its input file's readers (`keys.file_readers`: the file cannot be deleted meanwhile).
 
 Another tenant's batch answers as if there were none: the routes give 404 whoever asks."""
 
@@ -123,6 +124,7 @@ async def create(redis: Redis, rec: BatchRecord) -> None:
     pipe.hset(keys.batch_record(rec.id), mapping=rec.to_hash())  # type: ignore[arg-type]
     pipe.zadd(keys.tenant_batches(rec.tenant), {rec.id: rec.created_at})
     pipe.zadd(keys.BATCHES_ACTIVE, {rec.id: rec.created_at})
+    pipe.sadd(keys.file_readers(rec.input_file_id), rec.id)  # its input cannot be deleted until it ends
     await pipe.execute()
 
 
@@ -160,3 +162,18 @@ async def active(redis: Redis) -> list[str]:
     """Every batch not yet ended, oldest first."""
     ids: Any = await redis.zrange(keys.BATCHES_ACTIVE, 0, -1)
     return [i.decode() for i in ids]
+
+
+async def readers(redis: Redis, file_id: str) -> list[str]:
+    """The batches not yet ended that read this file; a reader whose record is gone or ended (a
+    crash between its end and this list's update) is dropped from the list."""
+    ids: Any = await redis.smembers(keys.file_readers(file_id))
+    live = []
+    for raw in ids:
+        batch_id = raw.decode()
+        rec = await load(redis, batch_id)
+        if rec is None or rec.ended:
+            await redis.srem(keys.file_readers(file_id), batch_id)
+        else:
+            live.append(batch_id)
+    return sorted(live)

@@ -4,7 +4,14 @@ finished lines, end batches (completed, cancelled, expired), then feed lines whi
 free slots (fair between tenants by weight, the oldest batch of a tenant first).
 
 Everything it knows is in Redis (records, cursors, running lines) and the file store (parts), so
-another replica that takes the lease over, or this one restarted, resumes where it stopped."""
+another replica that takes the lease over, or this one restarted, resumes where it stopped. Every
+write it makes is fenced by the lease's token (api/batches/lease.py, state.py): a runner that
+lost the lease mid-pass stops at its next write, having written nothing more.
+
+A batch whose input file is gone (deleted though the route refuses it while the batch runs, a
+crash, an operator) fails alone, its finished lines in its files. A batch whose pass fails
+otherwise is skipped for a while (doubling, up to BACKOFF_MAX_S), one warning each time: it
+never holds the others up, nor floods the log."""
 
 from __future__ import annotations
 
@@ -13,6 +20,8 @@ import json
 import logging
 import time
 from collections import Counter
+from collections.abc import Awaitable
+from typing import TypeVar
 
 from redis.exceptions import RedisError
 
@@ -23,31 +32,34 @@ from api.batches.fair import shares
 from api.batches.feeder import Running, feed
 from api.batches.finalize import finalize
 from api.batches.input import validate
+from api.batches.lease import RunnerLease
 from api.batches.metrics import BatchMetrics
 from api.batches.parts import Parts
-from api.batches.records import BatchRecord
+from api.batches.records import BatchRecord, Status
 from api.context import ApiContext
 from api.dispatch.capacity import free_slots
-from api.dispatch.lease import DispatchLease, api_name
+from api.dispatch.lease import api_name
 from broker import keys
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 PASS_S = 0.1  # between passes (a finished line's seat is fed again within one)
 LEASE_TTL_S = 5.0  # a runner that dies is replaced within this
 CANCEL_GRACE_S = 3.0  # a cancelled batch's running lines may still finish this long
+BACKOFF_S = 1.0  # a batch whose pass failed is skipped this long, doubled at each failure in a row
+BACKOFF_MAX_S = 60.0
 
 
 class BatchRunner:
-    def __init__(self, ctx: ApiContext) -> None:
+    def __init__(self, ctx: ApiContext, name: str | None = None) -> None:
         self.ctx = ctx
         self.metrics = BatchMetrics(ctx.metrics.registry)
         self.parts = Parts(ctx.files, self.metrics)
         self.collector = Collector(ctx, self.parts)
-        self.lease = DispatchLease(
-            ctx.jobs.redis, api_name(), LEASE_TTL_S, keys.BATCH_RUNNER_LEASE, "the batch runner"
-        )
+        self.lease = RunnerLease(ctx.jobs.redis, name or api_name(), LEASE_TTL_S)
         self.failures = FailureLog("batch runner", log)
         self._cancelled: set[str] = set()  # batches whose running jobs were cancelled
+        self._backoff: dict[str, tuple[float, float]] = {}  # batch -> (skipped until, its delay)
 
     async def run(self) -> None:
         while True:
@@ -59,8 +71,10 @@ class BatchRunner:
                 self.failures.passed()
             except asyncio.CancelledError:
                 raise
+            except state.LeaseLost:
+                self.lease.lost()
             except Exception as exc:  # Redis down, a broker hiccup: the next pass tries again
-                self.failures.failed(exc)
+                self.failures.failed(exc, expected=isinstance(exc, (RedisError, OSError)))
             await asyncio.sleep(PASS_S)
 
     async def release(self) -> None:
@@ -71,65 +85,79 @@ class BatchRunner:
         batches = [b for b in [await records.load(redis, i) for i in await records.active(redis)] if b]
         self.metrics.count(Counter(b.status for b in batches))
         self._cancelled &= {b.id for b in batches}  # ended batches are forgotten
+        self._backoff = {b.id: self._backoff[b.id] for b in batches if b.id in self._backoff}
+        self.collector.keep({b.id for b in batches})
         feedable: list[BatchRecord] = []
         for rec in batches:
-            try:  # one batch's trouble never holds the others up
-                if await self._step(rec, int(time.time())):
-                    feedable.append(rec)
-            except FileNotFoundError:  # its input file was deleted under it
-                await self._fail(rec, "file_not_found", "the input file was deleted", int(time.time()))
-            except RedisError:
-                raise
-            except Exception as exc:
-                log.warning("batch %s: %s: %s", rec.id, type(exc).__name__, exc)
+            if self._backoff.get(rec.id, (0.0, 0.0))[0] > time.monotonic():
+                continue
+            if await self._guarded(rec, self._step(rec, int(time.time()))):
+                feedable.append(rec)
         await self._feed(batches, feedable)
+
+    async def _guarded(self, rec: BatchRecord, step: Awaitable[T]) -> T | None:
+        """One batch's step or feed: its trouble never holds the others up."""
+        try:
+            got = await step
+            self._backoff.pop(rec.id, None)
+            return got
+        except FileNotFoundError:  # its input file is gone
+            await self._fail(rec, "file_not_found", "the input file was deleted", int(time.time()))
+        except (RedisError, state.LeaseLost):
+            raise
+        except Exception as exc:
+            delay = min(BACKOFF_MAX_S, 2 * self._backoff.get(rec.id, (0.0, BACKOFF_S / 2))[1])
+            self._backoff[rec.id] = (time.monotonic() + delay, delay)
+            log.warning("batch %s: %s: %s (skipped for %gs)", rec.id, type(exc).__name__, exc, delay)
+        return None
 
     async def _step(self, rec: BatchRecord, now: int) -> bool:
         """One pass over one batch; True when it has lines to feed."""
         redis = self.ctx.jobs.redis
+        fence = self.lease.fence
         if rec.status in ("validating", "in_progress") and now >= rec.expires_at:
-            await self.collector.collect(rec)  # what finished is written, the rest expires
+            await self.collector.collect(fence, rec)  # what finished is written, the rest expires
             await self._cancel_running(rec)
-            await finalize(self.ctx, rec, "expired", "validating", "in_progress")
+            await finalize(self.ctx, fence, rec, "expired", "validating", "in_progress")
         elif rec.status == "validating":
             await self._validate(rec, now)
         elif rec.status == "in_progress":
-            await self.collector.collect(rec)
+            await self.collector.collect(fence, rec)
             if not rec.fed_all:
                 return True
             idle = not await redis.hlen(keys.batch_running(rec.id))
-            if idle and await state.transition(redis, rec.id, "finalizing", now, "in_progress"):
-                await finalize(self.ctx, rec, "completed", "finalizing")
+            if idle and await state.transition(fence, rec.id, "finalizing", now, "in_progress"):
+                await finalize(self.ctx, fence, rec, "completed", "finalizing")
         elif rec.status == "finalizing":  # a runner died finalizing it
-            await finalize(self.ctx, rec, "completed", "finalizing")
+            await finalize(self.ctx, fence, rec, "completed", "finalizing")
         elif rec.status == "cancelling":
             await self._cancel_running(rec)
-            await self.collector.collect(rec)
+            await self.collector.collect(fence, rec)
             left = await redis.hlen(keys.batch_running(rec.id))
             if not left or now - rec.cancelling_at >= CANCEL_GRACE_S:
-                await finalize(self.ctx, rec, "cancelled", "cancelling")
+                await finalize(self.ctx, fence, rec, "cancelled", "cancelling")
         elif rec.ended:  # ended, but still listed (a crash between the two writes)
-            await state.ended(redis, rec.id)
+            await state.ended(fence, rec)
         return False
 
     async def _fail(self, rec: BatchRecord, code: str, message: str, now: int) -> None:
-        redis = self.ctx.jobs.redis
+        """The batch fails alone: what finished is in its files (the lines not yet collected,
+        whose input is gone, are not), its parts removed, its running jobs cancelled."""
         error = {"code": code, "message": message, "param": "input_file_id", "line": None}
         await self._cancel_running(rec)
-        await state.update(redis, rec.id, errors=json.dumps([error]))
-        if await state.transition(redis, rec.id, "failed", now, "validating", "in_progress", "cancelling"):
-            await state.ended(redis, rec.id)
+        from_: tuple[Status, ...] = ("validating", "in_progress", "finalizing", "cancelling")
+        await finalize(self.ctx, self.lease.fence, rec, "failed", *from_, errors=[error])
 
     async def _validate(self, rec: BatchRecord, now: int) -> None:
-        redis = self.ctx.jobs.redis
+        fence = self.lease.fence
         total, errors = await asyncio.to_thread(validate, self.ctx.files, rec.input_file_id)
         if errors:
-            await state.update(redis, rec.id, errors=json.dumps(errors), total=total)
-            if await state.transition(redis, rec.id, "failed", now, "validating"):
-                await state.ended(redis, rec.id)
+            await state.update(fence, rec.id, errors=json.dumps(errors), total=total)
+            if await state.transition(fence, rec.id, "failed", now, "validating"):
+                await state.ended(fence, rec)
             return
-        await state.update(redis, rec.id, total=total)
-        await state.transition(redis, rec.id, "in_progress", now, "validating")
+        await state.update(fence, rec.id, total=total)
+        await state.transition(fence, rec.id, "in_progress", now, "validating")
 
     async def _cancel_running(self, rec: BatchRecord) -> None:
         if rec.id in self._cancelled:
@@ -158,4 +186,5 @@ class BatchRunner:
         share = shares(load, weights, slots)
         for rec in feedable:  # oldest first (the active list is by created_at)
             if share[rec.tenant] > 0:
-                share[rec.tenant] -= await feed(self.ctx, rec, self.parts, share[rec.tenant])
+                fed = feed(self.ctx, self.lease.fence, rec, self.parts, share[rec.tenant])
+                share[rec.tenant] -= await self._guarded(rec, fed) or 0

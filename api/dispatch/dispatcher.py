@@ -78,6 +78,9 @@ class Dispatcher:
             except (RedisError, OSError) as exc:
                 self.failures.failed(exc)
                 out = None
+            except Exception as exc:  # a bug: logged, counted (/metrics), and the loop goes on
+                self.failures.failed(exc, expected=False)
+                out = None  # the next pass a follower's period later: a backoff, not a spin
             period = FOLLOWER_PERIOD_S if out is None else BUSY_PERIOD_S if out.parked else IDLE_PERIOD_S
             self.jobs.wake.clear()
             # asyncio.timeout, not wait_for: Python 3.11's wait_for may swallow a cancel that

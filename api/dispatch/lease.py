@@ -29,7 +29,8 @@ def api_name() -> str:
 
 
 class DispatchLease:
-    """key/role: another api-wide duty held the same way (the batch runner's, api/batches/runner.py)."""
+    """key/role: another api-wide duty may be held the same way (the batch runner has its own, fenced
+    by an epoch: api/batches/lease.py)."""
 
     def __init__(
         self,

@@ -13,10 +13,11 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from redis.asyncio import Redis
+from redis.exceptions import WatchError
 
 from broker import keys
 
-__all__ = ["PURPOSES", "FileRecord", "delete", "get", "list_files", "save"]
+__all__ = ["PURPOSES", "FileInUse", "FileRecord", "delete", "get", "list_files", "save"]
 
 # What a client may upload ("batch_output" is what the batch runner writes).
 PURPOSES = ("batch", "user_data")
@@ -85,15 +86,30 @@ async def get(redis: Redis, tenant: str, file_id: str) -> FileRecord | None:
     return rec if rec.tenant == tenant else None
 
 
+class FileInUse(Exception):
+    """A batch not yet ended reads the file (keys.file_readers)."""
+
+
 async def delete(redis: Redis, tenant: str, file_id: str) -> bool:
-    """Forget the tenant's file; False when it has none of that id. The caller removes the contents."""
+    """Forget the tenant's file; False when it has none of that id; FileInUse while a batch reads
+    it (checked atomically with the delete: a batch created meanwhile is seen). The caller removes
+    the contents."""
     if await get(redis, tenant, file_id) is None:
         return False
-    pipe = redis.pipeline(transaction=True)
-    pipe.delete(keys.file_record(file_id))
-    pipe.zrem(keys.tenant_files(tenant), file_id)
-    await pipe.execute()
-    return True
+    readers = keys.file_readers(file_id)
+    async with redis.pipeline(transaction=True) as pipe:
+        while True:
+            try:
+                await pipe.watch(readers)
+                if await pipe.scard(readers):
+                    raise FileInUse(file_id)
+                pipe.multi()
+                pipe.delete(keys.file_record(file_id))
+                pipe.zrem(keys.tenant_files(tenant), file_id)
+                await pipe.execute()
+                return True
+            except WatchError:
+                continue
 
 
 async def list_files(

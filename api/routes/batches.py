@@ -5,7 +5,7 @@ batch's record. A batch belongs to its tenant: another tenant's id names nothing
 from __future__ import annotations
 
 import time
-from typing import Any, Literal
+from typing import Any
 
 from fastapi import APIRouter, Query
 from pydantic import BaseModel, ConfigDict, Field
@@ -16,6 +16,7 @@ from api.batches.records import BatchRecord
 from api.context import Ctx
 from api.errors import ApiError
 from api.files import records as file_records
+from api.ids import is_batch_id, is_file_id
 
 router = APIRouter(prefix="/v1/batches")
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions")
@@ -54,7 +55,8 @@ async def create_batch(body: CreateBatch, ctx: Ctx, tenant: Tenant) -> dict[str,
             400, "metadata: at most 16 pairs, keys up to 64 and values up to 512 characters", param="metadata"
         )
     redis = ctx.jobs.redis
-    found = await file_records.get(redis, tenant, body.input_file_id)
+    input_id = body.input_file_id
+    found = await file_records.get(redis, tenant, input_id) if is_file_id(input_id) else None
     if found is None:
         raise ApiError(404, f"No such File object: {body.input_file_id}", "not_found_error", "input_file_id")
     if found.purpose != "batch":
@@ -79,7 +81,7 @@ async def create_batch(body: CreateBatch, ctx: Ctx, tenant: Tenant) -> dict[str,
 
 @router.get("/{batch_id}")
 async def get_batch(batch_id: str, ctx: Ctx, tenant: Tenant) -> dict[str, Any]:
-    rec = await records.get(ctx.jobs.redis, tenant, batch_id)
+    rec = await records.get(ctx.jobs.redis, tenant, batch_id) if is_batch_id(batch_id) else None
     if rec is None:
         raise _not_found(batch_id)
     return rec.to_openai()
@@ -104,11 +106,10 @@ async def list_batches(
 async def cancel_batch(batch_id: str, ctx: Ctx, tenant: Tenant) -> dict[str, Any]:
     """The runner stops feeding it, cancels its running lines and writes what finished."""
     redis = ctx.jobs.redis
-    rec = await records.get(redis, tenant, batch_id)
+    rec = await records.get(redis, tenant, batch_id) if is_batch_id(batch_id) else None
     if rec is None:
         raise _not_found(batch_id)
-    cancellable: tuple[Literal["validating", "in_progress"], ...] = ("validating", "in_progress")
-    if not await state.transition(redis, batch_id, "cancelling", int(time.time()), *cancellable):
+    if not await state.cancel(redis, batch_id, int(time.time())):
         rec = await records.get(redis, tenant, batch_id)
         assert rec is not None
         if rec.status not in ("cancelling", "cancelled"):

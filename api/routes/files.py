@@ -14,12 +14,14 @@ from fastapi.responses import StreamingResponse
 from starlette.requests import ClientDisconnect
 
 from api.auth import Tenant
+from api.batches import records as batch_records
 from api.context import Ctx
 from api.errors import ApiError
 from api.files import records
 from api.files.records import PURPOSES, FileRecord
 from api.files.store import new_file_id
 from api.files.upload import check_declared_size, receive
+from api.ids import is_file_id
 
 router = APIRouter(prefix="/v1/files")
 
@@ -31,7 +33,7 @@ def _not_found(file_id: str) -> ApiError:
 
 
 async def _record(ctx: Ctx, tenant: str, file_id: str) -> FileRecord:
-    rec = await records.get(ctx.jobs.redis, tenant, file_id)
+    rec = await records.get(ctx.jobs.redis, tenant, file_id) if is_file_id(file_id) else None
     if rec is None:
         raise _not_found(file_id)
     return rec
@@ -123,10 +125,27 @@ async def file_content(file_id: str, ctx: Ctx, tenant: Tenant) -> StreamingRespo
     return StreamingResponse(_chunks(f), media_type="application/octet-stream", headers=headers)
 
 
+def _in_use(file_id: str, batches: list[str]) -> ApiError:
+    which = f" (batch {batches[0]})" if batches else ""
+    message = (
+        f"File {file_id} is the input of a batch that has not ended{which}: "
+        "cancel the batch or wait for it to end first."
+    )
+    return ApiError(409, message, "invalid_request_error", "file_id", "file_in_use")
+
+
 @router.delete("/{file_id}")
 async def delete_file(file_id: str, ctx: Ctx, tenant: Tenant) -> dict[str, Any]:
-    if not await records.delete(ctx.jobs.redis, tenant, file_id):
-        raise _not_found(file_id)
+    """Refused (409, file_in_use) while a batch not yet ended reads the file: docs/batches.md."""
+    redis = ctx.jobs.redis
+    await _record(ctx, tenant, file_id)
+    if reading := await batch_records.readers(redis, file_id):
+        raise _in_use(file_id, reading)
+    try:
+        if not await records.delete(redis, tenant, file_id):
+            raise _not_found(file_id)
+    except records.FileInUse:
+        raise _in_use(file_id, []) from None
     await asyncio.to_thread(ctx.files.delete, file_id)
     return {"id": file_id, "object": "file", "deleted": True}
 

@@ -12,6 +12,7 @@ from api.auth import Tenant
 from api.completion import settle
 from api.context import Ctx
 from api.errors import ApiError
+from api.ids import is_job_id
 from api.jobs import tenant_jobs
 from api.jobs.meta import JobMeta
 from api.jobs.view import FINAL_STATUSES, job_view
@@ -25,7 +26,7 @@ router = APIRouter(prefix="/v1/jobs")
 
 
 async def _meta(ctx: Ctx, job_id: str, tenant: str) -> JobMeta:
-    meta = await ctx.jobs.meta(job_id)
+    meta = await ctx.jobs.meta(job_id) if is_job_id(job_id) else None
     if meta is None or meta.tenant != tenant:  # another tenant's job does not exist for you
         raise ApiError(404, f"no job {job_id!r}", "not_found_error", "job_id", "job_not_found")
     return meta

@@ -4,7 +4,11 @@ same lines as one batch (and a few bad lines) and, while it runs, SIGKILLs worke
 queue's Redis and SIGKILLs the api (each started again). Then it reads the output and error files
 and counts, by custom_id: lost (in neither file), duplicated (more than once across both),
 failed (a good line in the error file) and mismatched (not the reference's answer, token for
-token as text). `lines_exactly_once` holds when every line is in exactly one file, once."""
+token as text). `lines_exactly_once` holds when every line is in exactly one file, once.
+
+With its races (ops/chaos/batch_races.py): a second api replica racing the first for the runner's
+lease (the holder paused past the lease's TTL), side batches whose input file is deleted under
+them, fan-out lines, and the completed output file read again later: never empty, never changed."""
 
 from __future__ import annotations
 
@@ -22,6 +26,7 @@ import openai
 from openai import AsyncOpenAI, OpenAI
 
 from ops.bench import batch_client as bc
+from ops.chaos import batch_races as races
 from ops.chaos.fault_log import stamped
 from ops.chaos.faults import FaultInjector
 from ops.redis_server import free_port
@@ -43,12 +48,17 @@ class BatchChaosConfig:
     gap_s: tuple[float, float] = (1.0, 3.0)
     seed: int = 0
     timeout_s: float = 3600.0
+    api_replicas: int = 2  # 2: a second api races the first for the runner's lease
+    lease_pauses: int = 2  # the runner lease's holder SIGSTOPped past its TTL, then resumed
+    side_batches: int = 2  # batches whose input file is deleted under them
+    fanout_every: int = 10  # one good line in this many asks for `fanout_n` choices
+    fanout_n: int = 4
 
     @classmethod
     def quick(cls, **overrides: Any) -> BatchChaosConfig:
         from dataclasses import replace
 
-        base = cls(lines=60, max_tokens=16, kills=2, gap_s=(0.2, 0.6), timeout_s=300.0)
+        base = cls(lines=60, max_tokens=16, kills=2, gap_s=(0.2, 0.6), timeout_s=300.0, lease_pauses=1)
         return replace(base, **{k: v for k, v in overrides.items() if v is not None})
 
 
@@ -150,6 +160,9 @@ def run_batch_chaos(
         base = f"{stack.api_url}/v1"
         deadline = time.monotonic() + config.timeout_s
         bodies, bad = _lines(stack.settings.served_model, config.lines, config.max_tokens)
+        fanned = races.add_fanout(bodies, bad, config.fanout_every, config.fanout_n)
+        if config.api_replicas > 1:
+            races.start_replica(stack)
         log(stamped(f"reference: {len(bodies) - len(bad)} lines answered online, no faults"))
         reference = asyncio.run(_reference(base, {k: v for k, v in bodies.items() if k not in bad}))
         client = OpenAI(base_url=base, api_key=API_KEY, max_retries=0, timeout=60)
@@ -163,17 +176,37 @@ def run_batch_chaos(
         )  # fmt: skip
         faults.plan = plan(config)
         faults.start()
+        pauses = config.lease_pauses if config.api_replicas > 1 else 0
+        # its first pause after the quick faults (a Redis restart, an api SIGKILL) are done
+        racer = races.LeaseRacer(stack, pauses, 5.0, lambda m: log(stamped(m)))
+        racer.start()
+        model, files_dir = stack.settings.served_model, stack.settings.api_config().files_dir
+        side = _retrying(lambda: races.side_batches(client, model, config.side_batches, files_dir), deadline)
         try:
             batch = _wait(client, batch.id, deadline)
             ended = time.monotonic()
         finally:
             faults.stop()  # a fault after the batch ended tests nothing: the rest of the plan is dropped
+            racer.stop()
         duration = ended - started
         batch = _wait(client, batch.id, deadline)
         output = _retrying(lambda: bc.read_lines(client, batch.output_file_id), deadline)
         errors = _retrying(lambda: bc.read_lines(client, batch.error_file_id), deadline)
+        sides = _retrying(lambda: races.side_outcomes(client, side["ids"], deadline, bc.TERMINAL), deadline)
+        wait_s = races.LEASE_PAUSE_S
+        stable = _retrying(lambda: races.output_stable(client, batch.output_file_id, wait_s), deadline)
         client.close()
     result = count(output, errors, reference, bad)
+    result.update(
+        fanout_lines=len(fanned),
+        fanout_short=races.fanout_short(output, fanned, config.fanout_n),
+        input_deletes_refused=side["input_deletes_refused"],
+        input_deletes_allowed=side["input_deletes_allowed"],
+        lease_pauses=racer.done,
+        lease_takeovers=sum(1 for e in racer.epochs if e > 0),
+        **sides,
+        **stable,
+    )
     fault_log = faults.log
     result.update(
         batch_status=batch.status,
@@ -190,6 +223,12 @@ def run_batch_chaos(
         and result["lines_mismatched"] == 0
         and result["lines_failed"] == 0
         and batch.status == "completed"
+        and result["fanout_short"] == 0
+        and result["input_deletes_allowed"] == 0
+        and result["side_stuck"] == 0
+        and result["side_duplicated"] == 0
+        and not result["output_empty_after_completed"]
+        and not result["output_changed_after_completed"]
     )
     return result
 
@@ -198,6 +237,8 @@ def render(result: dict[str, Any]) -> str:
     keys = (
         "batch_status", "lines_total", "lines_completed", "error_lines", "lines_lost", "lines_duplicated",
         "lines_failed", "lines_mismatched", "lines_exactly_once", "kills", "redis_restarts",
-        "api_restarts", "duration_s", "passed",
+        "api_restarts", "fanout_lines", "fanout_short", "input_deletes_refused", "input_deletes_allowed",
+        "side_ended_alone", "side_stuck", "lease_pauses", "lease_takeovers", "output_empty_after_completed",
+        "output_changed_after_completed", "duration_s", "passed",
     )  # fmt: skip
     return "\n".join(f"{k:20s} {result[k]}" for k in keys)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from api.batches import lines
 from api.batches.fair import shares
-from api.batches.finalize import file_id, merge
+from api.batches.finalize import merge
 from api.batches.input import read_at, read_from, validate
 from api.batches.parts import error_part, output_part
 from api.batches.records import BatchRecord
@@ -59,11 +59,11 @@ def test_merge_drops_torn_lines_and_keeps_one_line_per_request(tmp_path: Path) -
     _store(
         tmp_path, error_part(rec.id), json.dumps(bad).encode() + b"\n" + json.dumps(again).encode() + b"\n"
     )
-    merged = merge(store, rec, None)
+    merged = merge(store, rec, None, ("out", "err"))
     assert (merged.output, merged.errors) == (2, 1)
-    with store.open(file_id(rec.id, "output")) as f:
+    with store.open("out") as f:
         assert [json.loads(x)["custom_id"] for x in f] == ["c1", "c2"]
-    with store.open(file_id(rec.id, "error")) as f:
+    with store.open("err") as f:
         assert [json.loads(x)["custom_id"] for x in f] == ["c3"]
 
 

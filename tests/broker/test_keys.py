@@ -1,6 +1,10 @@
-"""Key formats: no (tenant, session id) pair can name another pair's keys, whatever it holds."""
+"""Key formats: no (tenant, session id) pair can name another pair's keys, whatever it holds; no
+tenant, job, file or batch id can name a global key or another id's key."""
 
 from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
 
 from broker import keys
 
@@ -19,3 +23,36 @@ def test_session_keys_never_collide_across_sessions_or_kinds() -> None:
             ):
                 assert key not in seen, f"{(tenant, sid, kind)} and {seen[key]} share {key}"
                 seen[key] = (tenant, sid, kind)
+
+
+def _one_name_formats() -> dict[str, Callable[[str], str]]:
+    """Every key format of one caller-given name (a tenant, job, file, batch, worker id...)."""
+    out = {}
+    for name, f in vars(keys).items():
+        if callable(f) and not name.startswith("_") and name != "parse_session_member":
+            params = list(inspect.signature(f).parameters)
+            if len(params) == 1:
+                out[name] = f
+    return out
+
+
+def _globals() -> set[str]:
+    return {v for n, v in vars(keys).items() if n.isupper() and isinstance(v, str)}
+
+
+def test_no_name_spells_a_global_key_or_another_names_key() -> None:
+    """A tenant named `active` once read every tenant's active batches: its list was the runner's
+    global one. Crafted names: the globals' tails and every name followed by every suffix."""
+    formats = _one_name_formats()
+    assert {"tenant_batches", "tenant_files", "batch_record", "file_record", "job_meta"} <= set(formats)
+    suffixes = {f("\0").rpartition("\0")[2] for f in formats.values()}
+    tails = {g.split(":", 1)[1] for g in _globals() if ":" in g} | {g.rpartition(":")[2] for g in _globals()}
+    bases = {"", "a", "x:y", *tails}
+    names = bases | {b + s for b in bases for s in suffixes}
+    seen: dict[str, tuple[str, str]] = {g: ("global", g) for g in _globals()}
+    for fname, f in formats.items():
+        for name in names:
+            key = f(name)
+            assert key not in seen, f"{fname}({name!r}) and {seen[key]} share {key!r}"
+            seen[key] = (fname, name)
+    assert keys.tenant_batches("active") != keys.BATCHES_ACTIVE

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ops.chaos.batch import BatchChaosConfig, count, plan
+from ops.chaos.batch_races import add_fanout, fanout_short, holder_pid
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -35,6 +36,16 @@ def test_count_finds_lost_duplicated_failed_and_mismatched_lines() -> None:
     assert clean["lines_exactly_once"] and clean["lines_lost"] == clean["lines_mismatched"] == 0
     gone = count([_line("a", "x")], [], {"a": "x", "b": "y"}, {"bad"})
     assert gone["lines_lost"] == 2 and not gone["lines_exactly_once"]
+
+
+def test_fanout_lines_and_the_lease_holders_pid() -> None:
+    bodies = {f"line-{i}": {"max_tokens": 2} for i in range(6)}
+    fanned = add_fanout(bodies, {"line-2"}, 2, 4)
+    assert fanned == {"line-0", "line-4"} and bodies["line-0"]["n"] == 4 and "n" not in bodies["line-2"]
+    full = {"custom_id": "line-0", "response": {"body": {"choices": [{}] * 4}}}
+    cut = {"custom_id": "line-4", "response": {"body": {"choices": [{}]}}}
+    assert fanout_short([full, cut], fanned, 4) == 1
+    assert holder_pid("7|api@host-1:4242") == 4242 and holder_pid("") is None
 
 
 def test_plan_puts_the_quick_faults_early() -> None:
@@ -62,7 +73,7 @@ def test_chaos_batch_quick_every_line_once(
         env=env,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=420,  # the races add a second api, a 6.5 s pause and a 6.5 s re-read
     )
     print(done.stderr[-3000:], done.stdout, sep="\n")
     assert out.exists(), done.stdout[-3000:] + done.stderr[-3000:]
@@ -72,4 +83,12 @@ def test_chaos_batch_quick_every_line_once(
     assert result["lines_exactly_once"] and result["lines_lost"] == 0, summary
     assert result["lines_mismatched"] == 0 and result["lines_failed"] == 0, summary
     assert result["kills"] >= 1 and result["api_restarts"] == 1 and result["redis_restarts"] == 1, summary
+    # the races: a second api took the lease from a paused holder; the deleted inputs' batches
+    # ended alone (the deletes refused); fan-out lines whole; the output file stable and not empty
+    assert result["lease_pauses"] == 1 and result["lease_takeovers"] == 1, summary
+    assert result["input_deletes_allowed"] == 0 and result["input_deletes_refused"] == 2, summary
+    assert result["side_stuck"] == 0 and result["side_ended_alone"] == 2, summary
+    assert result["fanout_lines"] > 0 and result["fanout_short"] == 0, summary
+    assert not result["output_empty_after_completed"], summary
+    assert not result["output_changed_after_completed"], summary
     assert done.returncode == 0, summary

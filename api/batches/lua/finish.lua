@@ -1,0 +1,34 @@
+-- Ending a batch, once: its output and error files registered and named in its record, its counts
+-- and status set, and it leaves the active list, all or nothing. A batch already out of the
+-- statuses it may end from (ended by another runner, or cancelled meanwhile) is left as it is (0):
+-- a second finalize changes nothing.
+-- KEYS[2]: the record, [3]: the active list, [4]: its running hash, [5]: its input's readers,
+-- [6]: the tenant's files, [7]: the output file's record, [8]: the error file's record.
+-- ARGV[2]: the end status, [3]: its time field, [4]: now, [5]: the batch id, [6]: the output
+-- file id, [7]: the error file id ('' for none), [8]: completed, [9]: failed, [10]: the errors
+-- (JSON; '' keeps them), [11], [12]: the two file records (JSON objects; '' for none), [13]: their
+-- score in the tenant's files, [14..]: the statuses it may end from.
+local status = redis.call('HGET', KEYS[2], 'status')
+if not status then return 0 end
+local may = false
+for i = 14, #ARGV do
+  if ARGV[i] == status then may = true end
+end
+if not may then return 0 end
+for k, at in pairs({[7] = 11, [8] = 12}) do
+  if ARGV[at] ~= '' then
+    local rec = cjson.decode(ARGV[at])
+    redis.call('DEL', KEYS[k])
+    for field, value in pairs(rec) do
+      redis.call('HSET', KEYS[k], field, tostring(value))
+    end
+    redis.call('ZADD', KEYS[6], ARGV[13], rec['id'])
+  end
+end
+redis.call('HSET', KEYS[2], 'status', ARGV[2], ARGV[3], ARGV[4], 'output_file_id', ARGV[6],
+  'error_file_id', ARGV[7], 'completed', ARGV[8], 'failed', ARGV[9])
+if ARGV[10] ~= '' then redis.call('HSET', KEYS[2], 'errors', ARGV[10]) end
+redis.call('ZREM', KEYS[3], ARGV[5])
+redis.call('DEL', KEYS[4])
+redis.call('SREM', KEYS[5], ARGV[5])
+return 1
