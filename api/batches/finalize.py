@@ -18,6 +18,7 @@ from api.batches.feeder import Running
 from api.batches.lines import line_id, numbered, unrun_line
 from api.batches.parts import error_part, output_part, read_part
 from api.batches.records import BatchRecord, Status
+from api.batches.retention import output_expires_at
 from api.context import ApiContext
 from api.files import records as file_records
 from api.files.records import FileRecord
@@ -105,6 +106,7 @@ async def finalize(ctx: ApiContext, rec: BatchRecord, end: Status, *from_: Statu
         unrun = [(n, Running.from_json(text).offset) for n, text in fed.items()]
     merged = await asyncio.to_thread(merge, store, rec, unrun)
     now = int(time.time())
+    expires_at = output_expires_at(rec, now)
     ids = {}
     for kind, count, size in (
         ("output", merged.output, merged.output_bytes),
@@ -117,7 +119,8 @@ async def finalize(ctx: ApiContext, rec: BatchRecord, end: Status, *from_: Statu
             continue
         name = f"{rec.id}_{kind}.jsonl"
         await file_records.save(
-            redis, FileRecord(fid, rec.tenant, size, now, name, "batch_output", lines=count)
+            redis,
+            FileRecord(fid, rec.tenant, size, now, name, "batch_output", lines=count, expires_at=expires_at),
         )
         ids[kind] = fid
     await state.update(

@@ -13,6 +13,7 @@ from typing import Any
 
 from redis.asyncio import Redis
 
+from api.batches import retention
 from api.batches.records import Status
 from broker import keys
 
@@ -79,8 +80,10 @@ async def running(redis: Redis, batch_id: str) -> dict[int, str]:
 
 
 async def ended(redis: Redis, batch_id: str) -> None:
-    """Out of the runner's list; its running hash is gone (nothing runs for it any more)."""
+    """Out of the runner's list; its running hash is gone (nothing runs for it any more); its
+    record kept for its retention."""
     pipe = redis.pipeline(transaction=True)
     pipe.zrem(keys.BATCHES_ACTIVE, batch_id)
     pipe.delete(keys.batch_running(batch_id))
     await pipe.execute()
+    await retention.retain(redis, batch_id)
