@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -16,6 +17,7 @@ from api.config import ApiConfig
 from api.context import ApiContext
 from api.dispatch.dispatcher import Dispatcher
 from api.errors import install_error_handlers
+from api.file_sweeper import FileSweeper
 from api.files.store import DirStore
 from api.jobs.admission import Admission
 from api.jobs.client import JobClient
@@ -25,6 +27,8 @@ from api.schema import openapi_doc
 from api.tenants import KeyRing
 from api.tier_metrics import TierReader
 from api.tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
 
 
 def create_app(config: ApiConfig, tokenizer: Tokenizer | None = None) -> FastAPI:
@@ -59,12 +63,17 @@ def create_app(config: ApiConfig, tokenizer: Tokenizer | None = None) -> FastAPI
         runner = BatchRunner(ctx)  # runs batches while this api holds the runner's lease
         metrics.background.watch("batch_runner", runner.failures)
         task = asyncio.create_task(runner.run(), name="kvferry-batch-runner")
+        await secure_store(ctx)
+        sweeper = FileSweeper(ctx)  # one api of all sweeps the file store (api/file_sweeper.py)
+        sweeping = asyncio.create_task(sweeper.run(), name="kvferry-file-sweeper")
         yield
-        await stop_tasks(*[t for t in (dispatcher.task, task) if t is not None])  # together, bounded
+        loops = (dispatcher.task, task, sweeping)
+        await stop_tasks(*[t for t in loops if t is not None])  # together, bounded
         await dispatcher.stop()
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(STOP_WAIT_S):
                 await runner.release()
+                await sweeper.release()
         await ctx.jobs.close()
 
     app = FastAPI(title="kvferry", version="0.1.0", lifespan=lifespan)
@@ -81,6 +90,15 @@ def create_app(config: ApiConfig, tokenizer: Tokenizer | None = None) -> FastAPI
     app.include_router(files.router)
     openapi_doc.install(app)
     return app
+
+
+async def secure_store(ctx: ApiContext) -> None:
+    """The file store made 0700/0600 (api/files/store.py); a store this user cannot change (a
+    volume another owns) is warned of, not fatal."""
+    try:
+        await asyncio.to_thread(ctx.files.secure)
+    except OSError as exc:
+        log.warning("the file store %s could not be made private: %s", ctx.config.files_dir, exc)
 
 
 def create_default_app() -> FastAPI:

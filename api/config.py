@@ -41,6 +41,14 @@ class ApiConfig:
     files_dir: Path = DEFAULTS.cache_dir / "files"  # /v1/files contents (api/files/store.py)
     files_max_bytes: int = int(DEFAULTS.files_max_bytes)
     files_max_lines: int = DEFAULTS.files_max_lines
+    files_batch_expiry_s: int = DEFAULTS.files_batch_expiry_s  # docs/api.md#retention; 0: kept
+    batch_output_expiry_s: int = DEFAULTS.batch_output_expiry_s
+    batch_retention_s: int = DEFAULTS.batch_retention_s
+    files_sweep_interval_s: float = DEFAULTS.files_sweep_interval_s  # api/files/sweeper.py
+    files_orphan_grace_s: int = DEFAULTS.files_orphan_grace_s
+    tenant_max_files: int = DEFAULTS.tenant_max_files  # quotas (api/files/quota.py); 0: no cap
+    tenant_max_file_bytes: int = int(DEFAULTS.tenant_max_file_bytes)
+    tenant_max_batches: int = DEFAULTS.tenant_max_batches
 
     def __post_init__(self) -> None:
         if self.routing not in get_args(Routing):
@@ -63,6 +71,10 @@ class ApiConfig:
             raise ValueError("default_max_tokens must be None or positive")
         if self.files_max_bytes <= 0 or self.files_max_lines <= 0:
             raise ValueError("files_max_bytes and files_max_lines must be positive")
+        retention = (self.files_batch_expiry_s, self.batch_output_expiry_s, self.batch_retention_s)
+        quotas = (self.tenant_max_files, self.tenant_max_file_bytes, self.tenant_max_batches)
+        if min(*retention, *quotas, self.files_orphan_grace_s) < 0 or self.files_sweep_interval_s <= 0:
+            raise ValueError("retention times and quotas must be >= 0 (0: none), files_sweep_interval_s > 0")
 
     @property
     def broker(self) -> BrokerConfig:

@@ -129,6 +129,16 @@ class SettingsFields(BaseModel):
     files_dir: UserPath | None = None  # /v1/files contents (a volume every api shares); None: cache_dir/files
     files_max_bytes: Size = ByteSize(200 * MiB)  # one uploaded file's size cap (OpenAI's); over it: 413
     files_max_lines: int = 50000  # lines of one purpose "batch" file (OpenAI's cap); over it: 400
+    # retention (docs/api.md#retention): 0 = kept until deleted
+    files_batch_expiry_s: int = 30 * 86400  # a purpose "batch" upload with no expires_after (OpenAI's)
+    batch_output_expiry_s: int = 30 * 86400  # a batch's output and error files, unless output_expires_after
+    batch_retention_s: int = 30 * 86400  # an ended batch's record
+    files_sweep_interval_s: float = 60.0  # the file sweeper's pass: expired contents and orphans removed
+    files_orphan_grace_s: int = 3600  # a content, part or temporary file with no owner this old is orphaned
+    # per-tenant quotas (over one: 429 naming it); 0 = no cap
+    tenant_max_files: int = 10000  # files stored (uploads and batch output)
+    tenant_max_file_bytes: Size = ByteSize(100 * GiB)  # bytes stored in them
+    tenant_max_batches: int = 100  # batches not yet ended
     flower_port: int = 5555
 
 

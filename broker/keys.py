@@ -239,3 +239,20 @@ BATCHES_ACTIVE = f"{PREFIX}:batches:active"  # ZSET batch id -> created_at: not 
 # BATCH_RUNNER_EPOCH, raised by every take: the fencing token every runner write is checked against.
 BATCH_RUNNER_LEASE = f"{PREFIX}:batches:runner:lease"
 BATCH_RUNNER_EPOCH = f"{PREFIX}:batches:runner:epoch"
+
+
+# Retention and quotas (api/files/quota.py, api/files/sweeper.py, api/batches/quota.py).
+def tenant_file_sizes(tenant: str) -> str:
+    """Hash file id -> bytes: the files a tenant stores, for its quotas (a file whose record has
+    expired leaves it at the next count)."""
+    return f"{PREFIX}:tenant:{tenant}:file-bytes"
+
+
+def tenant_open_batches(tenant: str) -> str:
+    """ZSET batch id -> when admitted: a tenant's batches that may not have ended, for its quota
+    (an ended one leaves it at the next count)."""
+    return f"{PREFIX}:tenant:{tenant}:open-batches"
+
+
+# Which api sweeps the file store (expired contents, orphans): a Lock, as the dispatcher's.
+FILES_SWEEPER_LEASE = f"{PREFIX}:files:sweeper:lease"

@@ -158,6 +158,7 @@ class Settings(SettingsFields, BaseSettings):
             default_max_tokens=None,
             files_dir=self.files_dir or self.cache_dir / "files",
             files_max_bytes=int(self.files_max_bytes),
+            tenant_max_file_bytes=int(self.tenant_max_file_bytes),
             redis_tier=self.redis_tier_on,
         )
 

@@ -20,6 +20,7 @@ from api.batches.feeder import Running
 from api.batches.lines import line_id, numbered, unrun_line
 from api.batches.parts import error_part, output_part, read_part
 from api.batches.records import BatchRecord, Status
+from api.batches.retention import output_expires_at
 from api.context import ApiContext
 from api.files.records import FileRecord
 from api.files.store import FileStore, new_file_id
@@ -116,9 +117,17 @@ async def finalize(
     try:
         merged = await asyncio.to_thread(merge, store, rec, unrun, ids)
         now = int(time.time())
+        expires_at = output_expires_at(rec, now)
         files = {
             kind: FileRecord(
-                fid, rec.tenant, size, now, f"{rec.id}_{kind}.jsonl", _PURPOSE, lines=count
+                fid,
+                rec.tenant,
+                size,
+                now,
+                f"{rec.id}_{kind}.jsonl",
+                _PURPOSE,
+                lines=count,
+                expires_at=expires_at,
             ).to_hash()
             for kind, fid, count, size in (
                 ("output", ids[0], merged.output, merged.output_bytes),

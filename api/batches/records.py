@@ -64,6 +64,9 @@ class BatchRecord:
     cursor_line: int = 1
     cursor_offset: int = 0
     fed_all: bool = False  # every line fed (or written as an error)
+    # retention (api/batches/retention.py), fixed at creation: 0 = kept
+    retain_s: int = 0  # the record, once ended
+    output_expires_s: int = 0  # the output and error files, once written
 
     def to_openai(self) -> dict[str, Any]:
         """OpenAI's Batch object."""
@@ -154,7 +157,11 @@ async def list_batches(
     pipe = redis.pipeline(transaction=False)
     for batch_id in ids[:limit]:
         pipe.hgetall(keys.batch_record(batch_id.decode()))
-    found = [BatchRecord.from_hash(raw) for raw in await pipe.execute() if raw]
+    raws = await pipe.execute()
+    gone = [batch_id for batch_id, raw in zip(ids, raws, strict=False) if not raw]
+    if gone:  # past their retention (api/batches/retention.py): out of the tenant's list too
+        await redis.zrem(zset, *gone)
+    found = [BatchRecord.from_hash(raw) for raw in raws if raw]
     return found, len(ids) > limit
 
 

@@ -5,19 +5,17 @@ writes nothing (api/batches/state.py raises LeaseLost)."""
 from __future__ import annotations
 
 from functools import cache
-from pathlib import Path
 from typing import Any
 
 from redis.asyncio import Redis
 
-_LUA = Path(__file__).with_name("lua")
+from api.lua import Script
 
 
 @cache
-def text(name: str, fenced: bool = False) -> str:
-    body = (_LUA / f"{name}.lua").read_text(encoding="utf-8")
-    return (_LUA / "fence.lua").read_text(encoding="utf-8") + body if fenced else body
+def _script(name: str, fenced: bool) -> Script:
+    return Script(__file__, name, prelude="fence" if fenced else None)
 
 
 async def run(redis: Redis, name: str, keys: list[str], args: list[Any], fenced: bool = False) -> Any:
-    return await redis.eval(text(name, fenced), len(keys), *keys, *args)  # type: ignore[misc,unused-ignore]
+    return await _script(name, fenced)(redis, keys, args)

@@ -81,8 +81,13 @@ async def running(redis: Redis, batch_id: str) -> dict[int, str]:
 
 async def ended(fence: Fence, rec: BatchRecord) -> None:
     """Out of the runner's list; its running hash is gone (nothing runs for it any more); its
-    input file may be deleted."""
-    batch_keys = [keys.BATCHES_ACTIVE, keys.batch_running(rec.id), keys.file_readers(rec.input_file_id)]
+    input file may be deleted; its record expires after its retention."""
+    batch_keys = [
+        keys.BATCHES_ACTIVE,
+        keys.batch_running(rec.id),
+        keys.file_readers(rec.input_file_id),
+        keys.batch_record(rec.id),
+    ]
     await fence.run("ended", batch_keys, [rec.id])
 
 
@@ -111,6 +116,7 @@ async def finish(fence: Fence, rec: BatchRecord, end: Ending, now: int, saved: f
         keys.tenant_files(rec.tenant),
         keys.file_record(out_id),
         keys.file_record(err_id),
+        keys.tenant_file_sizes(rec.tenant),
     ]
     args = [
         end.status,

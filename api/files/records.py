@@ -1,5 +1,10 @@
-"""A file's metadata in the queue Redis: hash `file_record(id)` and its tenant's ZSET
-`tenant_files(tenant)` (score: when saved). Contents live in the file store (store.py).
+"""A file's metadata in the queue Redis: hash `file_record(id)`, its tenant's ZSET
+`tenant_files(tenant)` (score: when saved) and its size in the tenant's `tenant_file_sizes` (for
+the quotas, api/files/quota.py). Contents live in the file store (store.py).
+
+A file with an `expires_at` is gone at that time: its record carries it as its Redis TTL (and
+reads as absent from then, whatever Redis's expiry lag), it leaves its tenant's lists at the
+tenant's next save, and the sweeper (sweeper.py) removes its contents.
 
 A file belongs to its tenant: `get` and `delete` of another tenant's id answer as if there were no
 such file, so the routes give 404 whoever asks."""
@@ -15,13 +20,16 @@ from typing import Any, Literal
 from redis.asyncio import Redis
 from redis.exceptions import WatchError
 
+from api.lua import Script, affixes
 from broker import keys
 
-__all__ = ["PURPOSES", "FileInUse", "FileRecord", "delete", "get", "list_files", "save"]
+__all__ = ["PURPOSES", "FileInUse", "FileRecord", "Quota", "delete", "get", "list_files", "save"]
 
 # What a client may upload ("batch_output" is what the batch runner writes).
 PURPOSES = ("batch", "user_data")
 Order = Literal["asc", "desc"]
+Quota = Literal["files", "bytes"]  # which of a tenant's quotas a save would pass
+_SAVE = Script(__file__, "save")
 
 
 @dataclass(slots=True)
@@ -34,6 +42,7 @@ class FileRecord:
     purpose: str
     status: str = "processed"
     lines: int = 0  # non-empty lines (counted for purpose "batch"; 0 otherwise)
+    expires_at: int = 0  # unix seconds; 0: kept until deleted
 
     def to_openai(self) -> dict[str, Any]:
         """OpenAI's FileObject."""
@@ -45,7 +54,7 @@ class FileRecord:
             "filename": self.filename,
             "purpose": self.purpose,
             "status": self.status,
-            "expires_at": None,
+            "expires_at": self.expires_at or None,
             "status_details": None,
         }
 
@@ -64,17 +73,28 @@ class FileRecord:
             purpose=got["purpose"],
             status=got.get("status", "processed"),
             lines=int(got.get("lines", "0")),
+            expires_at=int(got.get("expires_at", "0")),
         )
 
+    def expired(self, now: float) -> bool:
+        return 0 < self.expires_at <= now
 
-async def save(redis: Redis, rec: FileRecord) -> None:
-    """Write (or overwrite) the record and list it under its tenant, atomically."""
-    pipe = redis.pipeline(transaction=True)
-    pipe.delete(keys.file_record(rec.id))
-    pipe.hset(keys.file_record(rec.id), mapping=rec.to_hash())  # type: ignore[arg-type]
+
+async def save(
+    redis: Redis, rec: FileRecord, max_files: int = 0, max_bytes: int = 0, write: bool = True
+) -> Quota | None:
+    """Write (or overwrite) the record and list it under its tenant, atomically, unless the
+    tenant's files would then number more than `max_files` or hold more than `max_bytes` (0: no
+    cap): then nothing is written and the quota it would pass is returned. write=False: only
+    that check (before an upload is read)."""
+    tenant = rec.tenant
+    record_keys = (keys.file_record(rec.id), keys.tenant_files(tenant), keys.tenant_file_sizes(tenant))
     # Scored by when it was saved, to the microsecond: files made within one second still list in order.
-    pipe.zadd(keys.tenant_files(rec.tenant), {rec.id: time.time()})
-    await pipe.execute()
+    args: list[Any] = [rec.id, time.time(), rec.bytes, max_files, max_bytes, rec.expires_at]
+    args += [*affixes(keys.file_record), "1" if write else "0"]
+    args.extend(x for pair in rec.to_hash().items() for x in pair)
+    passed: Any = await _SAVE(redis, record_keys, args)
+    return None if not passed else ("files" if passed == b"files" else "bytes")
 
 
 async def get(redis: Redis, tenant: str, file_id: str) -> FileRecord | None:
@@ -83,7 +103,7 @@ async def get(redis: Redis, tenant: str, file_id: str) -> FileRecord | None:
     if not raw:
         return None
     rec = FileRecord.from_hash(raw)
-    return rec if rec.tenant == tenant else None
+    return rec if rec.tenant == tenant and not rec.expired(time.time()) else None
 
 
 class FileInUse(Exception):
@@ -106,6 +126,7 @@ async def delete(redis: Redis, tenant: str, file_id: str) -> bool:
                 pipe.multi()
                 pipe.delete(keys.file_record(file_id))
                 pipe.zrem(keys.tenant_files(tenant), file_id)
+                pipe.hdel(keys.tenant_file_sizes(tenant), file_id)
                 await pipe.execute()
                 return True
             except WatchError:
@@ -139,9 +160,10 @@ async def list_files(
         pipe = redis.pipeline(transaction=False)
         for file_id in ids:
             pipe.hgetall(keys.file_record(file_id.decode()))
+        now = time.time()
         for raw in await pipe.execute():
-            if raw:  # a record deleted between the two reads is skipped
+            if raw:  # a record deleted (or expired) between the two reads is skipped
                 rec = FileRecord.from_hash(raw)
-                if rec.tenant == tenant and (purpose is None or rec.purpose == purpose):
+                if rec.tenant == tenant and not rec.expired(now) and purpose in (None, rec.purpose):
                     found.append(rec)
     return found[:limit], len(found) > limit

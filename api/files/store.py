@@ -6,6 +6,9 @@ reader never sees half a file and an aborted upload leaves nothing. Part files (
 output as lines finish) are appended to with a FileAppender: each append is fsynced, and opening
 one drops a torn last line (a crash mid-write), so what remains is whole lines only.
 
+The store holds every tenant's prompts: its directories are 0700 and its files 0600, whatever the
+umask (as `serve` keeps its run directory); `secure()` at start-up brings an older store to that.
+
 Every call blocks on the disk: async code runs them with asyncio.to_thread."""
 
 from __future__ import annotations
@@ -14,13 +17,16 @@ import os
 import re
 import uuid
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Protocol
 
-__all__ = ["DirStore", "FileAppender", "FileStore", "FileWriter", "check_name", "new_file_id"]
+__all__ = ["DirStore", "FileAppender", "FileStore", "FileWriter", "Stored", "check_name", "new_file_id"]
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,199}")
 _TMP = ".tmp"
+DIR_MODE = 0o700
+FILE_MODE = 0o600
 
 
 def new_file_id() -> str:
@@ -33,6 +39,15 @@ def check_name(name: str) -> str:
     if not _NAME.fullmatch(name) or ".." in name:
         raise ValueError(f"not a valid file name: {name!r}")
     return name
+
+
+@dataclass(frozen=True, slots=True)
+class Stored:
+    """One file in the store, as the sweeper (api/file_sweeper.py) sees it."""
+
+    name: str
+    mtime: float  # unix time of its last write
+    tmp: bool  # a write in progress (or one cut off by a crash), not yet under its name
 
 
 class FileWriter(Protocol):
@@ -77,11 +92,21 @@ class FileStore(Protocol):
     def path(self, file_id: str) -> Path | None:
         """Its path on the local disk, None if absent (or a store without local paths)."""
 
+    def secure(self) -> None:
+        """At start-up: the store readable by this user only (made if need be)."""
+
+    def listing(self) -> list[Stored]:
+        """Every file, temporary ones included."""
+
+    def remove(self, entry: Stored) -> None:
+        """Remove a file listing() gave; nothing if it is gone."""
+
 
 class _DirWriter:
     def __init__(self, tmp: Path, final: Path) -> None:
         self._tmp, self._final = tmp, final
-        self._file: BinaryIO | None = open(tmp, "xb")  # noqa: SIM115 - closed by commit/abort
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE)
+        self._file: BinaryIO | None = os.fdopen(fd, "wb")
 
     def write(self, data: bytes) -> None:
         if self._file is None:
@@ -113,7 +138,8 @@ class _DirWriter:
 
 class _DirAppender:
     def __init__(self, path: Path) -> None:
-        self._file: BinaryIO = open(path, "a+b")  # noqa: SIM115 - closed by close()
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, FILE_MODE)
+        self._file: BinaryIO = os.fdopen(fd, "a+b")
         self.truncate_partial()
 
     def truncate_partial(self) -> int:
@@ -159,9 +185,23 @@ class DirStore:
     def __init__(self, root: Path) -> None:
         self.root = root  # made on the first write: building the app touches no disk
 
+    @property
+    def tmp(self) -> Path:
+        """Uploads and merges in progress (one that stays here was cut off by a crash)."""
+        return self.root / _TMP
+
+    def secure(self) -> None:
+        """Make the store (or bring an existing one to) directories 0700, files 0600."""
+        self._dirs()
+        for directory in (self.root, self.tmp):
+            os.chmod(directory, DIR_MODE)
+            for entry in os.scandir(directory):
+                if entry.is_file(follow_symlinks=False):
+                    os.chmod(entry.path, FILE_MODE)
+
     def create(self, file_id: str) -> _DirWriter:
         final = self.root / check_name(file_id)
-        (self.root / _TMP).mkdir(parents=True, exist_ok=True)
+        self._dirs()
         return _DirWriter(self.root / _TMP / f"{file_id}.{uuid.uuid4().hex}", final)
 
     def open(self, file_id: str) -> BinaryIO:
@@ -172,12 +212,33 @@ class DirStore:
 
     def append(self, name: str) -> _DirAppender:
         path = self.root / check_name(name)
-        self.root.mkdir(parents=True, exist_ok=True)
+        self._dirs()
         return _DirAppender(path)
 
     def path(self, file_id: str) -> Path | None:
         found = self.root / check_name(file_id)
         return found if found.is_file() else None
+
+    def listing(self) -> list[Stored]:
+        found = []
+        for directory, tmp in ((self.root, False), (self.tmp, True)):
+            try:
+                entries = os.scandir(directory)
+            except FileNotFoundError:
+                continue
+            with entries:
+                for entry in entries:
+                    if entry.is_file(follow_symlinks=False):
+                        found.append(Stored(entry.name, entry.stat().st_mtime, tmp))
+        return found
+
+    def remove(self, entry: Stored) -> None:
+        ((self.tmp if entry.tmp else self.root) / check_name(entry.name)).unlink(missing_ok=True)
+
+    def _dirs(self) -> None:
+        # mkdir's mode applies to the last directory only: parents (~/.cache/kvferry) are the user's
+        self.root.mkdir(DIR_MODE, parents=True, exist_ok=True)
+        self.tmp.mkdir(DIR_MODE, exist_ok=True)
 
 
 def _fsync_dir(directory: Path) -> None:

@@ -12,10 +12,12 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from api.auth import Tenant
 from api.batches import records, state
+from api.batches.quota import admit
 from api.batches.records import BatchRecord
 from api.context import Ctx
 from api.errors import ApiError
 from api.files import records as file_records
+from api.files.expiry import ExpiresAfter
 from api.ids import is_batch_id, is_file_id
 
 router = APIRouter(prefix="/v1/batches")
@@ -24,12 +26,13 @@ MAX_METADATA = 16  # OpenAI's limits: 16 pairs, keys up to 64 characters, values
 
 
 class CreateBatch(BaseModel):
-    model_config = ConfigDict(extra="allow")  # output_expires_after and the like: accepted, unused
+    model_config = ConfigDict(extra="allow")  # fields of later API versions: accepted, unused
 
     input_file_id: str = Field(min_length=1, max_length=200)
     endpoint: str
     completion_window: str
     metadata: dict[str, str] | None = None
+    output_expires_after: ExpiresAfter | None = None  # its output and error files' (api/files/expiry.py)
 
 
 def _not_found(batch_id: str) -> ApiError:
@@ -65,16 +68,20 @@ async def create_batch(body: CreateBatch, ctx: Ctx, tenant: Tenant) -> dict[str,
         )
         raise ApiError(400, message, param="input_file_id")
     now = int(time.time())
-    expiry_s = int(getattr(ctx.config, "batch_expiry_s", 86400))
+    config = ctx.config
+    chosen = body.output_expires_after
     rec = BatchRecord(
         id=records.new_batch_id(),
         tenant=tenant,
         endpoint=body.endpoint,
         input_file_id=body.input_file_id,
         created_at=now,
-        expires_at=now + expiry_s,
+        expires_at=now + config.batch_expiry_s,
         metadata=metadata,
+        retain_s=config.batch_retention_s,
+        output_expires_s=chosen.seconds if chosen is not None else config.batch_output_expiry_s,
     )
+    await admit(redis, tenant, rec.id, now, config.tenant_max_batches)
     await records.create(redis, rec)
     return rec.to_openai()
 

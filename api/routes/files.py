@@ -1,6 +1,8 @@
 """OpenAI's Files API: POST /v1/files (multipart, streamed into the file store under the limits of
-api/files/upload.py), GET /v1/files, GET /v1/files/{id}, GET /v1/files/{id}/content (streamed),
-DELETE /v1/files/{id}. A file belongs to its tenant: another tenant's id is a 404, whoever asks."""
+api/files/upload.py and the tenant's quotas, api/files/quota.py; `expires_after` as
+api/files/expiry.py reads it), GET /v1/files, GET /v1/files/{id}, GET /v1/files/{id}/content
+(streamed), DELETE /v1/files/{id}. A file belongs to its tenant: another tenant's id is a 404,
+whoever asks; so is an expired file."""
 
 from __future__ import annotations
 
@@ -17,10 +19,10 @@ from api.auth import Tenant
 from api.batches import records as batch_records
 from api.context import Ctx
 from api.errors import ApiError
-from api.files import records
+from api.files import expiry, quota, records
 from api.files.records import PURPOSES, FileRecord
 from api.files.store import new_file_id
-from api.files.upload import check_declared_size, receive
+from api.files.upload import Upload, check_declared_size, receive
 from api.ids import is_file_id
 
 router = APIRouter(prefix="/v1/files")
@@ -46,6 +48,8 @@ _FORM = {
     "properties": {
         "file": {"type": "string", "format": "binary"},
         "purpose": {"type": "string", "enum": list(PURPOSES)},
+        "expires_after[anchor]": {"type": "string", "enum": ["created_at"]},
+        "expires_after[seconds]": {"type": "integer", "minimum": expiry.MIN_S, "maximum": expiry.MAX_S},
     },
 }
 
@@ -60,8 +64,10 @@ async def create_file(request: Request, ctx: Ctx, tenant: Tenant) -> dict[str, A
     writer = None
     try:
         check_declared_size(request, config.files_max_bytes)
+        await quota.precheck(ctx.jobs.redis, tenant, config)
         writer = await asyncio.to_thread(ctx.files.create, file_id)
         upload = await receive(request, writer, config.files_max_bytes, config.files_max_lines)
+        rec = _record_of(file_id, tenant, upload, config.files_batch_expiry_s)
         await asyncio.to_thread(writer.commit)
     except BaseException as exc:
         if writer is not None:
@@ -73,21 +79,28 @@ async def create_file(request: Request, ctx: Ctx, tenant: Tenant) -> dict[str, A
             # closing it (not draining it, as a kept-alive one would be) stops the sender.
             exc.headers["connection"] = "close"
         raise
-    rec = FileRecord(
-        id=file_id,
-        tenant=tenant,
-        bytes=upload.bytes,
-        created_at=int(time.time()),
-        filename=upload.filename,
-        purpose=upload.purpose,
-        lines=upload.lines,
-    )
     try:
-        await records.save(ctx.jobs.redis, rec)
+        await quota.save_upload(ctx.jobs.redis, rec, config)
     except BaseException:
         await asyncio.to_thread(ctx.files.delete, file_id)
         raise
     return rec.to_openai()
+
+
+def _record_of(file_id: str, tenant: str, upload: Upload, batch_expiry_s: int) -> FileRecord:
+    chosen = expiry.from_form(upload.fields)
+    created_at = int(time.time())
+    default_s = batch_expiry_s if upload.purpose == "batch" else 0
+    return FileRecord(
+        id=file_id,
+        tenant=tenant,
+        bytes=upload.bytes,
+        created_at=created_at,
+        filename=upload.filename,
+        purpose=upload.purpose,
+        lines=upload.lines,
+        expires_at=expiry.expires_at(created_at, chosen, default_s),
+    )
 
 
 @router.get("")

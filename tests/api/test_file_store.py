@@ -3,6 +3,7 @@ drop a torn last line on open, and names that cannot leave the store's directory
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -72,3 +73,56 @@ def test_unsafe_names_are_refused(tmp_path: Path, name: str) -> None:
         store.open(name)
     with pytest.raises(ValueError):
         store.create(name)
+
+
+def _mode(path: Path) -> int:
+    return path.stat().st_mode & 0o777
+
+
+def test_the_store_is_private_whatever_the_umask(tmp_path: Path) -> None:
+    """Every tenant's prompts: directories 0700, files 0600 (uploads, merges and part files)."""
+    old = os.umask(0o022)
+    try:
+        store = DirStore(tmp_path / "files")
+        writer = store.create("file-a")
+        writer.write(b"x\n")
+        assert _mode(next((tmp_path / "files" / ".tmp").iterdir())) == 0o600
+        writer.commit()
+        with store.append("batch_1.output.part") as part:
+            part.append(b"{}")
+    finally:
+        os.umask(old)
+    root = tmp_path / "files"
+    assert (_mode(root), _mode(root / ".tmp")) == (0o700, 0o700)
+    assert (_mode(root / "file-a"), _mode(root / "batch_1.output.part")) == (0o600, 0o600)
+
+
+def test_secure_makes_an_existing_store_private(tmp_path: Path) -> None:
+    """A store made before (0755 directories, 0644 files) is brought to 0700/0600 at start-up."""
+    root = tmp_path / "files"
+    (root / ".tmp").mkdir(parents=True)
+    for directory in (root, root / ".tmp"):
+        directory.chmod(0o755)
+    (root / "file-old").write_bytes(b"prompt")
+    (root / ".tmp" / "file-cut.1").write_bytes(b"half")
+    for f in (root / "file-old", root / ".tmp" / "file-cut.1"):
+        f.chmod(0o644)
+    DirStore(root).secure()
+    assert (_mode(root), _mode(root / ".tmp")) == (0o700, 0o700)
+    assert (_mode(root / "file-old"), _mode(root / ".tmp" / "file-cut.1")) == (0o600, 0o600)
+
+
+def test_listing_and_remove(tmp_path: Path) -> None:
+    store = DirStore(tmp_path)
+    with store.create("file-a") as writer:
+        writer.write(b"a")
+        writer.commit()
+    left = store.create("file-b")  # a write in progress
+    left.write(b"b")
+    found = {(e.name.split(".")[0], e.tmp) for e in store.listing()}
+    assert found == {("file-a", False), ("file-b", True)}
+    for entry in store.listing():
+        store.remove(entry)
+        store.remove(entry)  # gone: nothing
+    assert store.listing() == []
+    left.abort()
