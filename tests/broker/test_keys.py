@@ -48,7 +48,10 @@ def test_no_name_spells_a_global_key_or_another_names_key() -> None:
     suffixes = {f("\0").rpartition("\0")[2] for f in formats.values()}
     tails = {g.split(":", 1)[1] for g in _globals() if ":" in g} | {g.rpartition(":")[2] for g in _globals()}
     bases = {"", "a", "x:y", *tails}
-    names = bases | {b + s for b in bases for s in suffixes}
+    # and each suffix's heads (":quota" of ":quota:files": tenant_files("a:quota") would spell a
+    # tenant key with the suffix ":quota:files")
+    heads = {s[:i] for s in suffixes for i in range(1, len(s)) if s[i] == ":"}
+    names = bases | {b + s for b in bases for s in suffixes | heads}
     seen: dict[str, tuple[str, str]] = {g: ("global", g) for g in _globals()}
     for fname, f in formats.items():
         for name in names:
