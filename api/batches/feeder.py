@@ -46,6 +46,11 @@ class Running:
     def to_json(self) -> str:
         return json.dumps({"offset": self.offset, "jobs": self.jobs, "fed_at": self.fed_at})
 
+    @staticmethod
+    def jobs_in(text: str | bytes) -> int:
+        """The seats a recorded line takes: its jobs."""
+        return len(json.loads(text)["jobs"])
+
     @classmethod
     def from_json(cls, text: str) -> Running:
         raw = json.loads(text)
@@ -71,14 +76,22 @@ def parse(ctx: ApiContext, rec: BatchRecord, line_no: int, text: bytes) -> Batch
     return parse_line(line_no, text, online, rec.endpoint)
 
 
-async def feed(ctx: ApiContext, rec: BatchRecord, parts: Parts, count: int) -> int:
-    """Feed up to `count` lines from the batch's cursor; the lines fed (bad ones included)."""
+def fits(jobs: int, left: int, window: int, idle: bool) -> bool:
+    """Whether a line of `jobs` jobs is fed now, with `left` seats free for its batch: when they
+    hold it, or when it is larger than the whole batch window and its batch runs nothing (`idle`),
+    as it would never fit otherwise: it then runs alone and the window waits for it."""
+    return jobs <= left or (jobs > window and idle)
+
+
+async def feed(ctx: ApiContext, rec: BatchRecord, parts: Parts, seats: int, window: int, running: int) -> int:
+    """Feed lines from the batch's cursor while their jobs fit in `seats` (`window`: the batch
+    window; `running`: the batch's jobs running now); the seats they took (bad lines take none)."""
     store = ctx.files
     chunk = await asyncio.to_thread(
-        read_from, store, rec.input_file_id, rec.cursor_offset, rec.cursor_line, count
-    )
+        read_from, store, rec.input_file_id, rec.cursor_offset, rec.cursor_line, max(seats, 1)
+    )  # every good line takes a seat at least
     redis = ctx.jobs.redis
-    fed, cursor = 0, rec.cursor_line
+    taken, cursor = 0, rec.cursor_line
     for i, (line_no, offset, text) in enumerate(chunk.lines):
         if i + 1 < len(chunk.lines):
             next_line, next_offset = chunk.lines[i + 1][0], chunk.lines[i + 1][1]
@@ -90,22 +103,25 @@ async def feed(ctx: ApiContext, rec: BatchRecord, parts: Parts, count: int) -> i
             record = error_line(line_id(rec.id, line_no), line.custom_id, line.status_code, body)
             await parts.errors(rec.id, [record])  # written first: a crash now writes it again
             if not await state.feed(redis, rec.id, cursor, line_no, next_line, next_offset, ""):
-                return fed  # another runner moved the cursor
+                return taken  # another runner moved the cursor
             parts.metrics.lines.labels(rec.tenant, "failed").inc()
         else:
-            running = Running(offset, job_ids(rec.id, line_no, line.request), time.time())
+            running_line = Running(offset, job_ids(rec.id, line_no, line.request), time.time())
+            jobs = len(running_line.jobs)
+            if not fits(jobs, seats - taken, window, idle=not (taken or running)):
+                return taken  # the cursor stays on it: fed when seats free up
             if not await state.feed(
-                redis, rec.id, cursor, line_no, next_line, next_offset, running.to_json()
+                redis, rec.id, cursor, line_no, next_line, next_offset, running_line.to_json()
             ):
-                return fed
-            await send(ctx, rec, line.request, running, [False] * len(running.jobs))  # none sent yet
+                return taken
+            await send(ctx, rec, line.request, running_line, [False] * jobs)  # none sent yet
+            taken += jobs
         cursor = rec.cursor_line = next_line
         rec.cursor_offset = next_offset
-        fed += 1
     if chunk.at_end:
         rec.fed_all = True
         await state.update(redis, rec.id, fed_all=1)
-    return fed
+    return taken
 
 
 async def sent(ctx: ApiContext, running: Running) -> list[bool]:

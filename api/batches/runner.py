@@ -1,7 +1,7 @@
 """The batch runner: one api replica at a time (a Redis lease, as the workers' sweeper lease)
 runs every batch, in passes: validate a new batch (validating -> in_progress, or failed), collect
 finished lines, end batches (completed, cancelled, expired), then feed lines while the fleet has
-free slots (fair between tenants by weight, the oldest batch of a tenant first).
+free seats (in jobs; fair between tenants by weight, the oldest batch of a tenant first).
 
 Everything it knows is in Redis (records, cursors, running lines) and the file store (parts), so
 another replica that takes the lease over, or this one restarted, resumes where it stopped."""
@@ -27,7 +27,7 @@ from api.batches.metrics import BatchMetrics
 from api.batches.parts import Parts
 from api.batches.records import BatchRecord
 from api.context import ApiContext
-from api.dispatch.capacity import free_slots
+from api.dispatch.capacity import seats
 from api.dispatch.lease import DispatchLease, api_name
 from broker import keys
 
@@ -140,22 +140,29 @@ class BatchRunner:
         self._cancelled.add(rec.id)
 
     async def _feed(self, batches: list[BatchRecord], feedable: list[BatchRecord]) -> None:
-        """Free slots shared by tenant weight (the tenant with the fewest running lines per unit of
-        weight next), a tenant's share to its oldest batch first. Every batch's running lines
-        count against the slots, fed in full or not."""
+        """Free seats (jobs: a line with n choices of k prompts takes n x k) shared by tenant
+        weight (the tenant with the fewest running jobs per unit of weight next), a tenant's share
+        to its oldest batch first. Every batch's running jobs count against the window, fed in full
+        or not."""
         if not feedable:
             return
         redis = self.ctx.jobs.redis
         pipe = redis.pipeline(transaction=False)
         for rec in batches:
-            pipe.hlen(keys.batch_running(rec.id))
-        running = dict(zip((r.id for r in batches), await pipe.execute(), strict=True))
-        slots = await free_slots(self.ctx, sum(running.values()))
+            pipe.hvals(keys.batch_running(rec.id))
+        replies = await pipe.execute()
+        running = {
+            rec.id: sum(Running.jobs_in(text) for text in texts)
+            for rec, texts in zip(batches, replies, strict=True)
+        }
+        free = await seats(self.ctx, sum(running.values()))
         load: dict[str, int] = {}
         for rec in feedable:
             load[rec.tenant] = load.get(rec.tenant, 0) + running[rec.id]
         weights = {t: self.ctx.keys.weight(t) for t in load}
-        share = shares(load, weights, slots)
+        share = shares(load, weights, free.free)
         for rec in feedable:  # oldest first (the active list is by created_at)
             if share[rec.tenant] > 0:
-                share[rec.tenant] -= await feed(self.ctx, rec, self.parts, share[rec.tenant])
+                share[rec.tenant] -= await feed(
+                    self.ctx, rec, self.parts, share[rec.tenant], free.window, running[rec.id]
+                )
