@@ -25,6 +25,7 @@ from api.batches.finalize import finalize
 from api.batches.input import validate
 from api.batches.metrics import BatchMetrics
 from api.batches.parts import Parts
+from api.batches.placement import Room
 from api.batches.records import BatchRecord
 from api.context import ApiContext
 from api.dispatch.capacity import seats
@@ -151,11 +152,13 @@ class BatchRunner:
         for rec in batches:
             pipe.hvals(keys.batch_running(rec.id))
         replies = await pipe.execute()
-        running = {
-            rec.id: sum(Running.jobs_in(text) for text in texts)
+        lines = {
+            rec.id: [Running.from_json(text) for text in texts]
             for rec, texts in zip(batches, replies, strict=True)
         }
+        running = {batch: sum(len(line.jobs) for line in held) for batch, held in lines.items()}
         free = await seats(self.ctx, sum(running.values()))
+        room = Room.of(free.window, free.workers, (line for held in lines.values() for line in held))
         load: dict[str, int] = {}
         for rec in feedable:
             load[rec.tenant] = load.get(rec.tenant, 0) + running[rec.id]
@@ -164,5 +167,5 @@ class BatchRunner:
         for rec in feedable:  # oldest first (the active list is by created_at)
             if share[rec.tenant] > 0:
                 share[rec.tenant] -= await feed(
-                    self.ctx, rec, self.parts, share[rec.tenant], free.window, running[rec.id]
+                    self.ctx, rec, self.parts, share[rec.tenant], room, running[rec.id]
                 )

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import redis.asyncio as aioredis
@@ -26,18 +26,18 @@ if TYPE_CHECKING:
 class Seats:
     window: int  # the batch window: jobs every batch may run at once
     free: int  # the window less what runs or waits in it now
+    workers: dict[str, int] = field(default_factory=dict)  # each live worker's batch window
 
 
-def batch_window(views: Iterable[WorkerView], headroom: int) -> int:
-    """Jobs running batch and interactive jobs together may number: 0 when no live worker says its
-    concurrency, else at least one a worker (workers with threads above their seats let batch jobs
-    fill every seat; an interactive job then takes a batch sequence's seat in the engine)."""
-    total = 0
-    for view in views:
-        status = view.status
-        if view.live and status is not None and status.concurrency > 0:
-            total += max(1, status.concurrency - headroom)
-    return total
+def worker_seats(views: Iterable[WorkerView], headroom: int) -> dict[str, int]:
+    """Each live worker's batch window, for those that say their concurrency: at least one (workers
+    with threads above their seats let batch jobs fill every seat; an interactive job then takes a
+    batch sequence's seat in the engine)."""
+    return {
+        view.name: max(1, view.status.concurrency - headroom)
+        for view in views
+        if view.live and view.status is not None and view.status.concurrency > 0
+    }
 
 
 async def occupied(client: aioredis.Redis) -> tuple[int, int]:
@@ -54,11 +54,12 @@ async def seats(ctx: ApiContext, batch_running: int = 0) -> Seats:
     the batch jobs running now (`batch_running`, the runner's own count of its lines' jobs); no
     window (0) when no live worker says its concurrency: a batch waits for a worker."""
     views = await ctx.jobs.fleet.workers(ctx.jobs.redis)
-    window = batch_window(views, ctx.config.dispatch_headroom)
+    per_worker = worker_seats(views, ctx.config.dispatch_headroom)
+    window = sum(per_worker.values())
     if window <= 0:
         return Seats(0, 0)
     inflight, parked = await occupied(ctx.jobs.redis)
-    return Seats(window, max(0, window - inflight - parked - batch_running))
+    return Seats(window, max(0, window - inflight - parked - batch_running), per_worker)
 
 
 async def free_slots(ctx: ApiContext, batch_running: int = 0) -> int:

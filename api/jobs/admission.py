@@ -7,7 +7,7 @@ fair dispatch existed):
 - interactive: max(0, min(concurrency, seats) - dispatch_headroom) each, against the released
   interactive jobs (keys.INFLIGHT): a tenant past its quota parks beyond it, so another tenant's
   request always finds a thread and an engine seat at once;
-- batch (api/dispatch/capacity.py, batch_window): max(1, concurrency - dispatch_headroom) each,
+- batch (api/dispatch/capacity.py, worker_seats): max(1, concurrency - dispatch_headroom) each,
   in jobs, against every running job: with a worker's threads above its seats
   (worker_concurrency > max_num_seqs) batch jobs fill every seat, and an interactive job still
   finds a thread and takes its seat from a batch sequence (the engine preempts batch for
