@@ -9,6 +9,7 @@ another replica that takes the lease over, or this one restarted, resumes where 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import logging
 import time
@@ -33,7 +34,8 @@ from api.dispatch.lease import DispatchLease, api_name
 from broker import keys
 
 log = logging.getLogger(__name__)
-PASS_S = 0.1  # between passes (a finished line's seat is fed again within one)
+PASS_S = 0.1  # the longest rest between passes; a watched job's end cuts it short
+WATCH_JOBS = 256  # running jobs whose end streams the rest watches (any end wakes the runner)
 LEASE_TTL_S = 5.0  # a runner that dies is replaced within this
 CANCEL_GRACE_S = 3.0  # a cancelled batch's running lines may still finish this long
 
@@ -49,6 +51,7 @@ class BatchRunner:
         )
         self.failures = FailureLog("batch runner", log)
         self._cancelled: set[str] = set()  # batches whose running jobs were cancelled
+        self._watch: list[str] = []  # end streams of jobs running at the last feed
 
     async def run(self) -> None:
         while True:
@@ -62,10 +65,22 @@ class BatchRunner:
                 raise
             except Exception as exc:  # Redis down, a broker hiccup: the next pass tries again
                 self.failures.failed(exc)
-            await asyncio.sleep(PASS_S)
+            await self._rest()
 
     async def release(self) -> None:
         await self.lease.release()
+
+    async def _rest(self) -> None:
+        """Until the next pass: PASS_S, or less when a watched job ends (an end written meanwhile
+        is new to this read: "$"), so a finished line's seats are fed again at once."""
+        watch, self._watch = self._watch, []
+        if not watch:
+            await asyncio.sleep(PASS_S)
+            return
+        try:
+            await self.ctx.jobs.redis.xread(dict.fromkeys(watch, "$"), count=1, block=int(PASS_S * 1000))
+        except RedisError:
+            await asyncio.sleep(PASS_S)
 
     async def run_pass(self) -> None:
         redis = self.ctx.jobs.redis
@@ -157,6 +172,8 @@ class BatchRunner:
             for rec, texts in zip(batches, replies, strict=True)
         }
         running = {batch: sum(len(line.jobs) for line in held) for batch, held in lines.items()}
+        ends = (keys.job_end(job) for held in lines.values() for line in held for job in line.jobs)
+        self._watch = list(itertools.islice(ends, WATCH_JOBS))
         free = await seats(self.ctx, sum(running.values()))
         room = Room.of(free.window, free.workers, (line for held in lines.values() for line in held))
         load: dict[str, int] = {}
