@@ -42,9 +42,8 @@ def _line(custom_id: str, n: int) -> dict[str, Any]:
     return {"custom_id": custom_id, "method": "POST", "url": "/v1/completions", "body": body}
 
 
-def _queued(rds: redis.Redis) -> int:
-    band = priority.band("batch", 0)
-    return int(rds.llen(priority.queue_key(keys.SHARED_QUEUE, band)))
+def _queued(rds: redis.Redis, queue: str = keys.worker_queue("w1@test")) -> int:
+    return int(rds.llen(priority.queue_key(queue, priority.band("batch", 0))))
 
 
 def test_a_fanned_out_line_takes_a_seat_per_job(serve: Callable[..., Served], rds: redis.Redis) -> None:
@@ -63,5 +62,5 @@ def test_a_fanned_out_line_takes_a_seat_per_job(serve: Callable[..., Served], rd
         time.sleep(0.05)
     time.sleep(1.0)  # several runner passes: none may feed more
     assert rds.hlen(keys.batch_running(batch.id)) == 1
-    assert _queued(rds) == 3
+    assert _queued(rds) == 3 and _queued(rds, keys.SHARED_QUEUE) == 0  # placed on the worker's seats
     client.batches.cancel(batch.id)
