@@ -6,7 +6,7 @@
 - ttft: interactive streaming requests, one at a time, on an idle stack and then while a large
   batch runs (it is cancelled afterwards); the batch's output tok/s (the workers' generated tokens,
   from their heartbeats, less the probes') while the probes run against the same batch alone just
-  before them;
+  before and just after them;
 - fair: tenant B's single requests (one a second), queue wait (ops/bench/fair_wait.py) alone and
   then while tenant A has hundreds of jobs queued.
 """
@@ -29,6 +29,7 @@ from ops.bench import batch_client as bc
 from ops.bench.fair_wait import FairWait
 
 PROBE_TOKENS = 8  # each interactive probe's max_tokens
+LINGER_S = 1.5  # past the engine's batch sizing after the last interactive request (batch_budget.py)
 
 
 async def _online(
@@ -133,17 +134,23 @@ def ttft(
     }
     batch = bc.submit(client, bc.jsonl(bodies))
     bc.wait_running(client, batch.id, 600, lines=4)
+    # The batch alone just before and just after the probes (past the engine's linger), against its
+    # rate under them: the two sides of the probes take any drift of the machine's load alike.
     before = _generated(rds)
-    time.sleep(alone_s)  # the batch alone: its rate, to set the rate under the probes against
+    time.sleep(alone_s / 2)
     start = _generated(rds)
     busy = asyncio.run(_ttfts(base_url, key, model, "under batch", probes, 0.3))
     end = _generated(rds)
+    time.sleep(LINGER_S)
+    after = _generated(rds)
+    time.sleep(alone_s / 2)
+    last = _generated(rds)
     during = client.batches.retrieve(batch.id)
     with contextlib.suppress(openai.ConflictError):  # it ended while probed (a small flood)
         client.batches.cancel(batch.id)
     ended = bc.wait(client, batch.id, 600, "cancelling the flood")
     counts = during.request_counts
-    alone_tok_s = (start[0] - before[0]) / (start[1] - before[1])
+    alone_tok_s = (start[0] - before[0] + last[0] - after[0]) / (start[1] - before[1] + last[1] - after[1])
     under_tok_s = (end[0] - start[0] - probes * PROBE_TOKENS) / (end[1] - start[1])
     return {
         "flood_lines": flood_lines,
