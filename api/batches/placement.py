@@ -10,8 +10,6 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from api.batches.feeder import Running
-
 
 @dataclass(slots=True)
 class Room:
@@ -21,12 +19,12 @@ class Room:
     free: dict[str, int] = field(default_factory=dict)
 
     @classmethod
-    def of(cls, window: int, seats: dict[str, int], running: Iterable[Running]) -> Room:
-        """seats: each worker's batch window; running: the lines running now (their workers)."""
+    def of(cls, window: int, seats: dict[str, int], running: Iterable[tuple[str | None, int]]) -> Room:
+        """seats: each worker's batch window; running: (worker, jobs) of each line running now."""
         free = dict(seats)
-        for line in running:
-            if line.worker in free:
-                free[line.worker] -= len(line.jobs)
+        for worker, jobs in running:
+            if worker in free:
+                free[worker] -= jobs
         return cls(window, free)
 
     def place(self, preferred: str | None, jobs: int) -> str | None:

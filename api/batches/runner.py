@@ -175,7 +175,8 @@ class BatchRunner:
         ends = (keys.job_end(job) for held in lines.values() for line in held for job in line.jobs)
         self._watch = list(itertools.islice(ends, WATCH_JOBS))
         free = await seats(self.ctx, sum(running.values()))
-        room = Room.of(free.window, free.workers, (line for held in lines.values() for line in held))
+        placed = ((line.worker, len(line.jobs)) for held in lines.values() for line in held)
+        room = Room.of(free.window, free.workers, placed)
         load: dict[str, int] = {}
         for rec in feedable:
             load[rec.tenant] = load.get(rec.tenant, 0) + running[rec.id]

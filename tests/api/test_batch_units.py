@@ -26,7 +26,8 @@ def test_shares_follow_weights_and_what_runs_already() -> None:
 
 
 def test_lines_go_to_the_routers_worker_while_it_has_seats_else_the_freest() -> None:
-    room = Room.of(8, {"w1": 4, "w2": 4}, [Running(0, ["a", "b", "c"], 0.0, "w1"), Running(9, ["d"], 0.0)])
+    lines = [Running(0, ["a", "b", "c"], 0.0, "w1"), Running(9, ["d"], 0.0)]
+    room = Room.of(8, {"w1": 4, "w2": 4}, ((line.worker, len(line.jobs)) for line in lines))
     assert room.free == {"w1": 1, "w2": 4}  # a line in the shared queue is on no worker's seats
     assert room.place("w1", 1) == "w1", "the router's pick (it holds the prefix) while it has a seat"
     assert room.place("w1", 1) == "w2" and room.place("gone", 2) == "w2"
