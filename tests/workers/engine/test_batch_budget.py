@@ -12,25 +12,13 @@ import pytest
 
 from broker.sampling import SamplingParams
 from tests.workers._helpers import TinyModel, assert_tokens, make_engine, random_prompt
+from tests.workers.engine.test_admission_hold import Clock, PinnedCost
 from workers.engine.batch_budget import INTERACTIVE_LINGER_S
 from workers.engine.scheduler import SchedulerOutput
 from workers.engine.step_cost import StepCost
 
 BASE_S, ROW_S, PREFILL_S = 0.010, 0.002, 0.001  # the pinned model: t = base + row * d + prefill * p
 PARAMS = SamplingParams(max_tokens=10, ignore_eos=True)
-
-
-class PinnedCost(StepCost):
-    def record(self, num_decodes: int, num_prefill: int, seconds: float) -> None:
-        pass  # the test's figures, not this machine's
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def test_the_row_fit_recovers_base_and_row_cost() -> None:
