@@ -75,6 +75,13 @@ def engine_options(fn: Callable[..., Any]) -> Callable[..., Any]:
             "times a full batch's predicted prefill, counting the prompt tokens not cached "
             f"({DEFAULTS.prefill_batch_hold}; 0 = admit at once)",
         ),
+        click.option(
+            "--interactive-batch-step",
+            "interactive_batch_step",
+            type=float,
+            help="while interactive requests flow, a step carrying batch sequences costs at most this "
+            f"many times the predicted step without them ({DEFAULTS.interactive_batch_step}; 0 = no limit)",
+        ),
         click.option("--torch-threads", type=int, help="torch intra-op threads"),
         click.option("--cache-dir", type=click.Path(path_type=Path), help="converted-model cache"),
     ]

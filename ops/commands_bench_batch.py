@@ -42,7 +42,9 @@ def bench_batch_cmd(
         for k in ("workers", "lines", "flood_lines", "max_tokens", "probes", "fair_jobs", "fair_requests")
     }
     if quick:
-        sizes.update(lines=16, flood_lines=64, max_tokens=8, probes=3, fair_jobs=24, fair_requests=3)
+        sizes.update(
+            lines=16, flood_lines=64, max_tokens=8, probes=3, fair_jobs=24, fair_requests=3, alone_s=2.0
+        )
         concurrencies = "4,8"
     scan = tuple(int(c) for c in concurrencies.split(",") if c.strip())
     result = run_batch_bench(

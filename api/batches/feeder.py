@@ -14,7 +14,7 @@ import json
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
@@ -31,20 +31,32 @@ from api.schema.openai import CompletionRequest
 from api.schema.responses import error_body
 from broker import keys
 from broker.errors import InvalidRequestError
+from broker.messages import GenerateJob
+
+if TYPE_CHECKING:
+    from api.batches.placement import Room
 
 _JOB_IDS = uuid.UUID("5f0c2f9e-3a53-4c1b-8f0e-2b7d0c6a9e41")  # namespace of batch line job ids
 
 
 @dataclass(frozen=True, slots=True)
 class Running:
-    """A fed line: where it is in the input file and its jobs (prompt-major, choices in order)."""
+    """A fed line: where it is in the input file, its jobs (prompt-major, choices in order) and
+    the worker they went to (None: the shared queue)."""
 
     offset: int
     jobs: list[str]
     fed_at: float
+    worker: str | None = None
 
     def to_json(self) -> str:
-        return json.dumps({"offset": self.offset, "jobs": self.jobs, "fed_at": self.fed_at})
+        raw = {"offset": self.offset, "jobs": self.jobs, "fed_at": self.fed_at, "worker": self.worker}
+        return json.dumps(raw)
+
+    @staticmethod
+    def jobs_in(text: str | bytes) -> int:
+        """The seats a recorded line takes: its jobs."""
+        return len(json.loads(text)["jobs"])
 
     @classmethod
     def from_json(cls, text: str) -> Running:
@@ -71,13 +83,24 @@ def parse(ctx: ApiContext, rec: BatchRecord, line_no: int, text: bytes) -> Batch
     return parse_line(line_no, text, online, rec.endpoint)
 
 
-async def feed(ctx: ApiContext, fence: state.Fence, rec: BatchRecord, parts: Parts, count: int) -> int:
-    """Feed up to `count` lines from the batch's cursor; the lines fed (bad ones included)."""
+def fits(jobs: int, left: int, window: int, idle: bool) -> bool:
+    """Whether a line of `jobs` jobs is fed now, with `left` seats free for its batch: when they
+    hold it, or when it is larger than the whole batch window and its batch runs nothing (`idle`),
+    as it would never fit otherwise: it then runs alone and the window waits for it."""
+    return jobs <= left or (jobs > window and idle)
+
+
+async def feed(
+    ctx: ApiContext, fence: state.Fence, rec: BatchRecord, parts: Parts, seats: int, room: Room, running: int
+) -> int:
+    """Feed lines from the batch's cursor while their jobs fit in `seats` (`room`: the batch window
+    and each worker's free seats; `running`: the batch's jobs running now); the seats they took
+    (bad lines take none)."""
     store = ctx.files
     chunk = await asyncio.to_thread(
-        read_from, store, rec.input_file_id, rec.cursor_offset, rec.cursor_line, count
-    )
-    fed, cursor = 0, rec.cursor_line
+        read_from, store, rec.input_file_id, rec.cursor_offset, rec.cursor_line, max(seats, 1)
+    )  # every good line takes a seat at least
+    taken, cursor = 0, rec.cursor_line
     for i, (line_no, offset, text) in enumerate(chunk.lines):
         if i + 1 < len(chunk.lines):
             next_line, next_offset = chunk.lines[i + 1][0], chunk.lines[i + 1][1]
@@ -90,22 +113,29 @@ async def feed(ctx: ApiContext, fence: state.Fence, rec: BatchRecord, parts: Par
             await fence.check()
             await parts.errors(rec.id, [record])  # written first: a crash now writes it again
             if not await state.feed(fence, rec.id, cursor, line_no, next_line, next_offset, ""):
-                return fed  # another runner moved the cursor
+                return taken  # another runner moved the cursor
             parts.metrics.lines.labels(rec.tenant, "failed").inc()
         else:
-            running = Running(offset, job_ids(rec.id, line_no, line.request), time.time())
+            ids = job_ids(rec.id, line_no, line.request)
+            jobs = len(ids)
+            if not fits(jobs, seats - taken, room.window, idle=not (taken or running)):
+                return taken  # the cursor stays on it: fed when seats free up
+            worker = None
+            if ctx.config.routing != "shared":
+                worker = room.place((await _route(ctx, _batch_job(rec, line.request))).worker, jobs)
+            running_line = Running(offset, ids, time.time(), worker)
             if not await state.feed(
-                fence, rec.id, cursor, line_no, next_line, next_offset, running.to_json()
+                fence, rec.id, cursor, line_no, next_line, next_offset, running_line.to_json()
             ):
-                return fed
-            await send(ctx, rec, line.request, running, [False] * len(running.jobs))  # none sent yet
+                return taken
+            await send(ctx, rec, line.request, running_line, [False] * jobs)  # none sent yet
+            taken += jobs
         cursor = rec.cursor_line = next_line
         rec.cursor_offset = next_offset
-        fed += 1
     if chunk.at_end:
         rec.fed_all = True
         await state.update(fence, rec.id, fed_all=1)
-    return fed
+    return taken
 
 
 async def sent(ctx: ApiContext, running: Running) -> list[bool]:
@@ -125,19 +155,25 @@ async def send(
     groups = request.split() if request.fans_out else [[request]]
     config = ctx.config
     route: Route | None = None
-    if len(running.jobs) > 1 and config.routing != "shared":  # a line's jobs on one worker
+    if running.worker is not None and config.routing != "shared":  # placed by seats (placement.py)
+        route = Route(keys.worker_queue(running.worker), f"batch seats: {running.worker}", running.worker)
+    elif len(running.jobs) > 1 and config.routing != "shared":  # a line's jobs on one worker
         first = await _route(ctx, groups[0][0].to_job(rec.tenant))
         route = await together(ctx.jobs.redis, first, config.route_max_waiting, ctx.jobs.fleet)
     requests = [r for group in groups for r in group]
     for job_id, request_i, was_sent in zip(running.jobs, requests, done, strict=True):
         if was_sent:
             continue
-        job = msgspec.structs.replace(request_i.to_job(rec.tenant), job_class="batch", batch_id=rec.id)
+        job = _batch_job(rec, request_i)
         chosen = route or await _route(ctx, job)
         meta = JobMeta.of(
             job_id, request_i, chosen.queue, chosen.reason, job.submitted_at or time.time(), rec.tenant
         )
         await ctx.jobs.submit(meta, job)
+
+
+def _batch_job(rec: BatchRecord, request: CompletionRequest) -> GenerateJob:
+    return msgspec.structs.replace(request.to_job(rec.tenant), job_class="batch", batch_id=rec.id)
 
 
 async def _route(ctx: ApiContext, job: Any) -> Route:

@@ -1,7 +1,7 @@
 """The batch runner: one api replica at a time (a Redis lease, as the workers' sweeper lease)
 runs every batch, in passes: validate a new batch (validating -> in_progress, or failed), collect
 finished lines, end batches (completed, cancelled, expired), then feed lines while the fleet has
-free slots (fair between tenants by weight, the oldest batch of a tenant first).
+free seats (in jobs; fair between tenants by weight, the oldest batch of a tenant first).
 
 Everything it knows is in Redis (records, cursors, running lines) and the file store (parts), so
 another replica that takes the lease over, or this one restarted, resumes where it stopped. Every
@@ -16,6 +16,7 @@ never holds the others up, nor floods the log."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import logging
 import time
@@ -35,15 +36,17 @@ from api.batches.input import validate
 from api.batches.lease import RunnerLease
 from api.batches.metrics import BatchMetrics
 from api.batches.parts import Parts
+from api.batches.placement import Room
 from api.batches.records import BatchRecord, Status
 from api.context import ApiContext
-from api.dispatch.capacity import free_slots
+from api.dispatch.capacity import seats
 from api.dispatch.lease import api_name
 from broker import keys
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-PASS_S = 0.1  # between passes (a finished line's seat is fed again within one)
+PASS_S = 0.1  # the longest rest between passes; a watched job's end cuts it short
+WATCH_JOBS = 256  # running jobs whose end streams the rest watches (any end wakes the runner)
 LEASE_TTL_S = 5.0  # a runner that dies is replaced within this
 CANCEL_GRACE_S = 3.0  # a cancelled batch's running lines may still finish this long
 BACKOFF_S = 1.0  # a batch whose pass failed is skipped this long, doubled at each failure in a row
@@ -60,6 +63,7 @@ class BatchRunner:
         self.failures = FailureLog("batch runner", log)
         self._cancelled: set[str] = set()  # batches whose running jobs were cancelled
         self._backoff: dict[str, tuple[float, float]] = {}  # batch -> (skipped until, its delay)
+        self._watch: list[str] = []  # end streams of jobs running at the last feed
 
     async def run(self) -> None:
         while True:
@@ -75,10 +79,22 @@ class BatchRunner:
                 self.lease.lost()
             except Exception as exc:  # Redis down, a broker hiccup: the next pass tries again
                 self.failures.failed(exc, expected=isinstance(exc, (RedisError, OSError)))
-            await asyncio.sleep(PASS_S)
+            await self._rest()
 
     async def release(self) -> None:
         await self.lease.release()
+
+    async def _rest(self) -> None:
+        """Until the next pass: PASS_S, or less when a watched job ends (an end written meanwhile
+        is new to this read: "$"), so a finished line's seats are fed again at once."""
+        watch, self._watch = self._watch, []
+        if not watch:
+            await asyncio.sleep(PASS_S)
+            return
+        try:
+            await self.ctx.jobs.redis.xread(dict.fromkeys(watch, "$"), count=1, block=int(PASS_S * 1000))
+        except RedisError:
+            await asyncio.sleep(PASS_S)
 
     async def run_pass(self) -> None:
         redis = self.ctx.jobs.redis
@@ -168,23 +184,35 @@ class BatchRunner:
         self._cancelled.add(rec.id)
 
     async def _feed(self, batches: list[BatchRecord], feedable: list[BatchRecord]) -> None:
-        """Free slots shared by tenant weight (the tenant with the fewest running lines per unit of
-        weight next), a tenant's share to its oldest batch first. Every batch's running lines
-        count against the slots, fed in full or not."""
+        """Free seats (jobs: a line with n choices of k prompts takes n x k) shared by tenant
+        weight (the tenant with the fewest running jobs per unit of weight next), a tenant's share
+        to its oldest batch first. Every batch's running jobs count against the window, fed in full
+        or not."""
         if not feedable:
             return
         redis = self.ctx.jobs.redis
         pipe = redis.pipeline(transaction=False)
         for rec in batches:
-            pipe.hlen(keys.batch_running(rec.id))
-        running = dict(zip((r.id for r in batches), await pipe.execute(), strict=True))
-        slots = await free_slots(self.ctx, sum(running.values()))
+            pipe.hvals(keys.batch_running(rec.id))
+        replies = await pipe.execute()
+        lines = {
+            rec.id: [Running.from_json(text) for text in texts]
+            for rec, texts in zip(batches, replies, strict=True)
+        }
+        running = {batch: sum(len(line.jobs) for line in held) for batch, held in lines.items()}
+        ends = (keys.job_end(job) for held in lines.values() for line in held for job in line.jobs)
+        self._watch = list(itertools.islice(ends, WATCH_JOBS))
+        free = await seats(self.ctx, sum(running.values()))
+        placed = ((line.worker, len(line.jobs)) for held in lines.values() for line in held)
+        room = Room.of(free.window, free.workers, placed)
         load: dict[str, int] = {}
         for rec in feedable:
             load[rec.tenant] = load.get(rec.tenant, 0) + running[rec.id]
         weights = {t: self.ctx.keys.weight(t) for t in load}
-        share = shares(load, weights, slots)
+        share = shares(load, weights, free.free)
         for rec in feedable:  # oldest first (the active list is by created_at)
             if share[rec.tenant] > 0:
-                fed = feed(self.ctx, self.lease.fence, rec, self.parts, share[rec.tenant])
+                fed = feed(
+                    self.ctx, self.lease.fence, rec, self.parts, share[rec.tenant], room, running[rec.id]
+                )
                 share[rec.tenant] -= await self._guarded(rec, fed) or 0

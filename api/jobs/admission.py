@@ -7,12 +7,13 @@ fair dispatch existed):
 - interactive: max(0, min(concurrency, seats) - dispatch_headroom) each, against the released
   interactive jobs (keys.INFLIGHT): a tenant past its quota parks beyond it, so another tenant's
   request always finds a thread and an engine seat at once;
-- batch (window_for_batch): max(0, concurrency - dispatch_headroom) each, against every running
-  job: with a worker's threads above its seats (worker_concurrency > max_num_seqs) batch lines
-  fill every seat, and an interactive job still finds a thread and takes its seat from a batch
-  sequence (the engine preempts batch for interactive: workers/engine/scheduler.py). The
-fleet is read through the api's FleetCache, so the terms cost no Redis read of their own most of
-the time. A tenant's quota is fair_quota x its weight (the keys file's third column), rounded up."""
+- batch (api/dispatch/capacity.py, worker_seats): max(1, concurrency - dispatch_headroom) each,
+  in jobs, against every running job: with a worker's threads above its seats
+  (worker_concurrency > max_num_seqs) batch jobs fill every seat, and an interactive job still
+  finds a thread and takes its seat from a batch sequence (the engine preempts batch for
+  interactive: workers/engine/scheduler.py).
+The fleet is read through the api's FleetCache, so the terms cost no Redis read of their own most
+of the time. A tenant's quota is fair_quota x its weight (the keys file's third column), rounded up."""
 
 from __future__ import annotations
 
@@ -27,16 +28,13 @@ from broker import priority
 from broker.messages import GenerateJob
 
 
-def window_of(views: Iterable[WorkerView], headroom: int, batch: bool = False) -> int:
-    """Jobs released jobs may number (interactive, or with batch=True every running job): 0 when no
-    live worker says its concurrency."""
+def window_of(views: Iterable[WorkerView], headroom: int) -> int:
+    """Interactive jobs released jobs may number: 0 when no live worker says its concurrency."""
     total = 0
     for view in views:
         status = view.status
         if view.live and status is not None and status.concurrency > 0:
-            seats = (
-                status.concurrency if batch else min(status.concurrency, status.seats or status.concurrency)
-            )
+            seats = min(status.concurrency, status.seats or status.concurrency)
             total += max(0, seats - headroom)
     return total
 

@@ -4,7 +4,9 @@
   concurrencies (the batch runs first, so any cache the online runs find is the batch's doing:
   the comparison leans against the batch);
 - ttft: interactive streaming requests, one at a time, on an idle stack and then while a large
-  batch runs (it is cancelled afterwards);
+  batch runs (it is cancelled afterwards); the batch's output tok/s (the workers' generated tokens,
+  from their heartbeats, less the probes') while the probes run against the same batch alone just
+  before and just after them;
 - fair: tenant B's single requests (one a second), queue wait (ops/bench/fair_wait.py) alone and
   then while tenant A has hundreds of jobs queued.
 """
@@ -22,8 +24,12 @@ import redis
 from openai import AsyncOpenAI, OpenAI
 from tqdm import tqdm
 
+from broker.worker_registry import live_workers
 from ops.bench import batch_client as bc
 from ops.bench.fair_wait import FairWait
+
+PROBE_TOKENS = 8  # each interactive probe's max_tokens
+LINGER_S = 1.5  # past the engine's batch sizing after the last interactive request (batch_budget.py)
 
 
 async def _online(
@@ -91,7 +97,7 @@ async def _ttfts(base_url: str, key: str, model: str, tag: str, probes: int, gap
     out = []
     try:
         for i in tqdm(range(probes), desc=f"interactive TTFT ({tag})", unit="req", leave=False):
-            body = bc.chat_body(model, bc.question(tag, i), 8)
+            body = bc.chat_body(model, bc.question(tag, i), PROBE_TOKENS)
             started = time.perf_counter()
             stream = await client.chat.completions.create(**bc.client_kwargs(body), stream=True)
             first = None
@@ -105,21 +111,47 @@ async def _ttfts(base_url: str, key: str, model: str, tag: str, probes: int, gap
     return out
 
 
+def _generated(rds: redis.Redis) -> tuple[int, float]:
+    """Tokens the live workers have generated so far (their heartbeats), and when read."""
+    return sum(w.engine.generation_tokens for w in live_workers(rds) if w.engine), time.perf_counter()
+
+
 def ttft(
-    client: OpenAI, base_url: str, key: str, model: str, flood_lines: int, max_tokens: int, probes: int
+    client: OpenAI,
+    base_url: str,
+    redis_url: str,
+    key: str,
+    model: str,
+    flood_lines: int,
+    max_tokens: int,
+    probes: int,
+    alone_s: float = 20.0,
 ) -> dict[str, Any]:
+    rds = redis.Redis.from_url(redis_url, socket_timeout=10)
     idle = asyncio.run(_ttfts(base_url, key, model, "idle", probes, 0.3))
     bodies = {
         f"flood-{i}": bc.chat_body(model, bc.question("flood", i), max_tokens) for i in range(flood_lines)
     }
     batch = bc.submit(client, bc.jsonl(bodies))
     bc.wait_running(client, batch.id, 600, lines=4)
+    # The batch alone just before and just after the probes (past the engine's linger), against its
+    # rate under them: the two sides of the probes take any drift of the machine's load alike.
+    before = _generated(rds)
+    time.sleep(alone_s / 2)
+    start = _generated(rds)
     busy = asyncio.run(_ttfts(base_url, key, model, "under batch", probes, 0.3))
+    end = _generated(rds)
+    time.sleep(LINGER_S)
+    after = _generated(rds)
+    time.sleep(alone_s / 2)
+    last = _generated(rds)
     during = client.batches.retrieve(batch.id)
     with contextlib.suppress(openai.ConflictError):  # it ended while probed (a small flood)
         client.batches.cancel(batch.id)
     ended = bc.wait(client, batch.id, 600, "cancelling the flood")
     counts = during.request_counts
+    alone_tok_s = (start[0] - before[0] + last[0] - after[0]) / (start[1] - before[1] + last[1] - after[1])
+    under_tok_s = (end[0] - start[0] - probes * PROBE_TOKENS) / (end[1] - start[1])
     return {
         "flood_lines": flood_lines,
         "flood_completed_while_probing": counts.completed if counts else None,
@@ -130,6 +162,9 @@ def ttft(
         "interactive_ttft_idle_s": idle,
         "interactive_ttft_under_batch_s": busy,
         "interactive_ttft_ratio_under_batch": statistics.median(busy) / statistics.median(idle),
+        "batch_alone_tok_s": alone_tok_s,
+        "batch_under_interactive_tok_s": under_tok_s,
+        "batch_throughput_under_interactive_ratio": under_tok_s / alone_tok_s,
     }
 
 

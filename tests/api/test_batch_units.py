@@ -9,9 +9,11 @@ from pathlib import Path
 
 from api.batches import lines
 from api.batches.fair import shares
+from api.batches.feeder import Running, fits
 from api.batches.finalize import merge
 from api.batches.input import read_at, read_from, validate
 from api.batches.parts import error_part, output_part
+from api.batches.placement import Room
 from api.batches.records import BatchRecord
 from api.files.store import DirStore
 
@@ -21,6 +23,22 @@ def test_shares_follow_weights_and_what_runs_already() -> None:
     assert shares({"a": 10, "b": 0}, {}, 4) == {"a": 0, "b": 4}, "a tenant that holds many gets none"
     assert shares({"a": 3, "b": 0}, {}, 5) == {"a": 1, "b": 4}
     assert shares({}, {}, 5) == {} and shares({"a": 0}, {}, 0) == {"a": 0}
+
+
+def test_lines_go_to_the_routers_worker_while_it_has_seats_else_the_freest() -> None:
+    lines = [Running(0, ["a", "b", "c"], 0.0, "w1"), Running(9, ["d"], 0.0)]
+    room = Room.of(8, {"w1": 4, "w2": 4}, ((line.worker, len(line.jobs)) for line in lines))
+    assert room.free == {"w1": 1, "w2": 4}  # a line in the shared queue is on no worker's seats
+    assert room.place("w1", 1) == "w1", "the router's pick (it holds the prefix) while it has a seat"
+    assert room.place("w1", 1) == "w2" and room.place("gone", 2) == "w2"
+    assert room.place(None, 1) == "w2" and room.free == {"w1": 0, "w2": 0}
+    assert Room.of(0, {}, []).place("w1", 1) is None
+
+
+def test_a_line_fits_its_seats_or_runs_alone_when_larger_than_the_window() -> None:
+    assert fits(3, 3, 64, idle=False) and not fits(4, 3, 64, idle=False)
+    assert not fits(40, 10, 32, idle=False) and fits(40, 10, 32, idle=True)
+    assert not fits(30, 10, 32, idle=True), "it fits the window: it waits for seats"
 
 
 def _store(tmp_path: Path, name: str, text: bytes) -> DirStore:

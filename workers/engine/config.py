@@ -22,6 +22,9 @@ class EngineConfig:
     # prefilled together, the oldest's predicted TTFT bounded by this many times the predicted
     # prefill of a full batch of prompts like them (step_cost.py). 0: admit at once.
     prefill_batch_hold: float = DEFAULTS.prefill_batch_hold
+    # Batch sizing (batch_budget.py): while interactive requests flow, a step's batch rows cost at
+    # most (this - 1) times the predicted step without them (step_cost.py). 0: never sized.
+    interactive_batch_step: float = DEFAULTS.interactive_batch_step
     max_model_len: int | None = None  # None: the model's own context length
     enable_prefix_caching: bool = DEFAULTS.enable_prefix_caching
     # A bare engine (tests, benchmarks) has no warm tier and no max_tokens default unless given;
@@ -65,6 +68,10 @@ class EngineConfig:
             raise ValueError(f"max_prefill_tokens_with_decodes must be None or >= 1, got {cap}")
         if not 0.0 <= self.prefill_batch_hold <= 10.0:
             raise ValueError(f"prefill_batch_hold must be in [0, 10], got {self.prefill_batch_hold}")
+        if self.interactive_batch_step != 0.0 and not 1.0 <= self.interactive_batch_step <= 100.0:
+            raise ValueError(
+                f"interactive_batch_step must be 0 or in [1, 100], got {self.interactive_batch_step}"
+            )
         if self.dtype not in ("float32", "float16", "bfloat16"):
             raise ValueError(f"dtype must be float32, float16 or bfloat16, got {self.dtype}")
         if not 0.0 <= self.first_token_hold_s <= 60.0:

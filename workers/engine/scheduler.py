@@ -11,6 +11,10 @@ a batch line never starts while an interactive request waits, and a step that pr
 interactive prompt carries no batch work (batch decodes wait that step out). With no batch
 sequence, phases 1 and 2 are the whole step: running first, then arrivals, as before classes.
 
+Batch sizing (interactive_batch_step, workers/engine/batch_budget.py): while interactive requests
+flow, phase 3 takes batch rows only up to a predicted share of the step, so an interactive request
+arriving mid-step waits for a short step, not a full batch one.
+
 Admission hold (prefill_batch_hold, workers/engine/admission_hold.py): while others decode, new
 interactive prompts may wait a few steps to be prefilled together, judged by the prompt tokens
 they will compute (their cached prefixes left out) and the step cost model.
@@ -24,6 +28,7 @@ from collections.abc import Callable
 from kvstore.chain import BlockHash
 from kvstore.tiers.stored_block import StoredBlock
 from workers.engine.admission_hold import AdmissionHold
+from workers.engine.batch_budget import BatchBudget, BatchSizer
 from workers.engine.block_manager import BlockManager
 from workers.engine.config import EngineConfig
 from workers.engine.requests.sequence import EngineRequest, RequestStatus
@@ -49,9 +54,11 @@ class Scheduler:
         self.clock: Callable[[], float] = time.monotonic
         self.hold = AdmissionHold(config, block_manager, tiers)
         self.num_held_steps = 0  # steps that held waiting prompts back (admission hold)
+        self.sizer = BatchSizer(config.interactive_batch_step)
 
     def add(self, seq: EngineRequest) -> None:
         self.hold.arrive(seq, self.clock())
+        self.sizer.seen(seq, self.clock())
         self.waiting.add(seq)
 
     def has_unfinished(self) -> bool:
@@ -70,14 +77,16 @@ class Scheduler:
             self._admit(plan, pending, batch=False)
         if plan.interactive_prefill:
             return plan.output()
-        if not self._run(plan, [s for s in ordered if s.is_batch]):
+        budget = self.sizer.budget(plan, self.cost, [*self.running, *self.waiting], self.clock())
+        if not self._run(plan, [s for s in ordered if s.is_batch], budget):
             return plan.output()
         if not self.waiting or self.waiting.first.is_batch:  # no interactive one waits
-            self._admit(plan, pending, batch=True)
+            self._admit(plan, pending, batch=True, budget=budget)
         return plan.output()
 
-    def _run(self, plan: StepPlan, seqs: list[EngineRequest]) -> bool:
-        """Schedule running sequences (decodes first); False when one had to be preempted."""
+    def _run(self, plan: StepPlan, seqs: list[EngineRequest], budget: BatchBudget | None = None) -> bool:
+        """Schedule running sequences (decodes first), batch ones within `budget`; False when one
+        had to be preempted."""
         for seq in seqs:
             if plan.budget <= 0:
                 break
@@ -86,23 +95,31 @@ class Scheduler:
             decode = is_decoding(seq)
             room = plan.budget if decode else self._prefill_room(plan)
             n = min(seq.num_uncomputed_tokens, room)
+            if budget is not None:
+                n = budget.fit(n, decode)
             if n <= 0:
-                break  # the prefill cap is spent, and only prefills follow
+                break  # the prefill cap (or the batch budget) is spent
             if not self._make_room(seq, n, plan):
                 break
             self.blocks.append(seq, n)
             plan.take(seq, n, decode)
+            if budget is not None:
+                budget.take(n, decode)
         return not plan.preempted
 
-    def _admit(self, plan: StepPlan, pending: set[BlockHash], batch: bool) -> None:
-        """Admit waiting sequences of one class, first to last, while there is room; an
-        interactive one makes room by preempting running batch sequences."""
+    def _admit(
+        self, plan: StepPlan, pending: set[BlockHash], batch: bool, budget: BatchBudget | None = None
+    ) -> None:
+        """Admit waiting sequences of one class, first to last, while there is room (batch ones
+        within `budget`); an interactive one makes room by preempting running batch sequences."""
         deferred: list[EngineRequest] = []
         while self.waiting and plan.budget > 0:
             seq = self.waiting.first
             if seq.is_batch != batch:
                 break
             room = self._prefill_room(plan)
+            if budget is not None:
+                room = budget.fit(room, decode=False)
             if room <= 0:
                 break
             if len(self.running) >= self.config.max_num_seqs:
@@ -139,6 +156,8 @@ class Scheduler:
             seq.prefix_hashes = hashes
             self.running.append(seq)
             plan.take(seq, n, decode=False)
+            if budget is not None:
+                budget.take(n, decode=False)
             pending.update(hashes[known:])
         self.waiting.put_back_all(deferred)
 
@@ -214,5 +233,6 @@ class Scheduler:
         elif seq in self.waiting:
             self.waiting.remove(seq)
         self.hold.leave(seq)
+        self.sizer.seen(seq, self.clock())
         self.blocks.free(seq)
         seq.status = RequestStatus.FINISHED

@@ -8,13 +8,22 @@ figure taken once on a quiet machine. The scheduler's admission hold (scheduler.
 it what holding a new prompt one more step and then prefilling the waiting ones costs their
 TTFT. It also sums the seconds spent in decode-only steps and in steps carrying prefill rows: how
 much of the served TPOT the prefills set (`kvferry bench served-decode`).
+
+On a CPU d does move a decode step (each row is a matrix-vector pass over the weights' cache
+lines, and its attention): the batch sizing (batch_budget.py) needs a row's own cost, so the
+decode-only steps are also fitted as t(d) = base + row * d, least squares over the last
+_FIT_STEPS of them, refitted only when their d spread enough to tell the two apart (the last
+fit is kept otherwise, as when the sizing itself holds d steady).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections import deque
+from dataclasses import dataclass, field
 
 _WEIGHT = 0.2  # each new sample's share of the averages: about the last ten steps count
+_FIT_STEPS = 64  # decode-only steps the row fit looks at
+_FIT_SPREAD = 2  # their d must span at least this many rows for a new fit
 
 
 @dataclass(slots=True)
@@ -23,6 +32,9 @@ class StepCost:
     prefill_row_s: float | None = None  # one prefill row beside decodes, recent average
     seconds_decode_only: float = 0.0  # all decode-only steps so far
     seconds_with_prefill: float = 0.0  # all steps that computed prompt (or recompute) rows
+    decode_base_s: float = 0.0  # the fit's fixed part of a decode-only step
+    decode_row_s: float | None = None  # the fit's cost of one decode row
+    _recent: deque[tuple[int, float]] = field(default_factory=lambda: deque(maxlen=_FIT_STEPS))
 
     @property
     def ready(self) -> bool:
@@ -35,6 +47,8 @@ class StepCost:
             self.seconds_decode_only += seconds
             if num_decodes:
                 self.decode_s = _avg(self.decode_s, seconds)
+                self._recent.append((num_decodes, seconds))
+                self._fit()
             return
         self.seconds_with_prefill += seconds
         base = self.decode_s if self.decode_s is not None and num_decodes else 0.0
@@ -43,6 +57,29 @@ class StepCost:
     def predict(self, num_prefill: int) -> float:
         """Seconds of a step carrying the current decodes and `num_prefill` prefill rows."""
         return (self.decode_s or 0.0) + (self.prefill_row_s or 0.0) * num_prefill
+
+    def _fit(self) -> None:
+        ds = [d for d, _ in self._recent]
+        if max(ds) - min(ds) < _FIT_SPREAD:
+            if self.decode_row_s is None:  # no fit yet: all of a step on its rows (an upper bound)
+                self.decode_row_s = sum(t for _, t in self._recent) / sum(ds)
+            return
+        n = len(ds)
+        mean_d, mean_t = sum(ds) / n, sum(t for _, t in self._recent) / n
+        var = sum((d - mean_d) ** 2 for d in ds)
+        slope = sum((d - mean_d) * (t - mean_t) for d, t in self._recent) / var
+        if slope > 0:
+            self.decode_row_s = slope
+            self.decode_base_s = max(0.0, mean_t - slope * mean_d)
+
+    def predict_rows(self, num_decodes: int, num_prefill: int = 0) -> float:
+        """Seconds of a step of `num_decodes` decode rows and `num_prefill` prefill rows, by the
+        row fit (0 for what is not timed yet)."""
+        return (
+            self.decode_base_s
+            + (self.decode_row_s or 0.0) * num_decodes
+            + (self.prefill_row_s or 0.0) * num_prefill
+        )
 
 
 def _avg(old: float | None, new: float) -> float:

@@ -43,6 +43,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 STREAM_FLUSH_S = 0.03
+# A batch line's tokens have no reader before its final (the runner reads end streams only): they
+# are written this seldom, enough for a redelivery to resume and a cancel to be seen, and the
+# worker's thread, Redis and the api skip a write per step per job.
+BATCH_FLUSH_S = 1.0
 T = TypeVar("T")
 HEALTHY_WAIT_S = 5.0  # a job that finds its engine loop restarting waits this long for it
 
@@ -117,7 +121,8 @@ class JobAttempt:
             cache_salt=job.kv_salt,
             output_token_ids=before.token_ids,
             streamed_chars=before.text_chars,
-            reports_first_out=True,  # _stream publishes the first token before the next step runs
+            # _stream publishes an interactive job's first token before the next step runs
+            reports_first_out=job.job_class != "batch",
             keep_tail=bool(job.session_id),  # its next turn starts with this one's partial last block
             grammar=grammar,
             job_class=job.job_class,
@@ -218,7 +223,9 @@ class JobAttempt:
         texts: list[str] = []
         token_ids: list[int] = []
         lps: list[TokenLogprob] = []
-        last_publish = 0.0
+        batch = self.job.job_class == "batch"
+        flush_s = BATCH_FLUSH_S if batch else STREAM_FLUSH_S
+        last_publish = time.monotonic() if batch else 0.0  # an interactive first token goes at once
         last: list[StreamEvent] = []
         for out in handle:
             if self.held.lost.is_set():
@@ -237,7 +244,7 @@ class JobAttempt:
             now = time.monotonic()
             # The first token goes out at once; later ones ride together within STREAM_FLUSH_S
             # (one XADD per step per job costs the worker, Redis, the api and the client alike).
-            if (token_ids or any(texts)) and (out.finished or now - last_publish >= STREAM_FLUSH_S):
+            if (token_ids or any(texts)) and (out.finished or now - last_publish >= flush_s):
                 text = "".join(texts)
                 echo = start == 0
                 event = TokenDelta(

@@ -1,0 +1,97 @@
+"""Batch sizing (interactive_batch_step, workers/engine/batch_budget.py): while interactive
+requests flow, a step's batch rows are held to a predicted share of the step, the oldest batch
+sequences first, at least one; with the interactive side quiet past the linger, batch sequences
+fill the step again; outputs stay token-exact with HF generate. The row fit of the step cost
+model (step_cost.py) recovers a step's fixed part and its cost per decode row."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from broker.sampling import SamplingParams
+from tests.workers._helpers import TinyModel, assert_tokens, make_engine, random_prompt
+from tests.workers.engine.test_admission_hold import Clock, PinnedCost
+from workers.engine.batch_budget import INTERACTIVE_LINGER_S
+from workers.engine.scheduler import SchedulerOutput
+from workers.engine.step_cost import StepCost
+
+BASE_S, ROW_S, PREFILL_S = 0.010, 0.002, 0.001  # the pinned model: t = base + row * d + prefill * p
+PARAMS = SamplingParams(max_tokens=10, ignore_eos=True)
+
+
+def test_the_row_fit_recovers_base_and_row_cost() -> None:
+    cost = StepCost()
+    for d in (32, 32, 32):
+        cost.record(d, 0, BASE_S + ROW_S * d)
+    assert cost.decode_row_s == pytest.approx((BASE_S + ROW_S * 32) / 32)  # no spread: an upper bound
+    for d in (1, 8, 32, 4):
+        cost.record(d, 0, BASE_S + ROW_S * d)
+    assert cost.decode_row_s == pytest.approx(ROW_S) and cost.decode_base_s == pytest.approx(BASE_S)
+    for _ in range(80):  # d held steady: the last fit stays
+        cost.record(6, 0, BASE_S + ROW_S * 6)
+    assert cost.decode_row_s == pytest.approx(ROW_S)
+    assert cost.predict_rows(5, 10) == pytest.approx(BASE_S + 5 * ROW_S + 10 * (cost.prefill_row_s or 0))
+
+
+def _batch_decodes(step: SchedulerOutput) -> int:
+    return sum(1 for s in step.scheduled if s.seq.is_batch and s.num_new_tokens == 1)
+
+
+@pytest.mark.parametrize("factor", [2.0, 0.0])
+def test_steps_carry_a_share_of_batch_rows_while_interactive_requests_flow(
+    tiny: TinyModel, factor: float
+) -> None:
+    rng = random.Random(5)
+    batch = {f"b{i}": random_prompt(rng, 5 + i) for i in range(10)}
+    late = random_prompt(rng, 7)
+    engine = make_engine(tiny.loaded, num_blocks=64, interactive_batch_step=factor)
+    cost = PinnedCost(decode_s=BASE_S + ROW_S, prefill_row_s=PREFILL_S)
+    cost.decode_base_s, cost.decode_row_s = BASE_S, ROW_S
+    engine.scheduler.cost = cost
+    clock = Clock()
+    engine.scheduler.clock = clock
+    done: dict[str, list[int]] = {}
+    plans: list[SchedulerOutput] = []
+    schedule = engine.scheduler.schedule
+
+    def recording() -> SchedulerOutput:
+        plans.append(schedule())
+        return plans[-1]
+
+    engine.scheduler.schedule = recording  # type: ignore[method-assign]
+
+    def step() -> SchedulerOutput:
+        for out in engine.step():
+            if out.finished:
+                done[out.request_id] = list(out.token_ids)
+        engine.check_integrity()
+        clock.now += 0.05
+        return plans[-1]
+
+    for rid, prompt in batch.items():
+        engine.add_request(rid, prompt, PARAMS, job_class="batch")
+    step()  # the batch's prefill
+    assert _batch_decodes(step()) == 10  # no interactive request: every batch sequence
+    engine.add_request("i", late, PARAMS)
+    first = step()
+    assert [s.seq.request_id for s in first.scheduled] == ["i"]  # its prefill runs alone
+    sized = step()
+    # t(1 decode) = 12 ms; (2 - 1) x 12 ms of batch rows at 2 ms: 6 batch decodes, the oldest
+    want = 6 if factor else 10
+    assert _batch_decodes(sized) == want
+    assert [s.seq.request_id for s in sized.scheduled if s.seq.is_batch] == list(batch)[:want]
+    while "i" not in done:
+        step()
+    left = len([s for s in engine.scheduler.running if s.is_batch])
+    assert _batch_decodes(step()) == min(want, left)  # it ended a moment ago: still sized
+    clock.now += INTERACTIVE_LINGER_S
+    while engine.has_unfinished():
+        if len(done) < 11:
+            n = len([s for s in engine.scheduler.running if s.is_batch])
+            assert _batch_decodes(step()) == n  # quiet: every running batch sequence again
+        else:
+            step()
+    for rid, prompt in {**batch, "i": late}.items():
+        assert_tokens(done[rid], tiny.expected(prompt, 10), rid)
