@@ -53,15 +53,10 @@ class Running:
         raw = {"offset": self.offset, "jobs": self.jobs, "fed_at": self.fed_at, "worker": self.worker}
         return json.dumps(raw)
 
-    @staticmethod
-    def jobs_in(text: str | bytes) -> int:
-        """The seats a recorded line takes: its jobs."""
-        return len(json.loads(text)["jobs"])
-
     @classmethod
     def from_json(cls, text: str) -> Running:
         raw = json.loads(text)
-        return cls(int(raw["offset"]), list(raw["jobs"]), float(raw["fed_at"]))
+        return cls(int(raw["offset"]), list(raw["jobs"]), float(raw["fed_at"]), raw.get("worker"))
 
 
 def job_ids(batch_id: str, line_no: int, request: CompletionRequest) -> list[str]:

@@ -195,10 +195,13 @@ class BatchRunner:
         for rec in batches:
             pipe.hvals(keys.batch_running(rec.id))
         replies = await pipe.execute()
-        lines = {
-            rec.id: [Running.from_json(text) for text in texts]
-            for rec, texts in zip(batches, replies, strict=True)
-        }
+        lines: dict[str, list[Running]] = {}
+        for rec, texts in zip(batches, replies, strict=True):
+            try:
+                lines[rec.id] = [Running.from_json(text) for text in texts]
+            except (ValueError, KeyError, TypeError):  # its own step fails and backs it off
+                lines[rec.id] = []
+                feedable = [r for r in feedable if r.id != rec.id]
         running = {batch: sum(len(line.jobs) for line in held) for batch, held in lines.items()}
         ends = (keys.job_end(job) for held in lines.values() for line in held for job in line.jobs)
         self._watch = list(itertools.islice(ends, WATCH_JOBS))

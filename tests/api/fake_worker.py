@@ -1,4 +1,4 @@
-"""A fake worker: takes kvferry.generate messages off the shared queue (raw kombu JSON, no Celery
+"""A fake worker: takes kvferry.generate messages off the shared queue and its own (raw kombu JSON, no Celery
 consumer), plays the worker's side of the stream protocol and records Celery result states the
 way a real worker would. What it does depends on a marker word in the prompt."""
 
@@ -84,7 +84,9 @@ class FakeWorker:
                 time.sleep(0.02)
                 continue
             self._paused.clear()
-            popped = self.redis.brpop(priority.queue_keys(keys.SHARED_QUEUE), timeout=0.1)  # every band
+            # every band of the shared queue and its own, the lowest band first (as a worker's BRPOP)
+            bands = zip(priority.queue_keys(keys.SHARED_QUEUE), priority.queue_keys(keys.worker_queue(WORKER)))
+            popped = self.redis.brpop([k for pair in bands for k in pair], timeout=0.1)
             if popped is None:
                 continue
             message = json.loads(popped[1])

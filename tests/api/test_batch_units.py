@@ -109,3 +109,10 @@ def test_a_line_is_parsed_as_the_online_endpoint_parses_it() -> None:
     wrong = lines.parse_line(3, json.dumps({**good, "body": {**body, "model": "big"}}), parse)
     assert (wrong.error_code, wrong.status_code) == ("model_not_found", 404)
     assert lines.parse_line(4, "{", parse).error_code == "invalid_json"
+
+
+def test_a_running_line_keeps_its_worker() -> None:
+    """The runner counts a running line against its worker's seats: the worker must survive Redis."""
+    line = Running(12, ["j1", "j2"], 1.5, "w1@test")
+    assert Running.from_json(line.to_json()) == line
+    assert Running.from_json('{"offset": 1, "jobs": [], "fed_at": 0}').worker is None  # older records
