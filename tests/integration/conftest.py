@@ -131,7 +131,12 @@ def start_worker(
                     return True
             return False
 
-        wait_for(ready, 90, f"worker {name}")
+        try:
+            wait_for(ready, 90, f"worker {name}")
+        except BaseException:  # never ready: not in `started`, so nothing else would stop it
+            process.kill()
+            process.wait(10)
+            raise
         assert node is not None
         worker = WorkerProcess(node, process, log)
         started.append(worker)

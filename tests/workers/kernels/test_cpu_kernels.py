@@ -92,3 +92,16 @@ def test_skinny_linear_refuses_what_it_would_misread(
 ) -> None:
     with pytest.raises(RuntimeError, match=match):
         torch.ops.kvferry.skinny_linear(x, weight, bias)
+
+
+def test_each_checkout_builds_its_own(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same sources in another directory (a second checkout, a worktree) get a library of
+    their own name: torch's build.ninja names its sources by path, so one shared build directory
+    would be rebuilt by each checkout in turn while the other's workers wait on the build lock."""
+    key = build._build_key()
+    copies = []
+    for source in build.SOURCES:
+        (tmp_path / source.name).write_bytes(source.read_bytes())
+        copies.append(tmp_path / source.name)
+    monkeypatch.setattr(build, "SOURCES", tuple(copies))
+    assert build._build_key() != key

@@ -42,7 +42,9 @@ def built() -> bool:
 def _build_key() -> str:
     """Everything the built library depends on: its sources, the flags, torch, and the CPU's
     instruction set (-march=native). ninja alone decides by file times, which a copied or rolled
-    back source (an image over a shared cache volume) does not move."""
+    back source (an image over a shared cache volume) does not move. And the sources' directory:
+    torch's build.ninja names them by path, so two checkouts sharing one build would rebuild it in
+    turn, each under the lock, while the other's workers wait to start."""
     try:
         cpu = next(
             (
@@ -54,7 +56,7 @@ def _build_key() -> str:
         )
     except OSError:
         cpu = ""
-    digest = hashlib.sha256()
+    digest = hashlib.sha256(str(SOURCES[0].parent if SOURCES else "").encode())
     for source in SOURCES + HEADERS:
         digest.update(source.name.encode() + b"\0" + source.read_bytes())
     digest.update(f"{_CFLAGS} {torch.__version__} {cpu}".encode())
