@@ -16,24 +16,22 @@ __all__ = ["Script", "affixes"]
 
 
 @cache
-def _text(path: Path, prelude: Path | None) -> tuple[str, str]:
-    text = path.read_text(encoding="utf-8")
-    if prelude is not None:
-        text = prelude.read_text(encoding="utf-8") + text
+def _text(path: Path, preludes: tuple[Path, ...]) -> tuple[str, str]:
+    text = "".join(p.read_text(encoding="utf-8") for p in (*preludes, path))
     return text, hashlib.sha1(text.encode()).hexdigest()
 
 
 class Script:
-    """lua/<name>.lua next to `module` (a module's __file__), after lua/<prelude>.lua when given
-    (a check every script of a family runs first, as the batch runner's lease fence)."""
+    """lua/<name>.lua next to `module` (a module's __file__), after each lua/<prelude>.lua given
+    (what every script of a family runs or calls first, as the batch runner's lease fence)."""
 
-    def __init__(self, module: str, name: str, prelude: str | None = None) -> None:
+    def __init__(self, module: str, name: str, preludes: tuple[str, ...] = ()) -> None:
         lua = Path(module).with_name("lua")
         self.path = lua / f"{name}.lua"
-        self.prelude = lua / f"{prelude}.lua" if prelude else None
+        self.preludes = tuple(lua / f"{p}.lua" for p in preludes)
 
     async def __call__(self, redis: Redis, keys: Sequence[str], args: Sequence[Any]) -> Any:
-        text, sha = _text(self.path, self.prelude)
+        text, sha = _text(self.path, self.preludes)
         try:
             return await redis.evalsha(sha, len(keys), *keys, *args)
         except NoScriptError:

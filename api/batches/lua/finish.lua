@@ -33,9 +33,5 @@ end
 redis.call('HSET', KEYS[2], 'status', ARGV[2], ARGV[3], ARGV[4], 'output_file_id', ARGV[6],
   'error_file_id', ARGV[7], 'completed', ARGV[8], 'failed', ARGV[9])
 if ARGV[10] ~= '' then redis.call('HSET', KEYS[2], 'errors', ARGV[10]) end
-redis.call('ZREM', KEYS[3], ARGV[5])
-redis.call('DEL', KEYS[4])
-redis.call('SREM', KEYS[5], ARGV[5])
-local retain_s = tonumber(redis.call('HGET', KEYS[2], 'retain_s') or '0')
-if retain_s and retain_s > 0 then redis.call('EXPIRE', KEYS[2], retain_s) end
+leave(KEYS[3], KEYS[4], KEYS[5], KEYS[2], ARGV[5])
 return 1
