@@ -85,7 +85,8 @@ class FakeWorker:
                 continue
             self._paused.clear()
             # every band of the shared queue and its own, the lowest band first (as a worker's BRPOP)
-            bands = zip(priority.queue_keys(keys.SHARED_QUEUE), priority.queue_keys(keys.worker_queue(WORKER)))
+            own = priority.queue_keys(keys.worker_queue(WORKER))
+            bands = zip(priority.queue_keys(keys.SHARED_QUEUE), own, strict=True)
             popped = self.redis.brpop([k for pair in bands for k in pair], timeout=0.1)
             if popped is None:
                 continue
