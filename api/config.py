@@ -41,7 +41,7 @@ class ApiConfig:
     files_dir: Path = DEFAULTS.cache_dir / "files"  # /v1/files contents (api/files/store.py)
     files_max_bytes: int = int(DEFAULTS.files_max_bytes)
     files_max_lines: int = DEFAULTS.files_max_lines
-    files_batch_expiry_s: int = DEFAULTS.files_batch_expiry_s  # docs/api.md#retention; 0: kept
+    files_batch_expiry_s: int = DEFAULTS.files_batch_expiry_s  # docs/files.md#retention; 0: kept
     batch_output_expiry_s: int = DEFAULTS.batch_output_expiry_s
     batch_retention_s: int = DEFAULTS.batch_retention_s
     files_sweep_interval_s: float = DEFAULTS.files_sweep_interval_s  # api/file_sweeper.py

@@ -3,7 +3,7 @@ entry (the record workers/jobs/lost_messages.py resends from), the sweeps' deliv
 (broker/jobs/delivery.py) and its queue message, all or nothing; under Sentinel a WAIT follows on
 the same connection, so the api answers only once a replica holds the job.
 
-The same script decides the job's admission (api/dispatch/, docs/architecture.md "Fair share"):
+The same script decides the job's admission (api/dispatch/, docs/routing.md "Fair share"):
 while the released, unfinished jobs (keys.INFLIGHT) and the parked ones fill the window, an
 interactive job whose tenant already has its quota released is PARKED instead: its metadata,
 message copy and what its release writes (keys.job_parked), no pending entry and no message, so
@@ -22,7 +22,7 @@ never involved.
 Short of n replicas within the timeout (the replica is down, or is still the old primary coming
 back after a failover) the job is accepted anyway and counted: with the only replica gone a
 refusal would turn every failover into an outage, while the job is then as safe as without HA
-(the primary's AOF). docs/operations.md ("HA") says so.
+(the primary's AOF). docs/ha.md says so.
 """
 
 from __future__ import annotations
