@@ -17,7 +17,7 @@ FORGET_COPY = Path(__file__).with_name("lua") / "forget_copy.lua"  # a prelude (
 
 
 def copy_keys(job_id: str) -> list[str]:
-    """The two keys, in the order forget_lua reads them."""
+    """The two keys, in the order forget_copy takes them (and forget_lua reads them)."""
     return [keys.job_message(job_id), keys.PENDING_JOBS]
 
 
