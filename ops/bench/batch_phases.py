@@ -24,9 +24,11 @@ import redis
 from openai import AsyncOpenAI, OpenAI
 from tqdm import tqdm
 
+from api.stage_clock import REQUEST_HEADER
 from broker.worker_registry import live_workers
 from ops.bench import batch_client as bc
 from ops.bench.fair_wait import FairWait
+from ops.bench.queue_stages import FIRST_TOKEN_STAGES, stamps, summarize
 
 PROBE_TOKENS = 8  # each interactive probe's max_tokens
 LINGER_S = 1.5  # past the engine's batch sizing after the last interactive request (batch_budget.py)
@@ -92,23 +94,30 @@ def throughput(
     }
 
 
-async def _ttfts(base_url: str, key: str, model: str, tag: str, probes: int, gap_s: float) -> list[float]:
+async def _ttfts(
+    base_url: str, key: str, model: str, tag: str, probes: int, gap_s: float, rds: redis.Redis
+) -> tuple[list[float], dict[str, dict[str, float]]]:
+    """Each probe's TTFT, and where its milliseconds went (queue_stages.FIRST_TOKEN_STAGES)."""
     client = AsyncOpenAI(base_url=base_url, api_key=key, max_retries=0, timeout=120)
-    out = []
+    out, runs = [], []
     try:
         for i in tqdm(range(probes), desc=f"interactive TTFT ({tag})", unit="req", leave=False):
             body = bc.chat_body(model, bc.question(tag, i), PROBE_TOKENS)
-            started = time.perf_counter()
-            stream = await client.chat.completions.create(**bc.client_kwargs(body), stream=True)
+            sent, started = time.time(), time.perf_counter()
+            raw = await client.chat.completions.with_raw_response.create(
+                **bc.client_kwargs(body), stream=True, extra_headers={REQUEST_HEADER: "1"}
+            )
             first = None
-            async for chunk in stream:
+            async for chunk in raw.parse():
                 if first is None and chunk.choices and chunk.choices[0].delta.content:
                     first = time.perf_counter() - started
-            out.append(first if first is not None else time.perf_counter() - started)
+            ttft = first if first is not None else time.perf_counter() - started
+            out.append(ttft)
+            runs.append({**stamps(raw.http_response, rds, sent, time.time()), "first_seen": sent + ttft})
             await asyncio.sleep(gap_s)
     finally:
         await client.close()
-    return out
+    return out, summarize(runs, FIRST_TOKEN_STAGES)
 
 
 def _generated(rds: redis.Redis) -> tuple[int, float]:
@@ -128,7 +137,7 @@ def ttft(
     alone_s: float = 20.0,
 ) -> dict[str, Any]:
     rds = redis.Redis.from_url(redis_url, socket_timeout=10)
-    idle = asyncio.run(_ttfts(base_url, key, model, "idle", probes, 0.3))
+    idle, idle_stages = asyncio.run(_ttfts(base_url, key, model, "idle", probes, 0.3, rds))
     bodies = {
         f"flood-{i}": bc.chat_body(model, bc.question("flood", i), max_tokens) for i in range(flood_lines)
     }
@@ -139,7 +148,7 @@ def ttft(
     before = _generated(rds)
     time.sleep(alone_s / 2)
     start = _generated(rds)
-    busy = asyncio.run(_ttfts(base_url, key, model, "under batch", probes, 0.3))
+    busy, busy_stages = asyncio.run(_ttfts(base_url, key, model, "under batch", probes, 0.3, rds))
     end = _generated(rds)
     time.sleep(LINGER_S)
     after = _generated(rds)
@@ -162,6 +171,8 @@ def ttft(
         "interactive_ttft_idle_s": idle,
         "interactive_ttft_under_batch_s": busy,
         "interactive_ttft_ratio_under_batch": statistics.median(busy) / statistics.median(idle),
+        "interactive_ttft_stages_idle": idle_stages,
+        "interactive_ttft_stages_under_batch": busy_stages,
         "batch_alone_tok_s": alone_tok_s,
         "batch_under_interactive_tok_s": under_tok_s,
         "batch_throughput_under_interactive_ratio": under_tok_s / alone_tok_s,

@@ -34,6 +34,15 @@ STAGES: tuple[tuple[str, str, str], ...] = (
     ("api: http out", "respond", "received"),
 )
 
+# The stages of a streamed request up to its first token (`first_seen`: the client saw it).
+FIRST_TOKEN_STAGES: tuple[tuple[str, str, str], ...] = (
+    ("api: in, parse, route, publish", "sent", "published"),
+    ("worker pickup (kombu, celery)", "published", "picked"),
+    ("worker setup", "picked", "submitted"),
+    ("engine: to first token", "submitted", "first_token"),
+    ("first token to the client", "first_token", "first_seen"),
+)
+
 
 def pct(values: list[float], q: int) -> float:
     """The q-th percentile (1..99) of `values`, interpolated between samples."""
@@ -52,10 +61,12 @@ def stamps(response: httpx.Response, client: redis.Redis, sent: float, received:
     return out
 
 
-def summarize(runs: list[dict[str, float]]) -> dict[str, dict[str, float]]:
+def summarize(
+    runs: list[dict[str, float]], stages: tuple[tuple[str, str, str], ...] = STAGES
+) -> dict[str, dict[str, float]]:
     """{stage: {p50_ms, p99_ms, mean_ms, n}} over the runs that hold both of its stamps."""
     out: dict[str, dict[str, float]] = {}
-    for name, start, end in STAGES:
+    for name, start, end in stages:
         ms = [(r[end] - r[start]) * 1000.0 for r in runs if start in r and end in r]
         if ms:
             mean = statistics.fmean(ms)
