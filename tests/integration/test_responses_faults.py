@@ -1,0 +1,93 @@
+"""A background response across faults, on the real stack: its worker SIGKILLed mid-answer and
+the api that took it stopped; another worker finishes the job (each token once: the job stream's
+fencing), another api's GET records its end once, and its replayed event stream holds each delta
+once and spells the final text, token-exact with HF generate."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import redis
+
+from broker import keys
+from broker.messages import SessionRecord
+from broker.sessions import store as session_store
+from ops.redis_server import RedisServer
+from tests.integration.conftest import MODEL, WorkerProcess, running_api, wait_for
+from tests.integration.test_responses import _events, responses_api  # noqa: F401
+
+Reference = Callable[[list[int], int], list[int]]
+TOKENS = 300
+
+
+def _alive(client: redis.Redis, name: str) -> bool:
+    return bool(client.exists(keys.worker_heartbeat(name)))
+
+
+def test_background_survives_a_worker_sigkill_and_its_api_stopping(
+    responses_api: str,  # noqa: F811
+    two_workers: tuple[WorkerProcess, WorkerProcess],
+    worker_factory: Callable[..., WorkerProcess],
+    redis_server: RedisServer,
+    redis_client: redis.Redis,
+    tmp_path_factory: pytest.TempPathFactory,
+    tiny_reference: Reference,
+) -> None:
+    victim = worker_factory("resp-victim")
+    for w in two_workers:  # only the victim live: the job goes there
+        w.process.send_signal(signal.SIGSTOP)
+    try:
+        wait_for(
+            lambda: not any(_alive(redis_client, w.name) for w in two_workers),
+            20,
+            "paused workers' heartbeats",
+        )
+        log = tmp_path_factory.mktemp("api-doomed") / "api.log"
+        doomed = running_api(["--redis-url", redis_server.url, "--model", MODEL], {**os.environ}, log)
+        url = next(doomed)
+        created = httpx.post(
+            f"{url}/v1/responses",
+            json={
+                "model": MODEL,
+                "input": "go",
+                "background": True,
+                "max_output_tokens": TOKENS,
+                "temperature": 0,
+            },
+            timeout=30,
+        ).json()
+        rid = created["id"]
+        assert created["status"] == "queued", created
+        doomed.close()  # the api that took it is gone: its watcher with it
+        job_id = json.loads(redis_client.get(f"kvferry:response::{rid}") or b"{}")["job_id"]
+        wait_for(lambda: redis_client.xlen(keys.job_stream(job_id)) >= 3, 60, "the victim's first tokens")
+    finally:
+        for w in two_workers:
+            w.process.send_signal(signal.SIGCONT)
+    victim.kill()
+
+    def ended() -> bool:
+        status = httpx.get(f"{responses_api}/v1/responses/{rid}", timeout=30).json()["status"]
+        return status in ("completed", "incomplete")
+
+    wait_for(ended, 120, "the response to end on another worker")
+    final = httpx.get(f"{responses_api}/v1/responses/{rid}", timeout=30).json()
+    assert final["worker"] != victim.name, final
+    text = final["output"][0]["content"][0]["text"]
+    events = _events(responses_api, rid, -1)
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    assert "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta") == text
+    assert sum(e["type"] == "response.output_item.added" for e in events) == 1
+    record = session_store.load(redis_client, "", rid)
+    assert isinstance(record, SessionRecord)
+    n_in = final["usage"]["input_tokens"]
+    prompt: list[Any] = list(record.token_ids[:n_in])
+    assert list(record.token_ids[n_in:]) == tiny_reference(prompt, final["usage"]["output_tokens"])
+    assert redis_client.exists(f"kvferry:response::{rid}:final")  # its end applied once
