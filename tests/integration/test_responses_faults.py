@@ -9,7 +9,6 @@ import json
 import os
 import signal
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import httpx
