@@ -7,6 +7,7 @@ import sys
 import click
 
 from ops.batch_cli import batch_cmd
+from ops.bench.responses.command import bench_responses_cmd  # noqa: F401  (registers `bench responses`)
 from ops.chaos.command import chaos_cmd
 from ops.commands_bench_batch import bench_batch_cmd  # noqa: F401  (registers `bench batch`)
 from ops.commands_bench_served import bench_served_decode_cmd  # noqa: F401  (`bench served-decode`)
