@@ -250,3 +250,42 @@ def test_codex_shaped_turns_are_served_from_the_cache(client: OpenAI) -> None:
     )
     with pytest.raises(openai.NotFoundError):
         client.responses.retrieve(second.id)
+
+
+def test_a_conversation_gathers_its_responses_items_and_continues_its_session(
+    client: OpenAI, responses_api: str
+) -> None:
+    made = httpx.post(
+        f"{responses_api}/v1/conversations",
+        json={
+            "items": [{"type": "message", "role": "developer", "content": SYSTEM * 2}],
+            "metadata": {"a": "b"},
+        },
+    ).json()
+    cid = made["id"]
+    assert cid.startswith("conv_") and made["metadata"] == {"a": "b"}
+    assert httpx.get(f"{responses_api}/v1/conversations/{cid}").json() == made
+    first = client.responses.create(
+        model=MODEL, input="one", conversation=cid, max_output_tokens=4, temperature=0
+    )
+    second = client.responses.create(
+        model=MODEL, input="two", conversation=cid, max_output_tokens=4, temperature=0
+    )
+    assert first.usage is not None and second.usage is not None
+    assert (
+        second.usage.input_tokens_details.cached_tokens
+        >= (first.usage.total_tokens - 1) // BLOCK * BLOCK - BLOCK
+    )
+    items = httpx.get(f"{responses_api}/v1/conversations/{cid}/items", params={"order": "asc"}).json()["data"]
+    texts = [i["content"][0]["text"] for i in items]
+    assert texts == [SYSTEM * 2, "one", first.output_text, "two", second.output_text]
+    assert len({i["id"] for i in items}) == len(items)
+    added = httpx.post(
+        f"{responses_api}/v1/conversations/{cid}/items",
+        json={"items": [{"role": "user", "content": "three"}]},
+    ).json()
+    assert added["data"][0]["content"][0]["text"] == "three"
+    assert httpx.delete(f"{responses_api}/v1/conversations/{cid}").json()["deleted"] is True
+    assert httpx.get(f"{responses_api}/v1/conversations/{cid}").status_code == 404
+    with pytest.raises(openai.BadRequestError):
+        client.responses.create(model=MODEL, input="x", conversation=cid)
