@@ -15,7 +15,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import TypeAdapter
 
 from api import intake
-from api.completion import gave_up
+from api.answer.completion import gave_up
 from api.context import ApiContext
 from api.errors import failed_response
 from api.jobs.errors import ClientGoneError, JobTimeoutError

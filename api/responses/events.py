@@ -14,7 +14,7 @@ from typing import Any
 from api.responses import items as ids
 from api.responses.items import text_part
 from api.responses.record import ResponseRecord
-from api.schema import logprobs as logprobs_body
+from api.schema.answer import logprobs as logprobs_body
 from api.tool_calls.answer import StreamedCalls
 from api.tool_calls.parser import CallPiece, ContentPiece, Piece
 from api.tool_calls.registry import parser_for

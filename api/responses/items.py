@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from api.responses.body import FunctionCallItem, FunctionCallOutputItem, InputItem, MessageItem
-from api.schema import logprobs as logprobs_body
+from api.schema.answer import logprobs as logprobs_body
 from api.tool_calls.parser import ParsedCall, ToolParser, parse
 from broker.messages import TokenLogprob
 

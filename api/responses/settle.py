@@ -8,8 +8,8 @@ import logging
 
 import msgspec
 
-from api.completion import ended as job_ended
-from api.completion import settle as job_settle
+from api.answer.completion import ended as job_ended
+from api.answer.completion import settle as job_settle
 from api.context import ApiContext
 from api.jobs.view import error_code
 from api.responses import conversations, render

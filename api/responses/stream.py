@@ -11,13 +11,13 @@ import anyio
 from fastapi.responses import Response, StreamingResponse
 from redis import RedisError
 
-from api.completion import abandon
+from api.answer.completion import abandon
 from api.context import ApiContext
 from api.jobs.errors import ClientGoneError, JobTimeoutError
 from api.responses.events import Event, ResponseEvents, sse
 from api.responses.record import ResponseRecord
 from api.responses.settle import finish
-from api.schema import sse as chat_sse
+from api.schema.answer import sse as chat_sse
 from broker.messages import JobDone, TokenDelta
 
 log = logging.getLogger(__name__)

@@ -22,7 +22,7 @@ from openai import OpenAI
 
 from broker.messages import SessionRecord
 from broker.sessions import store as session_store
-from ops.redis_server import RedisServer
+from ops.redis.server import RedisServer
 from tests.integration.conftest import MODEL, WorkerProcess, running_api, wait_for
 
 Reference = Callable[[list[int], int], list[int]]

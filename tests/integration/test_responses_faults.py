@@ -18,7 +18,7 @@ import redis
 from broker import keys
 from broker.messages import SessionRecord
 from broker.sessions import store as session_store
-from ops.redis_server import RedisServer
+from ops.redis.server import RedisServer
 from tests.integration.conftest import MODEL, WorkerProcess, running_api, wait_for
 from tests.integration.test_responses import _events, responses_api  # noqa: F401
 

@@ -17,9 +17,9 @@ from typing import Any
 import httpx
 
 from ops.bench.responses.client import background_submit_s, recompute_ttft, respond
-from ops.redis_server import free_port
+from ops.redis.server import free_port
 from ops.settings import Settings
-from ops.stack import Stack
+from ops.stack.stack import Stack
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,9 +69,7 @@ def run(
             for c in range(cfg.conversations):
                 rows.append(_conversation(http, model, c, cfg))
                 log(f"conversation {c + 1}/{cfg.conversations}: {rows[-1]}")
-            submits = [
-                background_submit_s(http, model, f"background {i}")[0] for i in range(cfg.backgrounds)
-            ]
+            submits = [background_submit_s(http, model, f"background {i}")[0] for i in range(cfg.backgrounds)]
             time.sleep(1)
     moved = [r for r in rows if r["moved"]]
     return {
