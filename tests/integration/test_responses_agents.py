@@ -7,7 +7,7 @@ JSON schema, the only way a random model's answer ends before max_output_tokens.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, Literal
 
 from agents import Agent, ModelSettings, OpenAIResponsesModel, RunConfig, Runner, function_tool
 from openai import AsyncOpenAI
@@ -24,7 +24,7 @@ class Verdict(BaseModel):
 
 
 @function_tool
-def get_weather(city: str) -> str:
+def get_weather(city: Literal["Paris", "Rome"]) -> str:  # an enum: a random model's call ends
     """The weather in a city."""
     CALLS.append(city)
     return f"sunny in {city}"
