@@ -16,6 +16,7 @@ from api.responses import conversations
 from api.responses.body import InputItem, Metadata
 from api.responses.items import input_item_bodies
 from api.routes.responses import MAX_PAGE, page
+from api.schema.openapi_doc import body_of
 from api.schema.strict import Strict
 from api.schema.validation import validate
 
@@ -47,7 +48,7 @@ async def _conversation(ctx: Ctx, tenant: str, conversation_id: str) -> dict[str
     return doc
 
 
-@router.post("")
+@router.post("", openapi_extra=body_of(ConversationBody))
 async def create_conversation(request: Request, ctx: Ctx, tenant: Tenant) -> dict[str, Any]:
     body = validate(ConversationBody, await intake.read_json(request, ctx.config.max_body_bytes))
     items = _bodies(body.items or [], "conv_new")
@@ -79,7 +80,7 @@ async def list_items(
     return page(await conversations.items(ctx.jobs.redis, tenant, conversation_id), after, limit, order)
 
 
-@router.post("/{conversation_id}/items")
+@router.post("/{conversation_id}/items", openapi_extra=body_of(ItemsBody))
 async def create_items(conversation_id: str, request: Request, ctx: Ctx, tenant: Tenant) -> dict[str, Any]:
     await _conversation(ctx, tenant, conversation_id)
     body = validate(ItemsBody, await intake.read_json(request, ctx.config.max_body_bytes))

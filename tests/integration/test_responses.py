@@ -289,3 +289,51 @@ def test_a_conversation_gathers_its_responses_items_and_continues_its_session(
     assert httpx.get(f"{responses_api}/v1/conversations/{cid}").status_code == 404
     with pytest.raises(openai.BadRequestError):
         client.responses.create(model=MODEL, input="x", conversation=cid)
+
+
+def test_logprobs_and_a_function_call_loop_through_the_client(client: OpenAI) -> None:
+    r = client.responses.create(
+        model=MODEL,
+        input="count",
+        max_output_tokens=5,
+        temperature=0,
+        include=["message.output_text.logprobs"],
+        top_logprobs=2,
+    )
+    part = r.output[0].content[0]  # type: ignore[union-attr]
+    assert part.logprobs is not None and len(part.logprobs) == 5
+    assert all(len(lp.top_logprobs) == 2 for lp in part.logprobs)
+    assert "".join(lp.token for lp in part.logprobs) == part.text
+
+    tool = {
+        "type": "function",
+        "name": "get_weather",
+        "description": "The weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "enum": ["Paris", "Rome"]}},
+            "required": ["city"],
+            "additionalProperties": False,
+        },
+    }
+    call = client.responses.create(
+        model=MODEL,
+        input="weather in Paris?",
+        tools=[tool],  # type: ignore[list-item]
+        tool_choice="required",
+        parallel_tool_calls=False,
+        max_output_tokens=100,
+    )
+    calls = [o for o in call.output if o.type == "function_call"]
+    assert len(calls) == 1 and calls[0].name == "get_weather" and call.status == "completed", call.output
+    assert json.loads(calls[0].arguments)["city"] in ("Paris", "Rome")
+    answer = client.responses.create(
+        model=MODEL,
+        previous_response_id=call.id,
+        input=[{"type": "function_call_output", "call_id": calls[0].call_id, "output": "sunny"}],
+        tools=[tool],  # type: ignore[list-item]
+        max_output_tokens=4,
+        temperature=0,
+    )
+    assert answer.status in ("completed", "incomplete") and answer.usage is not None
+    assert answer.usage.input_tokens > call.usage.input_tokens  # type: ignore[union-attr]
