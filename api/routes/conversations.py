@@ -11,11 +11,10 @@ from pydantic import Field
 from api import intake
 from api.auth import Tenant
 from api.context import Ctx
-from api.errors import ApiError
 from api.responses import conversations
 from api.responses.body import InputItem, Metadata
 from api.responses.items import input_item_bodies
-from api.routes.responses import MAX_PAGE, page
+from api.responses.listing import MAX_PAGE, not_found, page
 from api.schema.openapi_doc import body_of
 from api.schema.strict import Strict
 from api.schema.validation import validate
@@ -43,8 +42,7 @@ def _bodies(items: list[Any], conversation_id: str) -> list[dict[str, Any]]:
 async def _conversation(ctx: Ctx, tenant: str, conversation_id: str) -> dict[str, Any]:
     doc = await conversations.get(ctx.jobs.redis, tenant, conversation_id)
     if doc is None:
-        message = f"Conversation with id {conversation_id!r} not found."
-        raise ApiError(404, message, "not_found_error", "conversation_id", "conversation_not_found")
+        raise not_found("Conversation", conversation_id)
     return doc
 
 

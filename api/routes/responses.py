@@ -16,20 +16,19 @@ from api.errors import ApiError
 from api.responses import record as records
 from api.responses.body import ResponsesBody
 from api.responses.create import create
+from api.responses.listing import MAX_PAGE, not_found, page
 from api.responses.record import ResponseRecord
 from api.responses.settle import cancel, refresh
 from api.responses.stream import stream_response
 from api.schema.openapi_doc import body_of
 
 router = APIRouter(prefix="/v1/responses")
-MAX_PAGE = 100
 
 
 async def _record(ctx: Ctx, response_id: str, tenant: str) -> ResponseRecord:
     record = await records.load(ctx.jobs.redis, tenant, response_id)
     if record is None:
-        message = f"Response with id {response_id!r} not found."
-        raise ApiError(404, message, "not_found_error", "response_id", "response_not_found")
+        raise not_found("Response", response_id)
     return record
 
 
@@ -72,26 +71,6 @@ async def cancel_response(response_id: str, ctx: Ctx, tenant: Tenant) -> dict[st
     if not record.body.get("background"):
         raise ApiError(400, "only a background response can be cancelled", param="response_id")
     return (await cancel(ctx, await refresh(ctx, record))).body
-
-
-def page(
-    items: list[dict[str, Any]], after: str | None, limit: int, order: Literal["asc", "desc"]
-) -> dict[str, Any]:
-    """One page of a list, OpenAI's cursor pagination: the items after the one named `after`."""
-    ordered = items if order == "asc" else items[::-1]
-    if after is not None:
-        at = next((i for i, item in enumerate(ordered) if item["id"] == after), None)
-        if at is None:
-            raise ApiError(400, f"no item {after!r} in this list", param="after")
-        ordered = ordered[at + 1 :]
-    data = ordered[:limit]
-    return {
-        "object": "list",
-        "data": data,
-        "first_id": data[0]["id"] if data else None,
-        "last_id": data[-1]["id"] if data else None,
-        "has_more": len(ordered) > limit,
-    }
 
 
 @router.get("/{response_id}/input_items")
