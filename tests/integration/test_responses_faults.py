@@ -1,5 +1,5 @@
 """A background response across faults, on the real stack: its worker SIGKILLed mid-answer and
-the api that took it stopped; another worker finishes the job (each token once: the job stream's
+the api that took it SIGKILLed; another worker finishes the job (each token once: the job stream's
 fencing), another api's GET records its end once, and its replayed event stream holds each delta
 once and spells the final text, token-exact with HF generate."""
 
@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 import httpx
+import psutil
 import pytest
 import redis
 
@@ -26,11 +27,22 @@ Reference = Callable[[list[int], int], list[int]]
 TOKENS = 900  # long enough that the victim is mid-answer when it dies
 
 
+def _sigkill_api(url: str) -> None:
+    port = url.rsplit(":", 1)[1]
+    (api,) = [
+        p
+        for p in psutil.process_iter(["pid", "cmdline"])
+        if p.info["cmdline"] and "api" in p.info["cmdline"] and port in p.info["cmdline"]
+    ]
+    api.send_signal(signal.SIGKILL)
+    api.wait(10)
+
+
 def _alive(client: redis.Redis, name: str) -> bool:
     return bool(client.exists(keys.worker_heartbeat(name)))
 
 
-def test_background_survives_a_worker_sigkill_and_its_api_stopping(
+def test_background_survives_a_worker_sigkill_and_an_api_sigkill(
     responses_api: str,  # noqa: F811
     two_workers: tuple[WorkerProcess, WorkerProcess],
     worker_factory: Callable[..., WorkerProcess],
@@ -64,7 +76,8 @@ def test_background_survives_a_worker_sigkill_and_its_api_stopping(
         ).json()
         rid = created["id"]
         assert created["status"] == "queued", created
-        doomed.close()  # the api that took it is gone: its watcher with it
+        _sigkill_api(url)  # the api that took it is gone: its watcher with it
+        doomed.close()
         job_id = json.loads(redis_client.get(f"kvferry:response::{rid}") or b"{}")["job_id"]
         wait_for(lambda: redis_client.xlen(keys.job_stream(job_id)) >= 2, 60, "the victim's first tokens")
         victim.kill()
