@@ -18,6 +18,7 @@ from ops.cli.options import engine_options, settings_from
 @click.option("--move-after", type=int, default=4, show_default=True, help="turn K; turn K+1 moves")
 @click.option("--output-tokens", type=int, default=8, show_default=True)
 @click.option("--backgrounds", type=int, default=16, show_default=True, help="background submissions timed")
+@click.option("--think-s", type=float, default=1.0, show_default=True, help="pause between turns")
 @click.option("--run-dir", type=click.Path(file_okay=False, path_type=Path), help="stack logs")
 @engine_options
 def bench_responses_cmd(
@@ -27,6 +28,7 @@ def bench_responses_cmd(
     move_after: int,
     output_tokens: int,
     backgrounds: int,
+    think_s: float,
     run_dir: Path | None,
     **opts: Any,
 ) -> None:
@@ -35,7 +37,7 @@ def bench_responses_cmd(
     background submissions' answer time."""
     from ops.bench.responses.run import Config, run
 
-    cfg = Config(conversations, move_after + 1, move_after, output_tokens, backgrounds)
+    cfg = Config(conversations, move_after + 1, move_after, output_tokens, backgrounds, think_s=think_s)
     doc = run(settings_from(opts), workers, cfg, run_dir, lambda m: click.echo(m, err=True))
     for key in ("moved_vs_kept_ttft", "moved_vs_recompute_ttft", "background_submit_p50_ms"):
         if doc.get(key) is not None:

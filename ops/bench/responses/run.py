@@ -30,6 +30,7 @@ class Config:
     output_tokens: int = 8
     backgrounds: int = 16
     system_words: int = 200  # a long first prompt: the history the moved turn must not recompute
+    think_s: float = 1.0  # between a turn's answer and the next turn (a user reads, a tool runs)
 
 
 def _conversation(http: httpx.Client, model: str, c: int, cfg: Config) -> dict[str, Any]:
@@ -40,9 +41,11 @@ def _conversation(http: httpx.Client, model: str, c: int, cfg: Config) -> dict[s
     for t in range(2, cfg.move_after + 2):
         history += [{"role": "assistant", "content": turn.text}, {"role": "user", "content": f"question {t}"}]
         previous = turn.response_id
+        time.sleep(cfg.think_s)
         turn = respond(http, model, f"question {t}", previous, cfg.output_tokens)
         turns.append(turn)
     moved, before = turns[-1], turns[-2]
+    time.sleep(cfg.think_s)
     kept = respond(http, model, history[-1]["content"], previous, cfg.output_tokens)  # the same turn again
     cold = recompute_ttft(http, model, history)
     return {
