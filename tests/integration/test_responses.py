@@ -24,6 +24,7 @@ from broker.messages import SessionRecord
 from broker.sessions import store as session_store
 from ops.redis.server import RedisServer
 from tests.integration.conftest import MODEL, WorkerProcess, running_api, wait_for
+from tests.integration.test_tenant_sessions import ALICE, BOB, tenant_api  # noqa: F401  (its fixture)
 
 Reference = Callable[[list[int], int], list[int]]
 MOVE_AFTER = 2
@@ -98,14 +99,35 @@ def test_create_retrieve_items_delete_and_store_false(client: OpenAI, responses_
         assert reply.status_code == 400 and reply.json()["error"]["param"] == field, reply.text
 
 
-def test_another_tenants_response_is_not_found(
-    client: OpenAI, responses_api: str, redis_client: redis.Redis
+def test_another_tenants_ids_name_nothing(
+    tenant_api: str,  # noqa: F811
+    two_workers: tuple[WorkerProcess, ...],
 ) -> None:
-    r = client.responses.create(model=MODEL, input="mine", max_output_tokens=2)
-    assert redis_client.exists(f"kvferry:response::{r.id}")
-    redis_client.rename(f"kvferry:response::{r.id}", f"kvferry:response:other:{r.id}")
-    with pytest.raises(openai.NotFoundError):
-        client.responses.retrieve(r.id)
+    alice, bob = (
+        OpenAI(base_url=f"{tenant_api}/v1", api_key=key, max_retries=0, timeout=120) for key in (ALICE, BOB)
+    )
+    r = alice.responses.create(model=MODEL, input="mine", max_output_tokens=2, background=True)
+    for call in (
+        lambda: bob.responses.retrieve(r.id),
+        lambda: bob.responses.input_items.list(r.id),
+        lambda: bob.responses.cancel(r.id),
+        lambda: bob.responses.delete(r.id),
+    ):
+        with pytest.raises(openai.NotFoundError):
+            call()
+    wait_for(
+        lambda: alice.responses.retrieve(r.id).status in ("completed", "incomplete"), 60, "alice's response"
+    )
+    with pytest.raises(openai.BadRequestError):
+        bob.responses.create(model=MODEL, input="yours?", previous_response_id=r.id)
+    conversation = httpx.post(
+        f"{tenant_api}/v1/conversations", json={}, headers={"Authorization": f"Bearer {ALICE}"}
+    )
+    cid = conversation.json()["id"]
+    as_bob = {"Authorization": f"Bearer {BOB}"}
+    assert httpx.get(f"{tenant_api}/v1/conversations/{cid}", headers=as_bob).status_code == 404
+    assert httpx.get(f"{tenant_api}/v1/conversations/{cid}/items", headers=as_bob).status_code == 404
+    alice.responses.delete(r.id)
 
 
 def test_previous_response_chain_is_token_exact_and_cached_on_the_moved_turn(
