@@ -45,7 +45,12 @@ class ResponseEvents:
         return event
 
     def start(self) -> list[Event]:
-        body = {**self.record.body, "status": self.record.first_status, "output": [], "usage": None}
+        # as it was when created, whenever it is replayed: nothing of its end
+        ended = ("output", "usage", "incomplete_details", "error", "worker")
+        body = {k: v for k, v in self.record.body.items() if k not in ended}
+        body.update(
+            status=self.record.first_status, output=[], usage=None, incomplete_details=None, error=None
+        )
         created = self._event("response.created", response=body)
         if self.record.first_status == "queued":
             return [created, self._event("response.queued", response=body)]

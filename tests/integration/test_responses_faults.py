@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -76,6 +77,9 @@ def test_background_survives_a_worker_sigkill_and_an_api_sigkill(
         ).json()
         rid = created["id"]
         assert created["status"] == "queued", created
+        live: list[dict[str, Any]] = []  # a client following it live, resumed from its start
+        follower = threading.Thread(target=lambda: live.extend(_events(responses_api, rid, -1)), daemon=True)
+        follower.start()
         _sigkill_api(url)  # the api that took it is gone: its watcher with it
         doomed.close()
         job_id = json.loads(redis_client.get(f"kvferry:response::{rid}") or b"{}")["job_id"]
@@ -93,7 +97,9 @@ def test_background_survives_a_worker_sigkill_and_an_api_sigkill(
     final = httpx.get(f"{responses_api}/v1/responses/{rid}", timeout=30).json()
     assert final["worker"] != victim.name, final
     text = final["output"][0]["content"][0]["text"]
+    follower.join(60)
     events = _events(responses_api, rid, -1)
+    assert live == events  # the live stream, across the kill: the same events, each delta once
     assert [e["sequence_number"] for e in events] == list(range(len(events)))
     assert "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta") == text
     assert sum(e["type"] == "response.output_item.added" for e in events) == 1
