@@ -26,7 +26,7 @@ from api.jobs.admission import Admission
 from api.jobs.client import JobClient
 from api.metrics.prometheus import ApiMetrics, RequestCounter
 from api.metrics.tier import TierReader
-from api.routes import batches, files, jobs, openai, ops, sessions, tokenize
+from api.routes import batches, conversations, files, jobs, openai, ops, responses, sessions, tokenize
 from api.schema import openapi_doc
 from api.tenants import KeyRing
 from api.tokenizer import Tokenizer
@@ -92,6 +92,8 @@ def create_app(config: ApiConfig, tokenizer: Tokenizer | None = None) -> FastAPI
     install_error_handlers(app)
     app.add_middleware(RequestCounter, metrics=ctx.metrics)
     app.include_router(openai.router)
+    app.include_router(responses.router)
+    app.include_router(conversations.router)
     app.include_router(jobs.router)
     app.include_router(batches.router)
     app.include_router(ops.router)
