@@ -44,6 +44,7 @@ class ApiConfig:
     files_batch_expiry_s: int = DEFAULTS.files_batch_expiry_s  # docs/files.md#retention; 0: kept
     batch_output_expiry_s: int = DEFAULTS.batch_output_expiry_s
     batch_retention_s: int = DEFAULTS.batch_retention_s
+    response_ttl_s: int = DEFAULTS.response_ttl_s  # stored responses and conversations (docs/api.md)
     files_sweep_interval_s: float = DEFAULTS.files_sweep_interval_s  # api/files/sweeper.py
     files_orphan_grace_s: int = DEFAULTS.files_orphan_grace_s
     tenant_max_files: int = DEFAULTS.tenant_max_files  # quotas (api/files/quota.py); 0: no cap
@@ -63,6 +64,8 @@ class ApiConfig:
             raise ValueError("metrics_token must be None (open /metrics) or a non-empty string")
         if self.tenant_max_jobs < 0:
             raise ValueError("tenant_max_jobs must be >= 0 (0: no cap)")
+        if self.response_ttl_s <= 0:
+            raise ValueError("response_ttl_s must be positive (every stored response expires)")
         if self.session_move_after_turns < 0:
             raise ValueError("session_move_after_turns must be >= 0 (0: off)")
         if self.dispatch_headroom < 0 or self.fair_quota < 0:

@@ -138,6 +138,7 @@ class SettingsFields(BaseModel):
     files_batch_expiry_s: int = 30 * 86400  # a purpose "batch" upload with no expires_after (OpenAI's)
     batch_output_expiry_s: int = 30 * 86400  # a batch's output and error files, unless output_expires_after
     batch_retention_s: int = 30 * 86400  # an ended batch's record
+    response_ttl_s: int = 30 * 86400  # a stored response, a conversation: after their last change (OpenAI's)
     files_sweep_interval_s: float = 60.0  # the file sweeper's pass: expired contents and orphans removed
     files_orphan_grace_s: int = 3600  # a content, part or temporary file with no owner this old is orphaned
     # per-tenant quotas (over one: 429 naming it); 0 = no cap

@@ -1,5 +1,7 @@
-"""A stored response: what GET shows (its body) and what continuing it needs (the conversation
-so far as chat messages, its kvferry session, its job)."""
+"""A stored response: what GET shows (its body) and what continuing it needs: its own input as chat
+messages and its answer, and a link to what it continued (its previous response, or the first
+items of a conversation), so storage grows by one turn per turn (api/responses/chain.py rebuilds
+the conversation by walking the links); its kvferry session and its job."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ from typing import Any
 import msgspec
 import redis.asyncio as aioredis
 
-from api.responses import keys
+from broker import keys
 
 FINAL_STATUSES = frozenset({"completed", "incomplete", "failed", "cancelled"})
 
@@ -18,13 +20,15 @@ class ResponseRecord(msgspec.Struct, kw_only=True):
     tenant: str
     job_id: str
     body: dict[str, Any]  # the response object as GET returns it
-    history: list[dict[str, Any]]  # chat messages before the answer: earlier turns + this input
+    own_messages: list[dict[str, Any]] = []  # this response's input as chat messages
     answer: dict[str, Any] | None = None  # the assistant message, once ended
     input_items: list[dict[str, Any]] = []
+    previous_response_id: str | None = None  # the response this one continues (a link, not a copy)
+    conversation_id: str | None = None
+    conversation_at: int = 0  # the conversation's items this response followed (its first N)
     session_id: str | None = None
     tool_parser: str | None = None  # the parser of the answer's tool calls (None: no tools)
     logprobs: bool = False  # include message.output_text.logprobs
-    conversation_id: str | None = None
     stored: bool = True
     first_status: str = "in_progress"  # the status response.created showed (replayed streams)
 
@@ -37,32 +41,32 @@ class ResponseRecord(msgspec.Struct, kw_only=True):
         return self.status in FINAL_STATUSES
 
     @property
-    def conversation(self) -> list[dict[str, Any]]:
-        """The messages a response continuing this one starts with."""
-        return [*self.history, *([self.answer] if self.answer else [])]
+    def turn(self) -> list[dict[str, Any]]:
+        """This response's own messages: its input, then its answer."""
+        return [*self.own_messages, *([self.answer] if self.answer else [])]
 
 
 _decoder = msgspec.json.Decoder(ResponseRecord)
 
 
 async def load(redis: aioredis.Redis, tenant: str, response_id: str) -> ResponseRecord | None:
-    raw: Any = await redis.get(keys.response(tenant, response_id))
+    raw: Any = await redis.get(keys.response_record(tenant, response_id))
     return _decoder.decode(raw) if raw is not None else None
 
 
-async def save(redis: aioredis.Redis, record: ResponseRecord) -> None:
+async def save(redis: aioredis.Redis, record: ResponseRecord, ttl_s: int, new: bool = False) -> None:
+    """Keep the record (if stored). An update (`new` false) writes only over the record still there:
+    a response deleted while it ran stays deleted when its end comes."""
     if record.stored:
-        await redis.set(
-            keys.response(record.tenant, record.id), msgspec.json.encode(record), ex=keys.RESPONSE_TTL_S
-        )
+        key = keys.response_record(record.tenant, record.id)
+        await redis.set(key, msgspec.json.encode(record), ex=ttl_s, xx=not new)
 
 
-async def claim_end(redis: aioredis.Redis, record: ResponseRecord) -> bool:
+async def claim_end(redis: aioredis.Redis, record: ResponseRecord, ttl_s: int) -> bool:
     """True for the one caller that applies the response's end (its output, its conversation)."""
-    return bool(
-        await redis.set(keys.response_final(record.tenant, record.id), b"1", nx=True, ex=keys.RESPONSE_TTL_S)
-    )
+    return bool(await redis.set(keys.response_final(record.tenant, record.id), b"1", nx=True, ex=ttl_s))
 
 
 async def delete(redis: aioredis.Redis, tenant: str, response_id: str) -> bool:
-    return bool(await redis.delete(keys.response(tenant, response_id)))
+    removed: Any = await redis.delete(keys.response_record(tenant, response_id))
+    return bool(removed)

@@ -43,14 +43,13 @@ async def finish(
     """Apply the end (once: a second caller gets the stored record back) and settle the job
     (its tenant seat, its metrics). seen_live: the end came as it happened (metrics of latency)."""
     done = apply(record, event)
-    redis = ctx.jobs.redis
-    if record.stored and not await records.claim_end(redis, record):
+    redis, ttl_s = ctx.jobs.redis, ctx.config.response_ttl_s
+    if record.stored and not await records.claim_end(redis, record, ttl_s):
         return await records.load(redis, record.tenant, record.id) or done
-    await records.save(redis, done)
+    await records.save(redis, done, ttl_s)
     if done.conversation_id and done.status in ("completed", "incomplete"):
-        await conversations.append(
-            redis, done.tenant, done.conversation_id, [*done.input_items, *done.body["output"]]
-        )
+        new_items = [*done.input_items, *done.body["output"]]
+        await conversations.append(redis, done.tenant, done.conversation_id, new_items, ttl_s)
     meta = await ctx.jobs.meta(record.job_id)
     if meta is not None:
         if seen_live:
@@ -63,14 +62,15 @@ async def finish(
 
 async def cancel(ctx: ApiContext, record: ResponseRecord) -> ResponseRecord:
     """Cancel a response still running: its job stops, its status is cancelled."""
-    if record.ended or not await records.claim_end(ctx.jobs.redis, record):
+    ttl_s = ctx.config.response_ttl_s
+    if record.ended or not await records.claim_end(ctx.jobs.redis, record, ttl_s):
         return record
     await ctx.jobs.cancel(record.job_id)
     meta = await ctx.jobs.meta(record.job_id)
     if meta is not None:
         await job_settle(ctx, meta, None)
     done = msgspec.structs.replace(record, body={**record.body, "status": "cancelled"})
-    await records.save(ctx.jobs.redis, done)
+    await records.save(ctx.jobs.redis, done, ttl_s)
     return done
 
 
