@@ -11,6 +11,8 @@ import uuid
 from typing import Any
 
 import redis.asyncio as aioredis
+from redis.asyncio.client import Pipeline
+from redis.exceptions import WatchError
 
 from broker import keys
 
@@ -25,7 +27,7 @@ def body(conversation_id: str, created_at: int, metadata: dict[str, str]) -> dic
     return {"id": conversation_id, "object": "conversation", "created_at": created_at, "metadata": metadata}
 
 
-def _with_ids(conversation_id: str, items: list[dict[str, Any]], start: int) -> list[dict[str, Any]]:
+def with_ids(conversation_id: str, items: list[dict[str, Any]], start: int) -> list[dict[str, Any]]:
     key = conversation_id.removeprefix("conv_")
     return [{**item, "id": item.get("id") or f"item_{key}_{start + i}"} for i, item in enumerate(items)]
 
@@ -45,7 +47,7 @@ async def create(
     if items:
         pipe.rpush(
             keys.conversation_items(tenant, conversation_id),
-            *(json.dumps(i) for i in _with_ids(conversation_id, items, 0)),
+            *(json.dumps(i) for i in with_ids(conversation_id, items, 0)),
         )
         pipe.expire(keys.conversation_items(tenant, conversation_id), ttl_s)
     await pipe.execute()
@@ -69,18 +71,32 @@ async def items(redis: aioredis.Redis, tenant: str, conversation_id: str) -> lis
     return [decode(r) for r in raw]
 
 
-async def append(
-    redis: aioredis.Redis, tenant: str, conversation_id: str, new: list[dict[str, Any]], ttl_s: int
-) -> list[dict[str, Any]]:
-    """Append items (ids given to those without one); renews the conversation's TTL."""
-    if not new:
-        return []
+def queue_append(
+    pipe: Pipeline, tenant: str, conversation_id: str, added: list[dict[str, Any]], ttl_s: int
+) -> None:
+    """Queue the append of `added` (with their ids) on a transaction: items, then both TTLs renewed."""
     list_key = keys.conversation_items(tenant, conversation_id)
-    start: Any = await redis.llen(list_key)
-    added = _with_ids(conversation_id, new, int(start))
-    pipe = redis.pipeline(transaction=True)
     pipe.rpush(list_key, *(json.dumps(i) for i in added))
     pipe.expire(list_key, ttl_s)
     pipe.expire(keys.conversation_record(tenant, conversation_id), ttl_s)
-    await pipe.execute()
-    return added
+
+
+async def append(
+    redis: aioredis.Redis, tenant: str, conversation_id: str, new: list[dict[str, Any]], ttl_s: int
+) -> list[dict[str, Any]]:
+    """Append items (ids given to those without one, numbered after what the list holds: the count
+    is watched, so two appends at once never give one id twice); renews the conversation's TTL."""
+    if not new:
+        return []
+    list_key = keys.conversation_items(tenant, conversation_id)
+    async with redis.pipeline(transaction=True) as pipe:
+        while True:
+            try:
+                await pipe.watch(list_key)
+                added = with_ids(conversation_id, new, int(await pipe.llen(list_key)))
+                pipe.multi()
+                queue_append(pipe, tenant, conversation_id, added, ttl_s)
+                await pipe.execute()
+                return added
+            except WatchError:
+                continue

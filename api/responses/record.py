@@ -9,7 +9,9 @@ from typing import Any
 
 import msgspec
 import redis.asyncio as aioredis
+from redis.exceptions import WatchError
 
+from api.responses import conversations
 from broker import keys
 
 FINAL_STATUSES = frozenset({"completed", "incomplete", "failed", "cancelled"})
@@ -62,9 +64,34 @@ async def save(redis: aioredis.Redis, record: ResponseRecord, ttl_s: int, new: b
         await redis.set(key, msgspec.json.encode(record), ex=ttl_s, xx=not new)
 
 
-async def claim_end(redis: aioredis.Redis, record: ResponseRecord, ttl_s: int) -> bool:
-    """True for the one caller that applies the response's end (its output, its conversation)."""
-    return bool(await redis.set(keys.response_final(record.tenant, record.id), b"1", nx=True, ex=ttl_s))
+async def end_once(
+    redis: aioredis.Redis, done: ResponseRecord, new_items: list[dict[str, Any]], ttl_s: int
+) -> bool:
+    """Apply a stored response's end once, whoever calls first (True for that one): its end
+    marker, its ended record and its items appended to its conversation in one transaction, so
+    an api that dies mid-way leaves all of it or none (a GET's refresh applies it then)."""
+    final = keys.response_final(done.tenant, done.id)
+    conversation = done.conversation_id if new_items else None
+    watched = [final, *([keys.conversation_items(done.tenant, conversation)] if conversation else [])]
+    async with redis.pipeline(transaction=True) as pipe:
+        while True:
+            try:
+                await pipe.watch(*watched)
+                if await pipe.exists(final):
+                    return False
+                start = int(await pipe.llen(watched[1])) if conversation else 0
+                pipe.multi()
+                pipe.set(final, b"1", ex=ttl_s)
+                pipe.set(
+                    keys.response_record(done.tenant, done.id), msgspec.json.encode(done), ex=ttl_s, xx=True
+                )
+                if conversation:
+                    added = conversations.with_ids(conversation, new_items, start)
+                    conversations.queue_append(pipe, done.tenant, conversation, added, ttl_s)
+                await pipe.execute()
+                return True
+            except WatchError:
+                continue
 
 
 async def delete(redis: aioredis.Redis, tenant: str, response_id: str) -> bool:

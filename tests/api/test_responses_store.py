@@ -1,11 +1,14 @@
 """Stored responses on a real redis-server: each record holds its own turn and a link, the chain
 rebuilds the conversation (a missing link a 400 naming previous_response_id), every key has a
-TTL, a crafted id reads no other key, and a response deleted while it ran stays deleted."""
+TTL, a crafted id reads no other key, a response deleted while it ran stays deleted, and its end
+is applied whole and once even when an api dies applying it."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable
+from types import SimpleNamespace
 from typing import Any, TypeVar
 
 import pytest
@@ -14,9 +17,14 @@ import redis.asyncio as aioredis
 
 from api.responses import chain, conversations
 from api.responses import record as records
+from api.responses.body import ResponsesBody
 from api.responses.record import ResponseRecord
+from api.responses.render import skeleton
+from api.responses.settle import finish
+from api.schema.validation import validate
 from broker import keys
 from broker.errors import InvalidRequestError
+from broker.messages import GenerateResult, JobDone, Usage
 
 TTL = 1000
 T = TypeVar("T")
@@ -110,7 +118,7 @@ def test_a_crafted_id_reads_no_other_key(rds: redis.Redis, redis_url: str) -> No
     async def go(client: aioredis.Redis) -> list[ResponseRecord | None]:
         r = _turn(0, None)
         await records.save(client, r, TTL, new=True)
-        assert await records.claim_end(client, r, TTL)
+        assert await records.end_once(client, r, [], TTL)  # its end marker is set
         return [await records.load(client, "t", f"{r.id}{tail}") for tail in (":final", ":record", "")]
 
     assert [r.id if r else None for r in _run(redis_url, go)] == [None, None, "resp_0"]
@@ -126,3 +134,57 @@ def test_a_response_deleted_while_it_ran_stays_deleted(rds: redis.Redis, redis_u
 
     assert _run(redis_url, go) is None
     assert rds.keys("*") == []
+
+
+def test_an_api_dying_mid_settle_leaves_the_whole_end_to_the_next_reader(
+    rds: redis.Redis, redis_url: str
+) -> None:
+    """The end marker, the ended record and the conversation's new items are one transaction: an
+    api that dies after taking the marker once left the response in_progress for good (the next
+    reader found the marker taken and nothing applied)."""
+    body = validate(ResponsesBody, {"model": "m", "input": "hi"})
+    usage = Usage(prompt_tokens=10, completion_tokens=3, cached_tokens=4)
+    event = JobDone(result=GenerateResult("j", "m", "Hello!", (1, 2, 3), "stop", usage, "w1", 0.0, 0.0, 0.0))
+
+    async def go(client: aioredis.Redis) -> tuple[ResponseRecord | None, list[dict[str, Any]]]:
+        doc = await conversations.create(client, "t", {}, [], TTL)
+        record = ResponseRecord(
+            id="resp_0",
+            tenant="t",
+            job_id="j",
+            body=skeleton(body, "resp_0", "in_progress"),
+            input_items=[{"id": "msg_in", "type": "message", "role": "user", "content": []}],
+            conversation_id=doc["id"],
+        )
+        await records.save(client, record, TTL, new=True)
+
+        async def no_meta(job_id: str) -> None:
+            return None
+
+        def ctx(c: aioredis.Redis) -> Any:
+            jobs = SimpleNamespace(redis=c, meta=no_meta)
+            return SimpleNamespace(jobs=jobs, config=SimpleNamespace(response_ttl_s=TTL))
+
+        dying = aioredis.Redis.from_url(redis_url)
+        writes = 0
+        real = dying.execute_command
+
+        async def dies_after_one_write(*args: Any, **options: Any) -> Any:
+            nonlocal writes
+            if str(args[0]).upper() in ("SET", "RPUSH", "EXPIRE"):
+                writes += 1
+                if writes > 1:
+                    raise redis.ConnectionError("the api died")
+            return await real(*args, **options)
+
+        dying.execute_command = dies_after_one_write  # type: ignore[method-assign]
+        with contextlib.suppress(redis.ConnectionError):
+            await finish(ctx(dying), record, event, seen_live=False)
+        await dying.aclose()
+        await finish(ctx(client), record, event, seen_live=False)  # a GET's refresh, later
+        await finish(ctx(client), record, event, seen_live=False)  # and another: nothing more
+        return await records.load(client, "t", "resp_0"), await conversations.items(client, "t", doc["id"])
+
+    stored, items = _run(redis_url, go)
+    assert stored is not None and stored.status == "completed", stored
+    assert [i["type"] for i in items] == ["message", "message"], items  # the input, the answer: once
