@@ -130,6 +130,7 @@ class SettingsFields(BaseModel):
     routing: Routing = "cache-aware"  # "round-robin" and "shared" are the benchmark's baselines
     prefetch_hints: bool = True  # a session routed to a new worker: it loads the blocks while queued
     session_move_after_turns: int = 0  # a session's turn K+1 goes to another worker (0 = off)
+    session_move_every_turns: int = 0  # benchmarks: every M-th turn after turn K+1 moves too (0 = once)
     tool_call_parser: ToolCallParser = "hermes"  # the served model's tool-call format (as vLLM's flag)
     files_dir: UserPath | None = None  # /v1/files contents (a volume every api shares); None: cache_dir/files
     files_max_bytes: Size = ByteSize(200 * MiB)  # one uploaded file's size cap (OpenAI's); over it: 413
