@@ -34,13 +34,26 @@ from ops.settings import Settings
     help="simulated: the load-test engine, no model (with --model simulated only; docs/operations.md)",
 )
 @click.option("--simulated-token-delay-s", type=float, help="the simulated engine's time per token")
+@click.option(
+    "--drain-timeout",
+    "drain_timeout_s",
+    type=float,
+    help=f"told to stop: running jobs get this long, then are handed back ({DEFAULTS.drain_timeout_s:g}s)",
+)
+@click.option("--drain", is_flag=True, help="tell the running worker --name to drain and exit, then return")
 @service_options
 @engine_options
-def worker_cmd(preload: bool, loglevel: str, **opts: Any) -> None:
-    """A Celery worker (threads pool) feeding one engine: consumes the shared queue and its own."""
+def worker_cmd(preload: bool, loglevel: str, drain: bool, **opts: Any) -> None:
+    """A Celery worker (threads pool) feeding one engine: consumes the shared queue and its own.
+    SIGTERM (or --drain from another shell) drains it: docs/operations.md#scale-in-without-loss."""
     from workers.process.main import run_worker
 
     settings = settings_from(opts)
+    if drain:
+        from ops.scale.drain_cli import send_drain
+
+        click.echo(send_drain(settings))
+        return
     run_worker(
         settings.broker_config(),
         settings.engine_config(),
@@ -52,6 +65,7 @@ def worker_cmd(preload: bool, loglevel: str, **opts: Any) -> None:
         tiers=settings.tier_config(),
         kv_redis_url=settings.kv_redis_url,
         simulated=simulated_engine(settings),
+        drain_timeout_s=settings.drain_timeout_s,
     )
 
 

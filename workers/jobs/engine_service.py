@@ -75,6 +75,7 @@ class EngineService:
         self._lock = threading.Lock()  # held through the model load: never taken by the heartbeat
         self._counts_lock = threading.Lock()
         self._loop: EngineLoop | None = None
+        self._handed_back = False  # a drain past its timeout stopped the engine: never rebuilt
         self.load_error: Exception | None = None  # the last failed engine build, if any
         self._counts = JobCounts(0, 0, 0)
         self.sessions = SessionKeeper(
@@ -90,6 +91,8 @@ class EngineService:
         """The engine loop, built on first use. A build that fails is the worker's failure, not
         the job's: EngineFailedError (the job is redelivered), and the supervisor sees load_error."""
         with self._lock:
+            if self._handed_back:
+                raise EngineFailedError("the worker is draining: the job is handed back")
             if self._loop is None and self.simulated is not None:
                 sim = SimulatedLoop(self.simulated.token_delay_s, self.simulated.default_max_tokens)
                 self._loop = cast("EngineLoop", sim)  # the part of EngineLoop the job path uses
@@ -129,6 +132,15 @@ class EngineService:
             engine.attach_cold_writer(self.writer)
             self.sessions.attach(self.redis_tier, self.writer)
         return engine
+
+    def stop_engine(self) -> None:
+        """A drain past its timeout: stop the loop (its requests fail with EngineFailedError, so
+        their tasks hand the messages back) and never build another; the writer keeps writing."""
+        with self._lock:
+            self._handed_back = True
+            if self._loop is not None:
+                self._loop.stop()
+                self._loop = None
 
     def shutdown(self) -> None:
         with self._lock:

@@ -35,10 +35,14 @@ class Heartbeat:
         self._thread.start()
 
     def stop(self) -> None:
+        """No more beats, and the heartbeat goes at once: routing stops sending work here. The
+        worker stays in keys.WORKERS until it has left (workers/process/drain.py): meanwhile the
+        sweeper's reaper moves what still lands in its own queue to the shared one, and hands
+        back any job whose lease lapses (its leases are renewed until it exits)."""
         self._stop.set()
-        self._thread.join(5)
-        self.redis.delete(keys.worker_heartbeat(self.name))  # a clean exit is not a death
-        self.redis.srem(keys.WORKERS, self.name)
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(5)
+        self.redis.delete(keys.worker_heartbeat(self.name))
 
     def beat(self) -> None:
         """Two commands; the announcement (SADD to keys.WORKERS, which only the reaper undoes, once
