@@ -21,7 +21,7 @@ import redis.asyncio as aioredis
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from api.fleet import WorkerView
+from api.routing.fleet import WorkerView
 from api.scale.policy import FleetLoad, Hysteresis, ScalePolicy
 from api.scale.wait_window import WaitWindow
 from broker import keys, priority

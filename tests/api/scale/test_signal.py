@@ -8,7 +8,7 @@ import time
 
 import redis
 
-from api.fleet import workers
+from api.routing.fleet import workers
 from api.scale.signal import read_waiting
 from broker import keys, priority
 from broker.messages import EngineFigures, WorkerStatus
