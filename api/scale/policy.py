@@ -9,7 +9,7 @@ workers' Deployment on that gauge, and `kvferry serve --autoscale` follows the s
 
 Hysteresis (Hysteresis.update): a raw figure above the current one is taken at once (a burst
 pays no delay); one below it only once every raw figure for `scale_in_hold_s` was below it, and
-the queue wait is under half its target; then the highest of those figures (never below what
+nothing waits or the queue wait is under half its target; then the highest of those figures (never below what
 the recent past needed). Between the two thresholds (target_seat_use for scale-out, the hold and
 the wait for scale-in) the figure stays where it is, so a load at the edge does not flap."""
 
@@ -82,7 +82,9 @@ class Hysteresis:
         if self._low_since is None:
             self._low_since, self._low_peak = now, raw
         self._low_peak = max(self._low_peak, raw)
-        calm = load.wait_p95_s is None or load.wait_p95_s < self.policy.wait_target_s / 2
+        # nothing waits: the window's p95 (finished jobs of the past minute) is history
+        late = load.wait_p95_s is not None and load.wait_p95_s >= self.policy.wait_target_s / 2
+        calm = load.jobs_waiting == 0 or not late
         if calm and now - self._low_since >= self.policy.scale_in_hold_s:
             self.desired, self._low_since = self._low_peak, None
         return self.desired

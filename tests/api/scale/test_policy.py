@@ -50,9 +50,12 @@ def test_hysteresis_up_at_once_down_after_a_calm_hold() -> None:
 def test_hysteresis_holds_while_the_queue_is_late_and_resets_on_a_rise() -> None:
     h = Hysteresis(POLICY)
     h.update(load(4, 12, 0), now=0)  # 12 / 3.2 -> 4
-    assert h.update(load(4, 2, 0, p95=1.5), now=1) == 4
-    assert h.update(load(4, 2, 0, p95=1.5), now=40) == 4  # past the hold, but p95 >= target / 2
-    assert h.update(load(4, 2, 0, p95=0.5), now=41) == 1
+    assert h.update(load(4, 1, 1, p95=1.5), now=1) == 4
+    assert h.update(load(4, 1, 1, p95=1.5), now=40) == 4  # past the hold, jobs wait, p95 >= target / 2
+    assert h.update(load(4, 1, 1, p95=0.5), now=41) == 1
+    h.update(load(4, 12, 0), now=50)
+    h.update(load(4, 2, 0, p95=9.0), now=51)
+    assert h.update(load(4, 2, 0, p95=9.0), now=82) == 1  # nothing waits: a late p95 is history
     h2 = Hysteresis(POLICY)
     h2.update(load(4, 12, 0), now=0)
     h2.update(load(4, 2, 0), now=1)
