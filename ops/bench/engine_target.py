@@ -10,5 +10,5 @@ class EngineTarget:
     def __init__(self, engine: LLMEngine) -> None:
         self.block_size = engine.pool.block_size
         self.fingerprint = engine.loaded.fingerprint
-        self.held = engine.tiers.held if engine.tiers is not None else None
+        self.resident = engine.tiers.resident if engine.tiers is not None else None
         self.warm = engine.admit_prefetched

@@ -1,5 +1,5 @@
 """`kvferry bench served-decode`: the served TPOT against the engine's own decode-only step, with
-the admission hold (prefill_batch_hold, workers/engine/admission_hold.py) on and off in one run.
+the admission hold (prefill_batch_hold, workers/engine/scheduling/admission_hold.py) on and off in one run.
 
 Each run starts a 1-worker stack with the hold on or off (alternated, `rounds` of each), drives
 vLLM `bench serve`'s random workload through the API (ops/bench/served_client.py), reads from

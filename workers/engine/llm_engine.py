@@ -17,29 +17,29 @@ from kvstore.pool.block_pool import BlockPool
 from kvstore.pool.kv_cache import KVCache
 from kvstore.tiers.stored_block import StoredBlock
 from kvstore.tiers.warm import WarmTier
-from workers.engine import logprobs
 from workers.engine.block_manager import BlockManager
 from workers.engine.config import EngineConfig
 from workers.engine.errors import RequestFailedError
-from workers.engine.faults import StepFaults
 from workers.engine.grammar.compiler import GrammarCompiler
 from workers.engine.grammar.matcher import CompiledGrammar
 from workers.engine.kernels import block_writer
 from workers.engine.model.kv_layout import kv_layout
 from workers.engine.model.loader import LoadedModel, load_model
 from workers.engine.model_runner import ModelRunner
-from workers.engine.postprocess import Postprocessor
-from workers.engine.report import EngineReport
 from workers.engine.requests.checks import check_request
 from workers.engine.requests.detokenizer import Detokenizer
 from workers.engine.requests.logprob import Logprob
 from workers.engine.requests.output import RequestOutput
 from workers.engine.requests.sequence import EngineRequest, FinishReason, RequestStatus
-from workers.engine.sampler import Sampler
-from workers.engine.scheduler import Scheduler, SchedulerOutput
-from workers.engine.stats import EngineStats, MemoryBreakdown
-from workers.engine.step_counters import StepCounters
-from workers.engine.tier_bridge import ColdWriter, TierBridge
+from workers.engine.sampling import logprobs
+from workers.engine.sampling.postprocess import Postprocessor
+from workers.engine.sampling.sampler import Sampler
+from workers.engine.scheduling.scheduler import Scheduler, SchedulerOutput
+from workers.engine.stats.counters import StepCounters
+from workers.engine.stats.faults import StepFaults
+from workers.engine.stats.report import EngineReport
+from workers.engine.stats.snapshot import EngineStats, MemoryBreakdown
+from workers.engine.tiers.bridge import ColdWriter, TierBridge
 
 DEFAULT_CACHE_DIR = Path.home() / ".cache" / "kvferry"
 log = logging.getLogger(__name__)
@@ -134,7 +134,7 @@ class LLMEngine:
         partial last block: the pool keeps that block once it finishes (KeptTails). grammar:
         params.structured_outputs compiled by self.grammars (compiled here, on the engine's
         thread, when not given). job_class and priority: its place in the waiting order, and
-        whether it yields to interactive requests (workers/engine/scheduler.py).
+        whether it yields to interactive requests (workers/engine/scheduling/scheduler.py).
         """
         if request_id in self._seqs:
             raise InvalidRequestError(f"request id {request_id!r} is already running", "request_id")

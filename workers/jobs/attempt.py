@@ -32,7 +32,7 @@ from broker.messages import (
 from workers.engine.errors import EngineFailedError
 from workers.engine.requests.output import RequestOutput
 from workers.jobs.engine_service import EngineService
-from workers.jobs.lease_keeper import HeldLease
+from workers.jobs.lease_keeper import OwnedLease
 from workers.jobs.logprob_text import LogprobText
 from workers.jobs.prompt import prompt_token_ids
 from workers.loop.handle import RequestHandle
@@ -70,7 +70,7 @@ class JobAttempt:
         stream: FencedStream,
         job_id: str,
         job: GenerateJob,
-        held: HeldLease,
+        owned: OwnedLease,
         time_limit_s: float,
         stages: dict[str, float] | None = None,
     ) -> None:
@@ -78,8 +78,8 @@ class JobAttempt:
         self.stream = stream
         self.job_id = job_id
         self.job = job
-        self.held = held
-        self.epoch = held.epoch
+        self.owned = owned
+        self.epoch = owned.epoch
         self.time_limit_s = time_limit_s
         self.started = time.time()
         self.timed_out = threading.Event()
@@ -228,7 +228,7 @@ class JobAttempt:
         last_publish = time.monotonic() if batch else 0.0  # an interactive first token goes at once
         last: list[StreamEvent] = []
         for out in handle:
-            if self.held.lost.is_set():
+            if self.owned.lost.is_set():
                 handle.cancel()
                 raise StaleLeaseError(f"job {self.job_id}: lease epoch {self.epoch} lost")
             if out.delta_token_ids and first_token_at is None:

@@ -101,7 +101,7 @@ class Maintenance:
         started, cpu_started = time.perf_counter(), time.thread_time()
         # the holder renews every pass; the others try every other pass (the TTL covers both)
         sweeper = False
-        if self.lease.held or self.figures.passes % 2 == 0:
+        if self.lease.owned or self.figures.passes % 2 == 0:
             sweeper = self._step("lease", self.lease.hold) is True
         if sweeper:
             for name, step in self.steps():

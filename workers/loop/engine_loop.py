@@ -16,10 +16,10 @@ from broker.sampling import SamplingParams
 from kvstore.tiers.stored_block import StoredBlock
 from workers.engine.errors import EngineFailedError
 from workers.engine.grammar.matcher import CompiledGrammar
-from workers.engine.held_blocks import HeldBlocks
 from workers.engine.llm_engine import LLMEngine
-from workers.engine.stats import EngineStats
-from workers.loop.dispatcher import Dispatcher
+from workers.engine.stats.snapshot import EngineStats
+from workers.engine.tiers.resident import ResidentBlocks
+from workers.loop.driver import Driver
 from workers.loop.handle import RequestHandle
 from workers.loop.idle_event import IdleEvent
 from workers.loop.messages import Abort, Call, LoopMessage, Submit, WarmBlocks
@@ -46,10 +46,10 @@ class EngineLoop:
         self.tokenizer = engine.tokenizer
         self.block_size = engine.pool.block_size
         self.fingerprint = engine.loaded.fingerprint
-        self.held: HeldBlocks | None = engine.tiers.held if engine.tiers is not None else None
+        self.resident: ResidentBlocks | None = engine.tiers.resident if engine.tiers is not None else None
         self.grammars = engine.grammars  # thread-safe: task threads compile before they submit
         self._inbox: queue.Queue[LoopMessage | None] = queue.Queue()
-        self._work = Dispatcher(engine)  # the loop thread's: messages, steps, recovery
+        self._work = Driver(engine)  # the loop thread's: messages, steps, recovery
         self._ids = itertools.count()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._stopped = threading.Event()
@@ -155,8 +155,8 @@ class EngineLoop:
         """Hand blocks fetched from Redis to the engine's warm tier (a request submitted after
         this finds them there)."""
         if blocks:
-            if self.held is not None:  # held until they land: no second fetch of them meanwhile
-                self.held.expect([b.block_hash for b in blocks])
+            if self.resident is not None:  # resident once they land: no second fetch of them meanwhile
+                self.resident.expect([b.block_hash for b in blocks])
             self._put(WarmBlocks(blocks))
 
     def check_integrity(self, timeout: float | None = 30.0) -> None:

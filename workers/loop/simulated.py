@@ -25,7 +25,7 @@ from broker.sampling import SamplingParams
 from kvstore.pool.stats import PoolStats
 from workers.engine.errors import EngineFailedError
 from workers.engine.requests.output import RequestOutput
-from workers.engine.stats import EngineStats, MemoryBreakdown
+from workers.engine.stats.snapshot import EngineStats, MemoryBreakdown
 from workers.loop.handle import RequestHandle
 from workers.loop.idle_event import IdleEvent
 
@@ -109,7 +109,7 @@ class SimulatedLoop:
         self.grammars = NoGrammars()
         self.block_size = block_size
         self.fingerprint = MODEL
-        self.held = None
+        self.resident = None
         self.idle = IdleEvent()
         self.idle.set()
         self.restarts = 0

@@ -7,7 +7,7 @@ import time
 from typing import TYPE_CHECKING
 
 from broker.messages import EngineFigures, WorkerStatus
-from workers.engine.stats import EngineStats
+from workers.engine.stats.snapshot import EngineStats
 from workers.jobs.engine_service import EngineService
 from workers.jobs.maintenance import Maintenance, MaintenanceFigures
 

@@ -3,7 +3,7 @@ the engine, on the submitting thread, so the engine thread never waits on Redis;
 the job, on a hint from the router (HintListener).
 
 The submitting thread never reads the engine: it hashes the prompt (kvstore.chain), asks the
-loop's `held` view which blocks this worker already holds, fetches the rest from Redis and hands
+loop's `resident` view which blocks this worker already holds, fetches the rest from Redis and hands
 them to the engine thread as a message (EngineLoop.warm), which lands before the job's Submit."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from kvstore.chain import chain
 if TYPE_CHECKING:  # torch's: a worker in the simulated mode never loads them
     from kvstore.redis.tier import RedisTier
     from kvstore.tiers.stored_block import StoredBlock
-    from workers.engine.held_blocks import HeldBlocks
+    from workers.engine.tiers.resident import ResidentBlocks
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +33,7 @@ class PrefetchTarget(Protocol):
 
     block_size: int
     fingerprint: str
-    held: HeldBlocks | None
+    resident: ResidentBlocks | None
 
     def warm(self, blocks: list[StoredBlock]) -> None: ...
 
@@ -41,14 +41,14 @@ class PrefetchTarget(Protocol):
 def prefetch(target: PrefetchTarget, tier: RedisTier, ids: list[int], tenant: str) -> int:
     """Fetch the blocks of `ids` that this worker holds neither in its pool nor warm; returns how
     many came from Redis."""
-    if target.held is None:
+    if target.resident is None:
         return 0
     bs = target.block_size
     n_blocks = (len(ids) - 1) // bs  # the last prompt token is always computed
     if n_blocks == 0:
         return 0
     hashes = chain(ids[: n_blocks * bs], bs, target.fingerprint, tenant)
-    first = target.held.first_missing(hashes)
+    first = target.resident.first_missing(hashes)
     if first == n_blocks:
         return 0
     run = tier.get_run(hashes[first:], [ids[i * bs : (i + 1) * bs] for i in range(first, n_blocks)])

@@ -13,7 +13,7 @@ from collections import deque
 from collections.abc import Callable
 
 from kvstore.chain import BlockHash
-from workers.engine.pending_write import PendingWrite
+from workers.engine.tiers.pending_write import PendingWrite
 from workers.tiers.staging import StagingArena
 
 

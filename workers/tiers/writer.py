@@ -31,7 +31,7 @@ from kvstore.redis.tier import RedisTier
 from kvstore.redis.write import PacksNotWritten
 from kvstore.tiers.stored_block import StoredBlock
 from workers.engine.kernels.omp_team import confine_to_this_thread
-from workers.engine.pending_write import BlockMeta, PendingWrite
+from workers.engine.tiers.pending_write import BlockMeta, PendingWrite
 from workers.tiers.staging import StagingArena
 from workers.tiers.write_queue import WriteQueue
 from workers.tiers.writer_yield import EngineYield

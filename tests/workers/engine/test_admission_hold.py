@@ -23,8 +23,8 @@ from workers.engine.config import EngineConfig
 from workers.engine.llm_engine import LLMEngine
 from workers.engine.requests.output import RequestOutput
 from workers.engine.requests.sequence import EngineRequest
-from workers.engine.scheduler import SchedulerOutput
-from workers.engine.step_cost import StepCost
+from workers.engine.scheduling.scheduler import SchedulerOutput
+from workers.engine.scheduling.step_cost import StepCost
 
 DECODE_S, ROW_S = 0.01, 0.001  # the pinned cost model: a decode step, one prefill row
 

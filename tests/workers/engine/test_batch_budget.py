@@ -1,4 +1,4 @@
-"""Batch sizing (interactive_batch_step, workers/engine/batch_budget.py): while interactive
+"""Batch sizing (interactive_batch_step, workers/engine/scheduling/batch_budget.py): while interactive
 requests flow, a step's batch rows are held to a predicted share of the step, the oldest batch
 sequences first, at least one; with the interactive side quiet past the linger, batch sequences
 fill the step again; outputs stay token-exact with HF generate. The row fit of the step cost
@@ -13,9 +13,9 @@ import pytest
 from broker.sampling import SamplingParams
 from tests.workers._helpers import TinyModel, assert_tokens, make_engine, random_prompt
 from tests.workers.engine.test_admission_hold import Clock, PinnedCost
-from workers.engine.batch_budget import INTERACTIVE_LINGER_S
-from workers.engine.scheduler import SchedulerOutput
-from workers.engine.step_cost import StepCost
+from workers.engine.scheduling.batch_budget import INTERACTIVE_LINGER_S
+from workers.engine.scheduling.scheduler import SchedulerOutput
+from workers.engine.scheduling.step_cost import StepCost
 
 BASE_S, ROW_S, PREFILL_S = 0.010, 0.002, 0.001  # the pinned model: t = base + row * d + prefill * p
 PARAMS = SamplingParams(max_tokens=10, ignore_eos=True)

@@ -1,4 +1,4 @@
-"""Job classes in the engine (workers/engine/scheduler.py, wait_queue.py): interactive requests
+"""Job classes in the engine (workers/engine/scheduling/scheduler.py, wait_queue.py): interactive requests
 are admitted before batch ones, lower priority first; a waiting interactive request takes a seat
 or pool room from the newest running batch sequence; a step that prefills an interactive prompt
 carries no batch work; and every output stays token-exact with HF generate."""
@@ -13,8 +13,8 @@ from tests.workers._helpers import NO_EOS, TinyModel, assert_tokens, make_engine
 from workers.engine.llm_engine import LLMEngine
 from workers.engine.requests.output import RequestOutput
 from workers.engine.requests.sequence import EngineRequest
-from workers.engine.scheduler import SchedulerOutput
-from workers.engine.wait_queue import WaitQueue
+from workers.engine.scheduling.scheduler import SchedulerOutput
+from workers.engine.scheduling.wait_queue import WaitQueue
 
 PARAMS = SamplingParams(max_tokens=12, **NO_EOS)
 

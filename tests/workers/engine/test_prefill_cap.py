@@ -12,7 +12,7 @@ from ops.settings import Settings
 from tests.workers._helpers import TinyModel, assert_tokens, make_engine, random_prompt, run_checked
 from workers.engine.config import EngineConfig
 from workers.engine.llm_engine import LLMEngine
-from workers.engine.scheduler import SchedulerOutput, is_decoding
+from workers.engine.scheduling.scheduler import SchedulerOutput, is_decoding
 
 
 def _record(engine: LLMEngine) -> list[SchedulerOutput]:

@@ -12,7 +12,7 @@ from broker.errors import KvferryError
 from broker.sampling import SamplingParams
 from tests.workers._helpers import TinyModel, assert_tokens, make_engine, random_prompt
 from workers.engine.errors import EngineFailedError
-from workers.loop.dispatcher import MAX_FAILED_STEPS_IN_ROW
+from workers.loop.driver import MAX_FAILED_STEPS_IN_ROW
 from workers.loop.engine_loop import STATS_IDLE_S, EngineLoop
 
 MAX_TOKENS = 10

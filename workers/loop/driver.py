@@ -1,4 +1,4 @@
-"""Dispatcher: what the engine loop's thread does with each message it takes and each step it
+"""Driver: what the engine loop's thread does with each message it takes and each step it
 runs, and how it recovers from a step that fails. It runs on that thread alone
 (workers/loop/engine_loop.py); other threads read only its snapshots (`latest_stats`, `restarts`)."""
 
@@ -10,8 +10,8 @@ from collections.abc import Callable
 
 from workers.engine.errors import EngineFailedError, RequestFailedError
 from workers.engine.llm_engine import LLMEngine
-from workers.engine.stats import EngineStats
-from workers.loop.handle import RequestHandle, hold_for_first_out
+from workers.engine.stats.snapshot import EngineStats
+from workers.loop.handle import RequestHandle, wait_for_first_out
 from workers.loop.messages import Abort, Call, LoopMessage, Submit, WarmBlocks
 
 log = logging.getLogger(__name__)
@@ -21,7 +21,7 @@ STATS_MIN_GAP_S = 0.05  # while busy, stats are refreshed at most this often (po
 MAX_FAILED_STEPS_IN_ROW = 3
 
 
-class Dispatcher:
+class Driver:
     def __init__(self, engine: LLMEngine) -> None:
         self.engine = engine
         self.handles: dict[str, RequestHandle] = {}  # by request id, while the engine runs them
@@ -101,7 +101,7 @@ class Dispatcher:
             elif target._publish(out):
                 first_out.append(target)
         if first_out and inbox_empty():  # no message waits for it (a submit, abort, call)
-            hold_for_first_out(first_out, self.engine.config.first_token_hold_s)
+            wait_for_first_out(first_out, self.engine.config.first_token_hold_s)
         self.refresh_stats(force=not self.engine.has_unfinished())
 
     def restart(self, exc: Exception) -> None:

@@ -6,7 +6,7 @@ import time
 from collections.abc import Sequence
 
 from workers.engine.config import EngineConfig
-from workers.engine.scheduler import ScheduledSeq
+from workers.engine.scheduling.scheduler import ScheduledSeq
 
 
 class StepFaults:

@@ -8,7 +8,7 @@ a returning session's history outgrows the pool plus the warm tier, not the larg
 A finished turn's blocks are handed to the writer (workers/tiers/writer.py): one
 copy of them into its staging arena here; bytes, packing, checksums and Redis I/O on its thread.
 Admission asks the warm tier for the blocks right after the pool's hits; Redis reads happen
-earlier, on the submitting thread, which asks `held` what this worker holds and hands what it
+earlier, on the submitting thread, which asks `resident` what this worker holds and hands what it
 fetched to the engine thread (admit): it never reads the pool itself.
 """
 
@@ -27,8 +27,8 @@ from kvstore.pool.events import AllBlocksCleared, BlockEvent, BlockRemoved, Bloc
 from kvstore.pool.kv_cache import KVCache
 from kvstore.tiers.stored_block import StoredBlock
 from kvstore.tiers.warm import WarmTier
-from workers.engine.held_blocks import HeldBlocks
-from workers.engine.pending_write import BlockMeta, PendingWrite
+from workers.engine.tiers.pending_write import BlockMeta, PendingWrite
+from workers.engine.tiers.resident import ResidentBlocks
 
 ColdSink = Callable[[list[StoredBlock]], None]  # the plain form: blocks as bytes (tests, benches)
 
@@ -70,9 +70,9 @@ class TierBridge:
         self._persisted: set[BlockHash] = set()  # handed to the cold sink (or read from it)
         self.from_redis: set[BlockHash] = set()  # warm blocks that a prefetch brought from Redis
         self.spilled_blocks = 0
-        self.held = HeldBlocks(warm)  # what other threads may ask of the pool and the warm tier
-        pool.subscribe(self._on_event)  # first: a removed block is warm before held forgets it
-        pool.subscribe(self.held.on_pool_event)
+        self.resident = ResidentBlocks(warm)  # what other threads may ask of the pool and the warm tier
+        pool.subscribe(self._on_event)  # first: a removed block is warm before resident forgets it
+        pool.subscribe(self.resident.on_pool_event)
 
     def _on_event(self, event: BlockEvent) -> None:
         if isinstance(event, BlockStored):
@@ -120,7 +120,7 @@ class TierBridge:
             if block.block_hash not in self._meta:
                 self.warm.put(block)
         hashes = [b.block_hash for b in blocks]
-        self.held.arrived(hashes)
+        self.resident.arrived(hashes)
         with self._lock:
             self.from_redis.update(hashes)
             self._persisted.update(hashes)

@@ -56,23 +56,23 @@ class KeptTails:
             self._drop(self._tails.popitem(last=False)[1][0])
         return True
 
-    def held(self, parent: BlockHash, tokens: list[int]) -> int:
+    def matched(self, parent: BlockHash, tokens: list[int]) -> int:
         """How many of `tokens` take() would give (0: none); changes nothing."""
         kept = self._tails.get(parent)
         if kept is None:
             return 0
-        held = kept[1]
-        return len(held) if len(tokens) >= len(held) and tuple(tokens[: len(held)]) == held else 0
+        tail = kept[1]
+        return len(tail) if len(tokens) >= len(tail) and tuple(tokens[: len(tail)]) == tail else 0
 
     def take(self, parent: BlockHash, tokens: list[int]) -> tuple[Block, int] | None:
         """The tail under `parent` if `tokens` (what follows the parent, the last prompt token
         excluded: it is always computed) start with all of its tokens; the caller owns it then."""
-        held = self.held(parent, tokens)
-        if not held:
+        matched = self.matched(parent, tokens)
+        if not matched:
             return None
         block = self._tails.pop(parent)[0]
         self.taken += 1
-        return block, held
+        return block, matched
 
     def make_room(self, need: int) -> None:
         """Give back the oldest tails until the pool has `need` free blocks (or none is left)."""

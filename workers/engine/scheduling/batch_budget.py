@@ -17,8 +17,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from workers.engine.requests.sequence import EngineRequest
-from workers.engine.step_cost import StepCost
-from workers.engine.step_plan import StepPlan
+from workers.engine.scheduling.step_cost import StepCost
+from workers.engine.scheduling.step_plan import StepPlan
 
 # An interactive request that ended a moment ago often has a successor (a client's next request,
 # a session's next turn): the steps stay sized until the interactive side has been quiet this long.

@@ -35,7 +35,7 @@ class EngineStats:
     prompt_tokens_computed: int
     generation_tokens: int
     # Wall seconds of decode-only steps and of steps with prefill rows; steps the admission hold
-    # kept new prompts out of (workers/engine/step_cost.py, scheduler.py).
+    # kept new prompts out of (workers/engine/scheduling/step_cost.py, scheduler.py).
     seconds_decode_only: float = 0.0
     seconds_with_prefill: float = 0.0
     num_held_steps: int = 0

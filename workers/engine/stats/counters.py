@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from workers.engine.scheduler import SchedulerOutput
+from workers.engine.scheduling.scheduler import SchedulerOutput
 
 
 @dataclass(slots=True)

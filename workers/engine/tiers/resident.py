@@ -1,4 +1,4 @@
-"""HeldBlocks: which block hashes this worker holds (in its pool's index or its warm tier), as a
+"""ResidentBlocks: which block hashes this worker holds (in its pool's index or its warm tier), as a
 view any thread may read. The engine thread keeps it from the pool's events; the warm tier is
 thread-safe itself. A task thread asks it before fetching from Redis, and never reads the pool.
 
@@ -17,12 +17,12 @@ from kvstore.tiers.warm import WarmTier
 MAX_EXPECTED = 100_000
 
 
-class HeldBlocks:
+class ResidentBlocks:
     def __init__(self, warm: WarmTier) -> None:
         self._warm = warm
         self._pool: set[BlockHash] = set()  # hashes the pool's index holds now
         # Fetched from Redis and on their way to the warm tier (a WarmBlocks message the engine
-        # thread has not taken yet): held already, or a second prefetch would fetch them again.
+        # thread has not taken yet): resident already, or a second prefetch would fetch them again.
         self._expected: set[BlockHash] = set()
         self._lock = threading.Lock()
 
@@ -55,7 +55,7 @@ class HeldBlocks:
         return block_hash in self._warm
 
     def first_missing(self, hashes: Sequence[BlockHash]) -> int:
-        """The index of the first of `hashes` held neither in the pool nor warm (len when all are)."""
+        """The index of the first of `hashes` resident neither in the pool nor warm (len when all are)."""
         for i, block_hash in enumerate(hashes):
             if block_hash not in self:
                 return i

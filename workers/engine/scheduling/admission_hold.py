@@ -38,9 +38,9 @@ from collections.abc import Callable, Iterable, Sequence
 from workers.engine.block_manager import BlockManager
 from workers.engine.config import EngineConfig
 from workers.engine.requests.sequence import EngineRequest
-from workers.engine.step_cost import StepCost
-from workers.engine.step_plan import StepPlan
-from workers.engine.tier_bridge import TierBridge
+from workers.engine.scheduling.step_cost import StepCost
+from workers.engine.scheduling.step_plan import StepPlan
+from workers.engine.tiers.bridge import TierBridge
 
 
 class AdmissionHold:
@@ -92,4 +92,4 @@ class AdmissionHold:
         known = len(hits)
         if self.tiers is not None and hashes and not seq.needs_prompt_logits:
             known += self.tiers.peek_run(hashes[known:], seq.token_slice(0, len(hashes) * bs), known)
-        return seq.num_tokens - known * bs - self.blocks.held_tokens(seq, hashes, known, running)
+        return seq.num_tokens - known * bs - self.blocks.reused_tokens(seq, hashes, known, running)

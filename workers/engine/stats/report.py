@@ -9,10 +9,10 @@ from kvstore.layout import KVLayout
 from kvstore.pool.block_pool import BlockPool
 from kvstore.pool.kv_cache import KVCache
 from workers.engine.block_manager import BlockManager, cdiv
-from workers.engine.postprocess import Postprocessor
-from workers.engine.scheduler import Scheduler
-from workers.engine.stats import EngineStats, MemoryBreakdown
-from workers.engine.step_counters import StepCounters
+from workers.engine.sampling.postprocess import Postprocessor
+from workers.engine.scheduling.scheduler import Scheduler
+from workers.engine.stats.counters import StepCounters
+from workers.engine.stats.snapshot import EngineStats, MemoryBreakdown
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,8 +9,8 @@ import torch
 
 from broker.errors import InvalidRequestError
 from broker.sampling import SamplingParams
-from workers.engine import processors
 from workers.engine.requests.sequence import EngineRequest
+from workers.engine.sampling import processors
 
 Sampled = int | Exception  # a token id, or why this row could not be sampled
 log = logging.getLogger(__name__)

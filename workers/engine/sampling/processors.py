@@ -8,9 +8,9 @@ from collections.abc import Collection
 
 import torch
 
-from workers.engine import penalties
 from workers.engine.grammar import masks
 from workers.engine.requests.sequence import EngineRequest
+from workers.engine.sampling import penalties
 
 
 def apply(

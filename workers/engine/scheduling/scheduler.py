@@ -3,7 +3,7 @@ interactive sequences before batch ones (broker/priority.py).
 
 A step is planned in up to three phases. (1) The running interactive sequences: decodes, then
 unfinished prefill chunks. (2) Waiting interactive sequences are admitted, in the waiting order
-(workers/engine/wait_queue.py); one that finds no seat (max_num_seqs) or no room in the pool
+(workers/engine/scheduling/wait_queue.py); one that finds no seat (max_num_seqs) or no room in the pool
 takes them from the newest running batch sequence, which goes back to waiting (preemption by
 recompute: token-exact). (3) Unless an interactive sequence computes prompt tokens this step,
 the running batch sequences, then new batch sequences, only while no interactive one waits. So
@@ -11,11 +11,11 @@ a batch line never starts while an interactive request waits, and a step that pr
 interactive prompt carries no batch work (batch decodes wait that step out). With no batch
 sequence, phases 1 and 2 are the whole step: running first, then arrivals, as before classes.
 
-Batch sizing (interactive_batch_step, workers/engine/batch_budget.py): while interactive requests
+Batch sizing (interactive_batch_step, workers/engine/scheduling/batch_budget.py): while interactive requests
 flow, phase 3 takes batch rows only up to a predicted share of the step, so an interactive request
 arriving mid-step waits for a short step, not a full batch one.
 
-Admission hold (prefill_batch_hold, workers/engine/admission_hold.py): while others decode, new
+Admission hold (prefill_batch_hold, workers/engine/scheduling/admission_hold.py): while others decode, new
 interactive prompts may wait a few steps to be prefilled together, judged by the prompt tokens
 they will compute (their cached prefixes left out) and the step cost model.
 """
@@ -27,15 +27,15 @@ from collections.abc import Callable
 
 from kvstore.chain import BlockHash
 from kvstore.tiers.stored_block import StoredBlock
-from workers.engine.admission_hold import AdmissionHold
-from workers.engine.batch_budget import BatchBudget, BatchSizer
 from workers.engine.block_manager import BlockManager
 from workers.engine.config import EngineConfig
 from workers.engine.requests.sequence import EngineRequest, RequestStatus
-from workers.engine.step_cost import StepCost
-from workers.engine.step_plan import ScheduledSeq, SchedulerOutput, StepPlan, is_decoding
-from workers.engine.tier_bridge import TierBridge
-from workers.engine.wait_queue import WaitQueue
+from workers.engine.scheduling.admission_hold import AdmissionHold
+from workers.engine.scheduling.batch_budget import BatchBudget, BatchSizer
+from workers.engine.scheduling.step_cost import StepCost
+from workers.engine.scheduling.step_plan import ScheduledSeq, SchedulerOutput, StepPlan, is_decoding
+from workers.engine.scheduling.wait_queue import WaitQueue
+from workers.engine.tiers.bridge import TierBridge
 
 __all__ = ["ScheduledSeq", "Scheduler", "SchedulerOutput", "is_decoding"]
 
