@@ -75,8 +75,8 @@ def test_bench_decode_ratios_come_from_equal_alternated_pairs(monkeypatch: pytes
 
     def decode_only(engine: Any, prompts: Any, new_tokens: int) -> float:
         who = "plain" if engine.name == "plain" else "ours"
-        if engine.runner.fused is None:
-            who = "modules" if engine.runner.decode_kernel else "gather"
+        if engine.executor.runner.fused is None:
+            who = "modules" if engine.executor.runner.decode_kernel else "gather"
         times.append(clock.take(who, base[who]))
         return times[-1]
 

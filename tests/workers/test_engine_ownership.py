@@ -53,7 +53,7 @@ def test_no_task_thread_reaches_into_the_engine(path: Path) -> None:
 
 
 def test_the_scan_finds_what_it_forbids() -> None:
-    sample = "n = loop.engine.block_manager.tails\nm = engine.pool.block_size\nt = self.loop.engine\n"
+    sample = "n = loop.engine.scheduler.blocks.tails\nm = engine.pool.block_size\nt = self.loop.engine\n"
     assert len(_reaches_in(ast.parse(sample))) == 4
 
 

@@ -31,6 +31,7 @@ from broker.messages import (
 )
 from workers.engine.errors import EngineFailedError
 from workers.engine.requests.output import RequestOutput
+from workers.engine.requests.request import GenerationRequest
 from workers.jobs.engine_service import EngineService
 from workers.jobs.lease_keeper import OwnedLease
 from workers.jobs.logprob_text import LogprobText
@@ -39,7 +40,7 @@ from workers.loop.handle import RequestHandle
 from workers.sessions.keeper import Settle
 
 if TYPE_CHECKING:
-    from workers.loop.engine_loop import EngineLoop
+    from workers.loop.protocol import Loop
 
 log = logging.getLogger(__name__)
 STREAM_FLUSH_S = 0.03
@@ -55,7 +56,7 @@ class JobTimeLimitError(KvferryError, TimeoutError):
     """The job ran past KVFERRY_JOB_TIME_LIMIT_S and was stopped (its blocks freed)."""
 
 
-def wait_healthy(loop: EngineLoop, timeout_s: float = HEALTHY_WAIT_S) -> None:
+def wait_healthy(loop: Loop, timeout_s: float = HEALTHY_WAIT_S) -> None:
     deadline = time.monotonic() + timeout_s
     while not loop.healthy:
         if time.monotonic() > deadline:
@@ -114,20 +115,21 @@ class JobAttempt:
         if job.echo:
             self.prompt_text = job.prompt or loop.tokenizer.decode(ids, skip_special_tokens=False)
         texts = LogprobText(loop.tokenizer)
-        handle = loop.submit(
+        request = GenerationRequest(
+            job_id,
             ids,
             job.params,
-            request_id=job_id,
             cache_salt=job.kv_salt,
             output_token_ids=before.token_ids,
             streamed_chars=before.text_chars,
-            # _stream publishes an interactive job's first token before the next step runs
-            reports_first_out=job.job_class != "batch",
             keep_tail=bool(job.session_id),  # its next turn starts with this one's partial last block
             grammar=grammar,
             job_class=job.job_class,
             priority=job.priority,
+            # _stream publishes an interactive job's first token before the next step runs
+            reports_first_out=job.job_class != "batch",
         )
+        handle = loop.submit(request)
         self.stages["submitted"] = time.time()
 
         def time_up() -> None:

@@ -39,24 +39,12 @@ class Driver:
 
     def handle(self, msg: LoopMessage) -> None:
         if isinstance(msg, Submit):
-            rid = msg.handle.request_id
             try:
-                self.engine.add_request(
-                    rid,
-                    msg.prompt_token_ids,
-                    msg.params,
-                    msg.cache_salt,
-                    msg.output_token_ids,
-                    msg.streamed_chars,
-                    msg.keep_tail,
-                    grammar=msg.grammar,
-                    job_class=msg.job_class,
-                    priority=msg.priority,
-                )
+                self.engine.add_request(msg.request)
             except Exception as exc:  # typed errors go back to the submitter, nothing queued
                 msg.handle._fail(exc)
                 return
-            self.handles[rid] = msg.handle
+            self.handles[msg.request.request_id] = msg.handle
         elif isinstance(msg, WarmBlocks):
             try:
                 self.engine.admit_prefetched(msg.blocks)
@@ -88,7 +76,6 @@ class Driver:
             self.restart(exc)
             return
         self._failed_in_row = 0
-        errors = self.engine.last_errors
         first_out: list[RequestHandle] = []
         for out in outputs:
             target = (
@@ -97,7 +84,7 @@ class Driver:
             if target is None:
                 continue
             if out.finish_reason == "error":
-                target._fail(errors.get(out.request_id) or RequestFailedError(out.error or "failed", None))
+                target._fail(out.cause or RequestFailedError(out.error or "failed", None))
             elif target._publish(out):
                 first_out.append(target)
         if first_out and inbox_empty():  # no message waits for it (a submit, abort, call)

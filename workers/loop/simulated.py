@@ -5,9 +5,9 @@ imported, so dozens of worker processes fit on one machine (`kvferry bench fleet
 It is asked for by name only: KVFERRY_ENGINE=simulated (or `kvferry worker --engine simulated`)
 together with the model name "simulated"; either alone is refused (workers/jobs/engine_service.py).
 
-SimulatedLoop stands in for EngineLoop at its seam, EngineService.loop(): what the job path uses of
-it (tokenizer, grammars, submit -> RequestHandle, healthy, idle, latest_stats, block_size,
-fingerprint). One thread steps every running request by one token each `token_delay_s`, as a
+SimulatedLoop implements the Loop protocol (workers/loop/protocol.py), as EngineLoop does: what the
+job path uses of a loop (tokenizer, grammars, submit -> RequestHandle, healthy, idle, latest_stats,
+block_size, fingerprint). One thread steps every running request by one token each `token_delay_s`, as a
 batched engine would. Tokens are deterministic: the i-th output token of a prompt is a lowercase
 letter fixed by the prompt and i, so a resumed request continues exactly. The tokenizer is a byte
 tokenizer (one id per UTF-8 byte).
@@ -21,10 +21,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from broker.errors import InvalidRequestError, KvferryError
-from broker.sampling import SamplingParams
 from kvstore.pool.stats import PoolStats
 from workers.engine.errors import EngineFailedError
 from workers.engine.requests.output import RequestOutput
+from workers.engine.requests.request import GenerationRequest
 from workers.engine.stats.snapshot import EngineStats, MemoryBreakdown
 from workers.loop.handle import RequestHandle
 from workers.loop.idle_event import IdleEvent
@@ -135,26 +135,20 @@ class SimulatedLoop:
             MODEL, 0, pool, MemoryBreakdown(0, 0, 0, 0, 0), 0, 0, running, 0, running, 0, 0, self.generated
         )
 
-    def submit(
-        self,
-        prompt_token_ids: list[int],
-        params: SamplingParams,
-        request_id: str | None = None,
-        output_token_ids: tuple[int, ...] = (),
-        streamed_chars: int = 0,
-        reports_first_out: bool = False,
-        **_: Any,
-    ) -> RequestHandle:
-        rid = request_id or f"sim-{id(params)}"
+    def submit(self, request: GenerationRequest) -> RequestHandle:
+        rid, prompt, max_tokens = request.request_id, request.prompt_token_ids, request.params.max_tokens
         handle = RequestHandle(rid, self.abort, reports_first_out=False)
-        seed = zlib.crc32(bytes(int(t) % 256 for t in prompt_token_ids))
-        run = _Running(handle, seed, len(prompt_token_ids), params.max_tokens or self.default_max_tokens)
-        run.tokens, run.chars = list(output_token_ids), streamed_chars
+        seed = zlib.crc32(bytes(int(t) % 256 for t in prompt))
+        run = _Running(handle, seed, len(prompt), max_tokens or self.default_max_tokens)
+        run.tokens, run.chars = list(request.output_token_ids), request.streamed_chars
         with self._lock:
             self._running[rid] = run
         self.idle.clear()
         self._wake.set()
         return handle
+
+    def warm(self, blocks: list[Any]) -> None:
+        return None  # no tiers: a prefetch never runs here
 
     def abort(self, request_id: str) -> None:
         with self._lock:

@@ -33,7 +33,9 @@ class PrefetchTarget(Protocol):
 
     block_size: int
     fingerprint: str
-    resident: ResidentBlocks | None
+
+    @property
+    def resident(self) -> ResidentBlocks | None: ...
 
     def warm(self, blocks: list[StoredBlock]) -> None: ...
 

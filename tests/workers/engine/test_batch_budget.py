@@ -13,6 +13,7 @@ import pytest
 from broker.sampling import SamplingParams
 from tests.workers._helpers import TinyModel, assert_tokens, make_engine, random_prompt
 from tests.workers.engine.test_admission_hold import Clock, PinnedCost
+from workers.engine.requests.request import GenerationRequest
 from workers.engine.scheduling.batch_budget import INTERACTIVE_LINGER_S
 from workers.engine.scheduling.scheduler import SchedulerOutput
 from workers.engine.scheduling.step_cost import StepCost
@@ -71,10 +72,10 @@ def test_steps_carry_a_share_of_batch_rows_while_interactive_requests_flow(
         return plans[-1]
 
     for rid, prompt in batch.items():
-        engine.add_request(rid, prompt, PARAMS, job_class="batch")
+        engine.add_request(GenerationRequest(rid, prompt, PARAMS, job_class="batch"))
     step()  # the batch's prefill
     assert _batch_decodes(step()) == 10  # no interactive request: every batch sequence
-    engine.add_request("i", late, PARAMS)
+    engine.add_request(GenerationRequest("i", late, PARAMS))
     first = step()
     assert [s.seq.request_id for s in first.scheduled] == ["i"]  # its prefill runs alone
     sized = step()

@@ -19,6 +19,7 @@ from tests.kvstore.conftest import MakeBlocks, make_blocks, redis_client, redis_
 from tests.workers._helpers import NO_EOS, TinyModel, assert_tokens, make_engine, random_prompt, run_checked
 from tests.workers.tiers.test_kv_writer import BLOCK, FMT
 from workers.engine.errors import EngineFailedError
+from workers.engine.requests.request import GenerationRequest
 from workers.loop.engine_loop import EngineLoop
 from workers.loop.idle_event import IdleEvent
 from workers.tiers.prefetch import prefetch
@@ -148,13 +149,19 @@ def test_the_loop_is_idle_only_with_nothing_to_run(tiny: TinyModel) -> None:
     engine = make_engine(tiny.loaded, num_blocks=16)
     with EngineLoop(engine) as loop:
         assert loop.idle.wait(5)
-        handle = loop.submit(random_prompt(random.Random(3), 20), SamplingParams(max_tokens=200, **NO_EOS))
+        handle = loop.submit(
+            GenerationRequest.new(
+                random_prompt(random.Random(3), 20), SamplingParams(max_tokens=200, **NO_EOS)
+            )
+        )
         assert not loop.idle.is_set()  # cleared by the submit itself
         handle.result(60)
         assert loop.idle.wait(5)
     assert loop.idle.is_set()  # a stopped loop never holds the writer back
     assert loop.idle.idle_for() >= SETTLE_S  # as if idle for ever: no settling time either
-    late = loop.submit([1, 2, 3], SamplingParams(max_tokens=1))  # refused: the loop has stopped
+    late = loop.submit(
+        GenerationRequest.new([1, 2, 3], SamplingParams(max_tokens=1))
+    )  # refused: the loop has stopped
     with pytest.raises(EngineFailedError):
         late.result(5)
     assert loop.idle.idle_for() >= SETTLE_S  # the refused submit did not clear it for good
@@ -170,13 +177,15 @@ def test_a_turn_written_while_the_engine_is_busy_resumes_exactly(
     params = SamplingParams(max_tokens=8, **NO_EOS)
     engine = make_engine(tiny.loaded, num_blocks=32, warm_cache_size_bytes=1 << 20)
     assert engine.tiers is not None
-    tier = RedisTier(redis_client, engine.kv_format, 10**9)
+    tier = RedisTier(redis_client, engine.served.kv_format, 10**9)
     writer = KVWriter(tier, defer_s=30)
     engine.tiers.attach(writer)
     with EngineLoop(engine) as loop:
         writer.yielding.idle = loop.idle
-        slow = loop.submit(random_prompt(rng, 30), SamplingParams(max_tokens=400, **NO_EOS))
-        out = loop.submit(history, params).result(60)
+        slow = loop.submit(
+            GenerationRequest.new(random_prompt(rng, 30), SamplingParams(max_tokens=400, **NO_EOS))
+        )
+        out = loop.submit(GenerationRequest.new(history, params)).result(60)
         assert_tokens(out.token_ids, tiny.expected(history, 8), "turn 1")
         time.sleep(0.1)
         assert not slow.done(), "the slow request must outlast the check"

@@ -152,7 +152,7 @@ def test_the_engine_never_waits_for_a_slow_or_unreachable_redis(tiny: TinyModel,
     engine = make_engine(tiny.loaded, num_blocks=12, warm_cache_size_bytes=1 << 20)
     assert engine.tiers is not None
     tier = GatedTier(fail=fail)
-    writer = KVWriter(tier, max_queued_bytes=6 * engine.kv_format.nbytes)  # type: ignore[arg-type]
+    writer = KVWriter(tier, max_queued_bytes=6 * engine.served.kv_format.nbytes)  # type: ignore[arg-type]
     engine.tiers.attach(writer)
     params = SamplingParams(max_tokens=4, **NO_EOS)
     started = time.perf_counter()

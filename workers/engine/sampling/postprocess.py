@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 
+from broker.errors import InvalidRequestError
 from kvstore.chain import BlockHash
 from workers.engine.errors import RequestFailedError
 from workers.engine.requests.detokenizer import Detokenizer
@@ -69,7 +70,7 @@ class Postprocessor:
         seq: EngineRequest,
         delta: list[int],
         delta_text: str | None = None,
-        error: str | None = None,
+        error: InvalidRequestError | None = None,
         block_hashes: tuple[BlockHash, ...] = (),
         delta_logprobs: tuple[Logprob, ...] = (),
     ) -> RequestOutput:
@@ -96,7 +97,8 @@ class Postprocessor:
             pool_tokens=max(0, seq.num_cached_tokens),
             warm_tokens=seq.num_warm_tokens,
             redis_tokens=seq.num_redis_tokens,
-            error=error,
+            error=str(error) if error is not None else None,
+            cause=error,
             block_hashes=block_hashes,
             delta_logprobs=delta_logprobs,
             prompt_logprobs=prompt_logprobs,
