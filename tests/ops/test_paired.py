@@ -60,7 +60,8 @@ class _Clock:
 
 def _engine(name: str) -> Any:
     runner = SimpleNamespace(fused=object(), decode_kernel=True)
-    return SimpleNamespace(name=name, runner=runner, pool=SimpleNamespace(reset_prefix_cache=lambda: None))
+    executor = SimpleNamespace(runner=runner)
+    return SimpleNamespace(name=name, executor=executor, pool=SimpleNamespace(reset_prefix_cache=lambda: None))
 
 
 def _adjacent_ratios(calls: list[str], times: list[float], ours: str, other: str) -> list[float]:

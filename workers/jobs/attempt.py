@@ -37,7 +37,7 @@ from workers.jobs.lease_keeper import OwnedLease
 from workers.jobs.logprob_text import LogprobText
 from workers.jobs.prompt import prompt_token_ids
 from workers.loop.handle import RequestHandle
-from workers.sessions.keeper import Settle
+from workers.sessions.keeper import AfterWrite
 
 if TYPE_CHECKING:
     from workers.loop.protocol import Loop
@@ -192,13 +192,13 @@ class JobAttempt:
             prompt_logprobs=self.prompt_logprobs,
             prompt_text=self.prompt_text,
         )
-        settle: Settle | None = None
+        after: AfterWrite | None = None
         if final.finish_reason in ("stop", "length"):
-            settle = self._bookkeeping(lambda: service.sessions.remember(job, loop, ids, final, stored))
+            after = self._bookkeeping(lambda: service.sessions.remember(job, loop, ids, final, stored))
         # The last delta and the result in one round trip: a 1-token job writes its stream once.
         self.stream.publish_many(job_id, job.tenant, [*last, JobDone(result, epoch=self.epoch)], self.stages)
-        if settle is not None:
-            self._bookkeeping(lambda: service.sessions.settle(settle))
+        if after is not None:
+            self._bookkeeping(lambda: service.sessions.after_write(after))
         return result
 
     def _bookkeeping(self, work: Callable[[], T]) -> T | None:
@@ -207,10 +207,10 @@ class JobAttempt:
         try:
             return work()
         except redis.RedisError as exc:  # a full or absent Redis: expected now and then
-            self.service.sessions.settler.count_failure()
+            self.service.sessions.after_writes.count_failure()
             log.warning("job %s: the session/tier update failed: %s", self.job_id, exc)
         except Exception:
-            self.service.sessions.settler.count_failure()
+            self.service.sessions.after_writes.count_failure()
             log.exception("job %s: the session/tier update failed", self.job_id)
         return None
 

@@ -12,6 +12,7 @@ import redis
 
 from broker import keys
 from broker.jobs.lease import JobLeases, Lease, LeaseHolder, Started, make_owner
+from workers.background import BackgroundThread
 
 log = logging.getLogger(__name__)
 
@@ -37,9 +38,8 @@ class LeaseKeeper:
         self._owned: dict[str, OwnedLease] = {}
         self._starting: set[str] = set()  # jobs a start() is in flight for (one at a time)
         self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="kvferry-leases", daemon=True)
-        self._thread.start()
+        self._thread = BackgroundThread("kvferry-leases", self._run)
+        self._thread.start()  # assigned first: its body reads it
 
     def try_take(self, job_id: str) -> tuple[OwnedLease, Started] | LeaseHolder:
         """The job's lease and what its stream held (JobLeases.start), or who holds the lease."""
@@ -73,8 +73,7 @@ class LeaseKeeper:
             log.warning("releasing the lease of job %s failed: %s", owned.lease.job_id, exc)
 
     def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(5)
+        self._thread.stop()
 
     def renew_all(self) -> None:
         with self._lock:
@@ -90,7 +89,7 @@ class LeaseKeeper:
                 log.warning("renewing the lease of job %s failed: %s", h.lease.job_id, exc)
 
     def _run(self) -> None:
-        while not self._stop.wait(self.renew_s):
+        while not self._thread.wait(self.renew_s):
             started = time.monotonic()
             self.renew_all()
             if time.monotonic() - started > self.renew_s:

@@ -22,6 +22,7 @@ from typing import Any
 
 from broker.errors import InvalidRequestError, KvferryError
 from kvstore.pool.stats import PoolStats
+from workers.background import BackgroundThread
 from workers.engine.errors import EngineFailedError
 from workers.engine.requests.output import RequestOutput
 from workers.engine.requests.request import GenerationRequest
@@ -118,13 +119,12 @@ class SimulatedLoop:
         self._running: dict[str, _Running] = {}
         self._lock = threading.Lock()
         self._wake = threading.Event()
-        self._stopped = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="kvferry-simulated-engine", daemon=True)
-        self._thread.start()
+        self._thread = BackgroundThread("kvferry-simulated-engine", self._run)
+        self._thread.start()  # assigned first: its body reads it
 
     @property
     def healthy(self) -> bool:
-        return self._thread.is_alive() and not self._stopped.is_set()
+        return self._thread.alive and not self._thread.stopped
 
     @property
     def latest_stats(self) -> EngineStats:
@@ -157,9 +157,9 @@ class SimulatedLoop:
             run.handle._publish(self._output(run, (), "abort"))
 
     def stop(self, timeout: float = 10.0) -> None:
-        self._stopped.set()
-        self._wake.set()
-        self._thread.join(timeout)
+        self._thread.stopping.set()
+        self._wake.set()  # the thread may be waiting for work, not for the stop
+        self._thread.stop(join_s=timeout)
 
     def check_integrity(self, timeout: float | None = None) -> None:
         return None
@@ -202,13 +202,13 @@ class SimulatedLoop:
         self.generated += len(runs)
 
     def _run(self) -> None:
-        while not self._stopped.is_set():
+        while not self._thread.stopped:
             if not self._running:
                 self.idle.set()
                 self._wake.wait(0.5)
                 self._wake.clear()
                 continue
-            self._stopped.wait(self.token_delay_s)
+            self._thread.wait(self.token_delay_s)
             self._step()
         with self._lock:
             runs, self._running = list(self._running.values()), {}

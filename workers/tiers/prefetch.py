@@ -9,7 +9,6 @@ them to the engine thread as a message (EngineLoop.warm), which lands before the
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -23,6 +22,8 @@ if TYPE_CHECKING:  # torch's: a worker in the simulated mode never loads them
     from kvstore.redis.tier import RedisTier
     from kvstore.tiers.stored_block import StoredBlock
     from workers.engine.tiers.resident import ResidentBlocks
+
+from workers.background import BackgroundThread
 
 log = logging.getLogger(__name__)
 
@@ -80,24 +81,23 @@ class HintListener:
         self.key = keys.worker_prefetch(worker)
         self.loaded_blocks = self.hints = 0
         self._confined = False
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="kvferry-prefetch-hints", daemon=True)
+        self._thread = BackgroundThread("kvferry-prefetch-hints", self._run)
 
     def start(self) -> None:
         self._thread.start()
 
     def stop(self) -> None:
-        self._stop.set()
+        self._thread.stop(join_s=None)  # a blocked BLPOP ends within block_s
 
     def _run(self) -> None:
-        while not self._stop.is_set():
+        while not self._thread.stopped:
             try:
                 got: Any = self.redis.blpop([self.key], timeout=self.block_s)
                 if got is not None:
                     self.handle(got[1])
             except redis.RedisError as exc:  # Redis away: hints wait (or expire); jobs fetch alone
                 log.debug("prefetch hints: %s", exc)
-                self._stop.wait(self.block_s)
+                self._thread.wait(self.block_s)
             except Exception:  # a hint must never take the thread down
                 log.exception("prefetch hint failed")
 

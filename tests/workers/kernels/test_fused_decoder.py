@@ -151,14 +151,14 @@ def test_it_applies_only_with_the_kernels_and_a_model_it_computes(
     tokenizer: object, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     tiny = _build_tiny("llama", tokenizer, seed=2)
-    assert make_engine(tiny.loaded, num_blocks=8, decode_kernel=False).runner.fused is None
-    assert make_engine(tiny.loaded, num_blocks=8, fused_decode=False).runner.fused is None
+    assert make_engine(tiny.loaded, num_blocks=8, decode_kernel=False).executor.runner.fused is None
+    assert make_engine(tiny.loaded, num_blocks=8, fused_decode=False).executor.runner.fused is None
     plain = _build_tiny("llama", tokenizer, seed=3)
-    assert make_engine(plain.loaded, num_blocks=8, packed_linear=False).runner.fused is None
+    assert make_engine(plain.loaded, num_blocks=8, packed_linear=False).executor.runner.fused is None
     monkeypatch.setattr(tiny.loaded.model.config, "hidden_act", "gelu")
-    assert make_engine(tiny.loaded, num_blocks=8).runner.fused is None
+    assert make_engine(tiny.loaded, num_blocks=8).executor.runner.fused is None
     monkeypatch.setattr(tiny.loaded.model.config, "hidden_act", "silu")
-    assert make_engine(tiny.loaded, num_blocks=8).runner.fused is not None
+    assert make_engine(tiny.loaded, num_blocks=8).executor.runner.fused is not None
 
 
 def test_bad_tables_slots_or_weights_raise_before_anything_is_written(tiny: TinyModel) -> None:

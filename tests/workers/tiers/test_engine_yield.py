@@ -24,7 +24,7 @@ from workers.loop.engine_loop import EngineLoop
 from workers.loop.idle_event import IdleEvent
 from workers.tiers.prefetch import prefetch
 from workers.tiers.writer import KVWriter
-from workers.tiers.writer_yield import SETTLE_S, EngineYield
+from workers.tiers.writer_yield import QUIET_S, EngineYield
 
 
 def _busy_writer(client: redis.Redis, defer_s: float, queue_blocks: int = 64) -> tuple[KVWriter, RedisTier]:
@@ -58,8 +58,8 @@ def test_wait_returns_on_idle_deadline_or_hurry() -> None:
     assert time.monotonic() - started < 0.1
     started = time.monotonic()
     threading.Timer(0.1, idle.set).start()
-    gate.wait(time.monotonic() + 5, lambda: False)  # the engine goes idle, and stays so SETTLE_S
-    assert 0.1 + SETTLE_S <= time.monotonic() - started < 2 and idle.idle_for() >= SETTLE_S
+    gate.wait(time.monotonic() + 5, lambda: False)  # the engine goes idle, and stays so QUIET_S
+    assert 0.1 + QUIET_S <= time.monotonic() - started < 2 and idle.idle_for() >= QUIET_S
     assert gate.yields == 2 and gate.yielded_s > 0.2
     assert EngineYield(1.0).deadline() > time.monotonic()  # no idle event: never waits
     with pytest.raises(ValueError, match="defer_s"):
@@ -72,12 +72,12 @@ def test_a_transaction_waits_until_the_engine_has_settled() -> None:
     idle.set_long_ago()  # idle for long: no wait
     started = time.monotonic()
     gate.wait(gate.deadline(), lambda: False)
-    assert time.monotonic() - started < SETTLE_S / 2 and gate.yields == 0
+    assert time.monotonic() - started < QUIET_S / 2 and gate.yields == 0
     idle.clear()
     started = time.monotonic()
     idle.set()  # a turn just ended: wait out the settling time
     gate.wait(gate.deadline(), lambda: False)
-    assert SETTLE_S <= time.monotonic() - started < SETTLE_S + 1 and idle.idle_for() >= SETTLE_S
+    assert QUIET_S <= time.monotonic() - started < QUIET_S + 1 and idle.idle_for() >= QUIET_S
     idle.clear()
     idle.set()
     asked = []
@@ -91,7 +91,7 @@ def test_a_transaction_waits_until_the_engine_has_settled() -> None:
 
     started = time.monotonic()
     gate.wait(gate.deadline(), next_request_while_settling)
-    assert 0.3 + SETTLE_S <= time.monotonic() - started < 2 and idle.idle_for() >= SETTLE_S
+    assert 0.3 + QUIET_S <= time.monotonic() - started < 2 and idle.idle_for() >= QUIET_S
     assert gate.yields == 2
     idle.clear()
     assert idle.idle_for() == 0.0
@@ -158,13 +158,13 @@ def test_the_loop_is_idle_only_with_nothing_to_run(tiny: TinyModel) -> None:
         handle.result(60)
         assert loop.idle.wait(5)
     assert loop.idle.is_set()  # a stopped loop never holds the writer back
-    assert loop.idle.idle_for() >= SETTLE_S  # as if idle for ever: no settling time either
+    assert loop.idle.idle_for() >= QUIET_S  # as if idle for ever: no quiet time either
     late = loop.submit(
         GenerationRequest.new([1, 2, 3], SamplingParams(max_tokens=1))
     )  # refused: the loop has stopped
     with pytest.raises(EngineFailedError):
         late.result(5)
-    assert loop.idle.idle_for() >= SETTLE_S  # the refused submit did not clear it for good
+    assert loop.idle.idle_for() >= QUIET_S  # the refused submit did not clear it for good
 
 
 def test_a_turn_written_while_the_engine_is_busy_resumes_exactly(

@@ -187,7 +187,7 @@ def test_a_turn_written_through_the_writer_resumes_exactly_on_a_fresh_engine(
     params = SamplingParams(max_tokens=10, **NO_EOS)
     first = make_engine(tiny.loaded, num_blocks=8, warm_cache_size_bytes=1 << 20)
     assert first.tiers is not None
-    tier = GatedRedisTier(redis_client, first.kv_format, 10**9)
+    tier = GatedRedisTier(redis_client, first.served.kv_format, 10**9)
     tier.gate = threading.Event()
     writer = KVWriter(tier)
     first.tiers.attach(writer)

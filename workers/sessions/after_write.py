@@ -1,4 +1,4 @@
-"""Settler: one thread that finishes turns' bookkeeping after their answers are out.
+"""AfterWriteQueue: one thread that finishes turns' bookkeeping after their answers are out.
 
 A turn's session record is saved in full, and its pins set, only once the turn's blocks are in
 Redis; the KV writer says when (KVWriter.after_written) on its own thread, which must not wait on
@@ -14,11 +14,13 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from workers.background import BackgroundThread
+
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
-class Settle:
+class AfterWrite:
     """What a turn leaves to do once its blocks are in Redis: ``mark``, the KV writer's last write
     when the turn ended (its own writes are at or before it)."""
 
@@ -26,18 +28,18 @@ class Settle:
     work: Callable[[], None]
 
 
-class Settler:
+class AfterWriteQueue:
     def __init__(self) -> None:
         self.failures = 0  # bookkeeping that raised: logged, counted, never the job's failure
         self._queue: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self._lock = threading.Lock()
-        self._thread: threading.Thread | None = None
+        self._thread: BackgroundThread | None = None
 
     def submit(self, work: Callable[[], None]) -> None:
         with self._lock:
             if self._thread is None:  # dies with the process: what is left is cache, not answers
-                self._thread = threading.Thread(target=self._run, name="kvferry-session-settle", daemon=True)
-                self._thread.start()
+                self._thread = BackgroundThread("kvferry-after-write", self._run)
+                self._thread.start()  # assigned first: its body reads it
         self._queue.put(work)
 
     def run(self, what: str, work: Callable[[], None]) -> None:
