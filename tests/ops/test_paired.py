@@ -61,7 +61,9 @@ class _Clock:
 def _engine(name: str) -> Any:
     runner = SimpleNamespace(fused=object(), decode_kernel=True)
     executor = SimpleNamespace(runner=runner)
-    return SimpleNamespace(name=name, executor=executor, pool=SimpleNamespace(reset_prefix_cache=lambda: None))
+    return SimpleNamespace(
+        name=name, executor=executor, pool=SimpleNamespace(reset_prefix_cache=lambda: None)
+    )
 
 
 def _adjacent_ratios(calls: list[str], times: list[float], ours: str, other: str) -> list[float]:
