@@ -3,6 +3,7 @@ benchmarks and the tests all build it here). Nothing here runs per step."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -26,7 +27,7 @@ from workers.engine.sampling.sampler import Sampler
 from workers.engine.scheduling.scheduler import Scheduler
 from workers.engine.served import ServedModel
 from workers.engine.stats.report import EngineReport
-from workers.engine.tiers.bridge import TierBridge
+from workers.engine.tiers.bridge import ColdWriter, TierBridge
 
 DEFAULT_CACHE_DIR = Path.home() / ".cache" / "kvferry"
 
@@ -36,9 +37,13 @@ def bytes_per_block(loaded: LoadedModel, block_size: int) -> int:
 
 
 def build_engine(
-    config: EngineConfig, model: LoadedModel | None = None, cache_dir: Path | None = None
+    config: EngineConfig,
+    model: LoadedModel | None = None,
+    cache_dir: Path | None = None,
+    cold_writer: Callable[[KVFormat, torch.device], ColdWriter | None] | None = None,
 ) -> LLMEngine:
-    """The engine over `model` (loaded from config.model into cache_dir when None)."""
+    """The engine over `model` (loaded from config.model into cache_dir when None). cold_writer:
+    asked, when the engine spills (it has a warm tier), for the writer of its cold tier."""
     if config.torch_threads:
         torch.set_num_threads(config.torch_threads)
     loaded = model or load_model(config.model, config.dtype, config.device, cache_dir or DEFAULT_CACHE_DIR)
@@ -52,6 +57,9 @@ def build_engine(
     tiers = None
     if config.warm_cache_size_bytes > 0 and config.enable_prefix_caching:
         tiers = TierBridge(pool, kv_cache, kv_format, WarmTier(config.warm_cache_size_bytes))
+        writer = cold_writer(kv_format, device) if cold_writer is not None else None
+        if writer is not None:
+            tiers.attach(writer)
     scheduler = Scheduler(config, BlockManager(pool, loaded.fingerprint), tiers)
     runner = ModelRunner(
         loaded.model,

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from broker import keys, redis_client
+from broker import keys
+from broker.redis import client as redis_client
 from kvstore.redis.client import KV_ERRORS, KVClient, kv_client
 from workers.engine.config import EngineConfig
 from workers.engine.errors import EngineFailedError
@@ -26,6 +27,9 @@ from workers.sessions.keeper import SessionKeeper
 from workers.tiers.config import TierConfig
 
 if TYPE_CHECKING:  # torch's: imported where they are built, never in the simulated mode
+    import torch
+
+    from kvstore.layout import KVFormat
     from kvstore.redis.tier import RedisTier
     from workers.engine.llm_engine import LLMEngine
     from workers.tiers.writer import KVWriter
@@ -106,28 +110,32 @@ class EngineService:
 
     def _build_engine(self) -> LLMEngine:
         """On the loop's own thread: the engine, with the Redis tier's writer attached."""
-        from kvstore.redis.tier import RedisTier
         from workers.engine.factory import build_engine
+
+        return build_engine(self.config, cache_dir=self.cache_dir, cold_writer=self._cold_writer)
+
+    def _cold_writer(self, fmt: KVFormat, device: torch.device) -> KVWriter | None:
+        """Asked by build_engine when blocks leaving the pool spill: the Redis tier's writer."""
+        from kvstore.redis.tier import RedisTier
         from workers.tiers.writer import KVWriter
 
-        engine = build_engine(self.config, cache_dir=self.cache_dir)
-        if self.tier_config.redis_capacity_bytes > 0 and engine.tiers is not None:
-            self.redis_tier = RedisTier(
-                self.kv_redis,
-                engine.served.kv_format,
-                self.tier_config.redis_capacity_bytes,
-                tenant_quota_bytes=self.tier_config.tenant_kv_quota_bytes,
-                tier_dtype=self.tier_config.tier_dtype,
-            )
-            self.writer = KVWriter(
-                self.redis_tier,
-                max_queued_bytes=self.tier_config.kv_write_queue_bytes,
-                pinned_memory=engine.served.device.type == "cuda",
-                defer_s=self.tier_config.kv_write_defer_s,
-            )
-            engine.tiers.attach(self.writer)
-            self.sessions.attach(self.redis_tier, self.writer)
-        return engine
+        if self.tier_config.redis_capacity_bytes <= 0:
+            return None
+        self.redis_tier = RedisTier(
+            self.kv_redis,
+            fmt,
+            self.tier_config.redis_capacity_bytes,
+            tenant_quota_bytes=self.tier_config.tenant_kv_quota_bytes,
+            tier_dtype=self.tier_config.tier_dtype,
+        )
+        self.writer = KVWriter(
+            self.redis_tier,
+            max_queued_bytes=self.tier_config.kv_write_queue_bytes,
+            pinned_memory=device.type == "cuda",
+            defer_s=self.tier_config.kv_write_defer_s,
+        )
+        self.sessions.attach(self.redis_tier, self.writer)
+        return self.writer
 
     def shutdown(self) -> None:
         with self._lock:
