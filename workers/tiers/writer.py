@@ -271,7 +271,7 @@ class KVWriter:
     def _hurried(self) -> bool:
         """No yielding: the queue holds over half its bound, someone flushes or waits, or it stops."""
         with self._cond:
-            full = self._queue.held_bytes * 2 > self.max_queued_bytes
+            full = self._queue.outstanding_bytes * 2 > self.max_queued_bytes
             return full or bool(self._flushing) or self._queue.waiting or self._thread.stopped
 
     def _report_drops(self) -> None:

@@ -20,7 +20,7 @@ def _penalised(p: SamplingParams) -> bool:
     return p.repetition_penalty != 1.0 or p.frequency_penalty != 0.0 or p.presence_penalty != 0.0
 
 
-def held_back(seq: EngineRequest, eos_token_ids: Collection[int]) -> tuple[int, ...]:
+def min_tokens_masked(seq: EngineRequest, eos_token_ids: Collection[int]) -> tuple[int, ...]:
     """The token ids min_tokens masks for seq's next token: none once min_tokens are out."""
     p = seq.params
     if len(seq.output_token_ids) >= p.min_tokens:
@@ -30,7 +30,7 @@ def held_back(seq: EngineRequest, eos_token_ids: Collection[int]) -> tuple[int, 
 
 def wants(seq: EngineRequest, eos_token_ids: Collection[int]) -> bool:
     p = seq.params
-    return bool(p.logit_bias) or _penalised(p) or bool(held_back(seq, eos_token_ids))
+    return bool(p.logit_bias) or _penalised(p) or bool(min_tokens_masked(seq, eos_token_ids))
 
 
 def apply(
@@ -46,7 +46,7 @@ def apply(
     index = torch.tensor(rows, device=logits.device)
     x = logits.clone() if every_row else logits.index_select(0, index)  # [R, vocab], ours to change
     _add_bias(x, chosen)
-    _hold_back(x, chosen, eos_token_ids)
+    _mask_min_tokens(x, chosen, eos_token_ids)
     _penalise(x, chosen)
     return x if every_row else logits.index_copy(0, index, x)
 
@@ -61,8 +61,8 @@ def _add_bias(x: torch.Tensor, seqs: list[EngineRequest]) -> None:
     x.index_put_((_index(rows, x.device), _index(tokens, x.device)), values, accumulate=True)
 
 
-def _hold_back(x: torch.Tensor, seqs: list[EngineRequest], eos_token_ids: Collection[int]) -> None:
-    entries = [(row, token) for row, s in enumerate(seqs) for token in held_back(s, eos_token_ids)]
+def _mask_min_tokens(x: torch.Tensor, seqs: list[EngineRequest], eos_token_ids: Collection[int]) -> None:
+    entries = [(row, token) for row, s in enumerate(seqs) for token in min_tokens_masked(s, eos_token_ids)]
     if entries:
         rows, tokens = zip(*entries, strict=True)
         masked = torch.tensor(float("-inf"), dtype=x.dtype, device=x.device)
