@@ -12,8 +12,8 @@ from collections.abc import Sequence
 from typing import Any
 
 import pytest
-import workers.engine.scheduler.blocks as block_manager
 
+import workers.engine.block_manager as block_manager
 from broker.defaults import DEFAULTS
 from broker.sampling import SamplingParams
 from kvstore.chain import BlockHash
