@@ -15,15 +15,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
+
+from redis.asyncio import Redis
 
 from api.background import FailureLog
-from api.batches import records as batch_records
-from api.batches.parts import error_part, output_part
-from api.context import ApiContext
-from api.dispatch.lease import DispatchLease, api_name
-from api.files.store import Stored
+from api.files.store import FileStore, Stored
 from broker import keys
 
 log = logging.getLogger(__name__)
@@ -36,14 +35,33 @@ class Swept:
     tmp: int = 0  # temporary files
 
 
+class Lease(Protocol):
+    """One api replica at a time sweeps (api/dispatch/lease.py DispatchLease)."""
+
+    async def hold(self) -> bool: ...
+
+    async def release(self) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class SweepTerms:
+    interval_s: float  # KVFERRY_FILES_SWEEP_INTERVAL_S
+    grace_s: float  # KVFERRY_FILES_ORPHAN_GRACE_S: what is younger stays
+
+
 class FileSweeper:
-    def __init__(self, ctx: ApiContext) -> None:
-        self.ctx = ctx
-        interval = ctx.config.files_sweep_interval_s
-        # held across the sleep between passes: it lapses only when its holder stops sweeping
-        lease_s = max(3 * interval, 5.0)
-        redis = ctx.jobs.redis
-        self.lease = DispatchLease(redis, api_name(), lease_s, keys.FILES_SWEEPER_LEASE, "the file sweeper")
+    """`in_use`: the names of the files the batches not yet ended read or write (api/batches/
+    parts.py in_use): the store knows nothing of batches, the api wires them in (api/app.py)."""
+
+    def __init__(
+        self,
+        redis: Redis,
+        store: FileStore,
+        terms: SweepTerms,
+        in_use: Callable[[], Awaitable[set[str]]],
+        lease: Lease,
+    ) -> None:
+        self.redis, self.store, self.terms, self.in_use, self.lease = redis, store, terms, in_use, lease
         self.failures = FailureLog("file sweeper", log)
 
     async def run(self) -> None:
@@ -58,19 +76,19 @@ class FileSweeper:
                 raise
             except Exception as exc:  # Redis down, a disk hiccup: the next pass tries again
                 self.failures.failed(exc)
-            await asyncio.sleep(self.ctx.config.files_sweep_interval_s)
+            await asyncio.sleep(self.terms.interval_s)
 
     async def release(self) -> None:
         await self.lease.release()
 
     async def sweep(self) -> Swept:
-        store = self.ctx.files
+        store = self.store
         now = time.time()
-        old_enough = now - self.ctx.config.files_orphan_grace_s
+        old_enough = now - self.terms.grace_s
         stale = [e for e in await asyncio.to_thread(store.listing) if e.mtime < old_enough]
         if not stale:
             return Swept()
-        in_use = await self._in_use()
+        in_use = await self.in_use()
         contents = [e for e in stale if not e.tmp and not e.name.endswith(".part") and e.name not in in_use]
         live = await self._live(contents, now)
         gone: list[Stored] = [e for e in contents if e.name not in live]
@@ -80,20 +98,9 @@ class FileSweeper:
             await asyncio.to_thread(store.remove, entry)
         return Swept(len(gone), len(parts), len(tmp))
 
-    async def _in_use(self) -> set[str]:
-        """The input files and part files of every batch not yet ended."""
-        redis = self.ctx.jobs.redis
-        names: set[str] = set()
-        for batch_id in await batch_records.active(redis):
-            names |= {output_part(batch_id), error_part(batch_id)}
-            rec = await batch_records.load(redis, batch_id)
-            if rec is not None:
-                names.add(rec.input_file_id)
-        return names
-
     async def _live(self, contents: list[Stored], now: float) -> set[str]:
         """Those of `contents` whose record exists and has not expired."""
-        pipe = self.ctx.jobs.redis.pipeline(transaction=False)
+        pipe = self.redis.pipeline(transaction=False)
         for entry in contents:
             pipe.hmget(keys.file_record(entry.name), "id", "expires_at")
         live = set()
