@@ -42,10 +42,10 @@ class ApiConfig:
     files_dir: Path = DEFAULTS.cache_dir / "files"  # /v1/files contents (api/files/store.py)
     files_max_bytes: int = int(DEFAULTS.files_max_bytes)
     files_max_lines: int = DEFAULTS.files_max_lines
-    files_batch_expiry_s: int = DEFAULTS.files_batch_expiry_s  # docs/api.md#retention; 0: kept
+    files_batch_expiry_s: int = DEFAULTS.files_batch_expiry_s  # docs/files.md#retention; 0: kept
     batch_output_expiry_s: int = DEFAULTS.batch_output_expiry_s
     batch_retention_s: int = DEFAULTS.batch_retention_s
-    files_sweep_interval_s: float = DEFAULTS.files_sweep_interval_s  # api/file_sweeper.py
+    files_sweep_interval_s: float = DEFAULTS.files_sweep_interval_s  # api/files/sweeper.py
     files_orphan_grace_s: int = DEFAULTS.files_orphan_grace_s
     tenant_max_files: int = DEFAULTS.tenant_max_files  # quotas (api/files/quota.py); 0: no cap
     tenant_max_file_bytes: int = int(DEFAULTS.tenant_max_file_bytes)

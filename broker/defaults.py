@@ -134,7 +134,7 @@ class SettingsFields(BaseModel):
     files_dir: UserPath | None = None  # /v1/files contents (a volume every api shares); None: cache_dir/files
     files_max_bytes: Size = ByteSize(200 * MiB)  # one uploaded file's size cap (OpenAI's); over it: 413
     files_max_lines: int = 50000  # lines of one purpose "batch" file (OpenAI's cap); over it: 400
-    # retention (docs/api.md#retention): 0 = kept until deleted
+    # retention (docs/files.md#retention): 0 = kept until deleted
     files_batch_expiry_s: int = 30 * 86400  # a purpose "batch" upload with no expires_after (OpenAI's)
     batch_output_expiry_s: int = 30 * 86400  # a batch's output and error files, unless output_expires_after
     batch_retention_s: int = 30 * 86400  # an ended batch's record

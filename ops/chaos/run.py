@@ -33,7 +33,7 @@ from ops.stack.stack import Stack
 
 INTEGRITY_COMMAND = "kvferry_integrity"  # workers/process/control.py
 KV_SHARDS = 3  # the KV cluster a run with --kv-shard-kills starts
-ENGINE_STEP_FAILED = "engine step failed; failing"  # workers/loop/dispatcher.py, once a step
+ENGINE_STEP_FAILED = "engine step failed; failing"  # workers/loop/driver.py, once a step
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,7 +161,7 @@ def log_sizes(run_dir: Path) -> dict[str, int]:
 
 
 def engine_step_failures(run_dir: Path | None, before: dict[str, int] | None = None) -> int:
-    """Steps that failed every request in them (workers/loop/dispatcher.py logs each once):
+    """Steps that failed every request in them (workers/loop/driver.py logs each once):
     their jobs are redelivered and resume exact, yet each is a bug, so the run counts them."""
     if run_dir is None:
         return 0

@@ -24,6 +24,7 @@ import threading
 import redis
 
 from broker import keys
+from workers.background import BackgroundThread
 from workers.jobs.engine_service import EngineService
 from workers.jobs.reaper import move_queued
 from workers.process.heartbeat import Heartbeat
@@ -51,7 +52,7 @@ class Drain:
                 return
             self._begun.set()
         log.warning("draining (%s): no new jobs; running ones have %.0fs", why, self.timeout_s)
-        threading.Thread(target=self._run, name="kvferry-drain", daemon=True).start()
+        BackgroundThread("kvferry-drain", self._run).start()
 
     def _run(self) -> None:
         try:
