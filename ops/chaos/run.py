@@ -44,6 +44,7 @@ class ChaosConfig:
     redis_restarts: int = 1
     failovers: int = 0  # SIGKILLs of the queue's primary under Sentinel (the stack runs --ha)
     kv_shard_kills: int = 0  # SIGKILLs of a KV shard (the KV tier then runs on a local cluster)
+    scale_ins: int = 0  # SIGTERMs of a busy worker (a scale-in: it drains), each started again
     turns: int = 3  # chat turns per session
     words: int = 12  # per user turn
     max_tokens: int = 32
@@ -206,6 +207,7 @@ def run_chaos(
             deadline = time.monotonic() + config.timeout_s
             gap = config.gap_s
             faults_planned = config.kills + config.redis_restarts + config.failovers + config.kv_shard_kills
+            faults_planned += config.scale_ins
             if config.soak_s > 0 and faults_planned:
                 spread = config.soak_s / (faults_planned + 1)
                 gap = (0.5 * spread, 1.5 * spread)
@@ -219,6 +221,7 @@ def run_chaos(
                 log,
                 config.failovers,
                 config.kv_shard_kills,
+                scale_ins=config.scale_ins,
             )
         assert api_url is not None
         sampler = RssSampler(stack, config.rss_every_s).start()

@@ -45,3 +45,10 @@ def test_model_accounting_by_hand() -> None:
     assert run.worker_seconds == 4.5  # alive until its last job ends (the loop's last tick)
     scaled = run_fleet(jobs, seats=2, initial=1, policy=ScalePolicy(1, 2, scale_in_hold_s=0), start_s=0.5)
     assert scaled.max_workers == 2 and max(scaled.waits) < 2.0
+
+
+def test_chaos_plans_scale_ins_among_the_kills() -> None:
+    from ops.chaos.faults import FaultInjector
+
+    assert FaultInjector._plan(0, 0, scale_in=2) == ["scale_in", "scale_in"]
+    assert FaultInjector._plan(2, 0, scale_in=1) == ["kill", "scale_in", "kill"]
