@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 
 def create_app(config: ApiConfig, tokenizer: Tokenizer | None = None) -> FastAPI:
     """tokenizer: the served model's, for /tokenize and /detokenize (None: they answer 503)."""
-    metrics = ApiMetrics()
+    metrics = ApiMetrics(config.scale_policy)
     key_ring = KeyRing(config.api_key, config.api_keys, config.api_keys_file)
     admission = Admission(config.dispatch_headroom, config.fair_quota, key_ring.weight, config.job_timeout_s)
     job_client = JobClient(

@@ -147,6 +147,14 @@ class SettingsFields(BaseModel):
     tenant_max_file_bytes: Size = ByteSize(100 * GiB)  # bytes stored in them
     tenant_max_batches: int = 100  # batches not yet ended
     flower_port: int = 5555
+    # scaling (api/scale/policy.py: kvferry_desired_workers; `serve --autoscale` overrides the bounds)
+    scale_min_workers: int = 1
+    scale_max_workers: int = 8
+    scale_wait_target_s: float = 2.0  # the queue wait p95 the fleet should keep under
+    scale_in_hold_s: float = 30.0  # a lower desired size must hold this long before workers go
+    # a worker told to stop (SIGTERM, `kvferry worker --drain`) finishes its running jobs this long,
+    # then hands the rest back; Kubernetes' terminationGracePeriodSeconds must exceed it
+    drain_timeout_s: float = 60.0
 
 
 DEFAULTS = SettingsFields()

@@ -12,9 +12,11 @@ from transformers import PreTrainedModel
 from broker.sampling import SamplingParams
 from ops.bench.engine.hf_baseline import hf_greedy
 from workers.engine.config import EngineConfig
+from workers.engine.factory import build_engine, bytes_per_block
 from workers.engine.llm_engine import LLMEngine
 from workers.engine.model.loader import LoadedModel
 from workers.engine.requests.output import RequestOutput
+from workers.engine.requests.request import GenerationRequest
 
 VOCAB = 49152  # SmolLM2's tokenizer; the tiny models use the same vocabulary
 # Random models have no meaningful EOS: the reference never stops early, so neither may the engine.
@@ -55,8 +57,8 @@ class TinyModel:
 
 def make_engine(loaded: LoadedModel, num_blocks: int, **config: Any) -> LLMEngine:
     """An engine whose pool holds exactly `num_blocks` blocks."""
-    per_block = LLMEngine.bytes_per_block(loaded, config.get("block_size", 16))
-    engine = LLMEngine(
+    per_block = bytes_per_block(loaded, config.get("block_size", 16))
+    engine = build_engine(
         EngineConfig(model=loaded.model_id, cache_size_bytes=num_blocks * per_block, **config), loaded
     )
     assert engine.pool.num_blocks == num_blocks
@@ -71,7 +73,7 @@ def run_checked(
     """Add `requests`, then step by hand until nothing is unfinished, checking the engine's and the
     pool's invariants after every step. Returns each request's final output; asserts none leaked."""
     for request_id, (prompt, params) in (requests or {}).items():
-        engine.add_request(request_id, list(prompt), params)
+        engine.add_request(GenerationRequest(request_id, list(prompt), params))
     engine.check_integrity()
     done: dict[str, RequestOutput] = {}
     for _ in range(max_steps):
