@@ -65,10 +65,10 @@ async def cancel(ctx: ApiContext, record: ResponseRecord) -> ResponseRecord:
     """Cancel a response still running: its job stops, its status is cancelled."""
     if record.ended:
         return record
-    await ctx.jobs.cancel(record.job_id)
     done = msgspec.structs.replace(record, body={**record.body, "status": "cancelled"})
     if not await records.end_once(ctx.jobs.redis, done, [], ctx.config.response_ttl_s):
         return await records.load(ctx.jobs.redis, record.tenant, record.id) or record
+    await ctx.jobs.cancel(record.job_id)  # after the end is ours: the job's own end then loses
     meta = await ctx.jobs.meta(record.job_id)
     if meta is not None:
         await job_settle(ctx, meta, None)
