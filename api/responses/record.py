@@ -69,16 +69,22 @@ async def end_once(
 ) -> bool:
     """Apply a stored response's end once, whoever calls first (True for that one): its end
     marker, its ended record and its items appended to its conversation in one transaction, so
-    an api that dies mid-way leaves all of it or none (a GET's refresh applies it then)."""
+    an api that dies mid-way leaves all of it or none (a GET's refresh applies it then). A
+    conversation deleted meanwhile gets nothing (no list of items without its record)."""
     final = keys.response_final(done.tenant, done.id)
     conversation = done.conversation_id if new_items else None
-    watched = [final, *([keys.conversation_items(done.tenant, conversation)] if conversation else [])]
+    watched = [final]
+    if conversation:
+        watched += [keys.conversation_items(done.tenant, conversation)]
+        watched += [keys.conversation_record(done.tenant, conversation)]
     async with redis.pipeline(transaction=True) as pipe:
         while True:
             try:
                 await pipe.watch(*watched)
                 if await pipe.exists(final):
                     return False
+                if conversation and not await pipe.exists(watched[2]):
+                    conversation = None
                 start = int(await pipe.llen(watched[1])) if conversation else 0
                 pipe.multi()
                 pipe.set(final, b"1", ex=ttl_s)

@@ -188,3 +188,21 @@ def test_an_api_dying_mid_settle_leaves_the_whole_end_to_the_next_reader(
     stored, items = _run(redis_url, go)
     assert stored is not None and stored.status == "completed", stored
     assert [i["type"] for i in items] == ["message", "message"], items  # the input, the answer: once
+
+
+def test_a_conversation_deleted_while_its_response_ran_gets_nothing_back(
+    rds: redis.Redis, redis_url: str
+) -> None:
+    item = {"type": "message", "role": "user", "content": "hi"}
+
+    async def go(client: aioredis.Redis) -> bool:
+        doc = await conversations.create(client, "t", {}, [], TTL)
+        r = ResponseRecord(
+            id="resp_0", tenant="t", job_id="j", body={"status": "completed"}, conversation_id=doc["id"]
+        )
+        await records.save(client, r, TTL, new=True)
+        await conversations.delete(client, "t", doc["id"])
+        return await records.end_once(client, r, [item], TTL)
+
+    assert _run(redis_url, go)  # the response's end is applied
+    assert not any(b"conversation" in k for k in rds.keys("*")), rds.keys("*")
