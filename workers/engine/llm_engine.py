@@ -27,6 +27,7 @@ from workers.engine.grammar.matcher import CompiledGrammar
 from workers.engine.kernels import block_writer
 from workers.engine.model.kv_layout import kv_layout
 from workers.engine.model.loader import LoadedModel, load_model
+from workers.engine.model.precision import Precision
 from workers.engine.model_runner import ModelRunner
 from workers.engine.postprocess import Postprocessor
 from workers.engine.report import EngineReport
@@ -54,13 +55,15 @@ class LLMEngine:
         if config.torch_threads:
             torch.set_num_threads(config.torch_threads)
         self.config = config
-        self.loaded = loaded or load_model(
-            config.model, config.dtype, config.device, cache_dir or DEFAULT_CACHE_DIR
+        precision = Precision.resolve(config.dtype, config.kv_cache_dtype, config.device)
+        self.loaded, self.precision = precision.apply(
+            loaded
+            or load_model(config.model, precision.load_dtype, config.device, cache_dir or DEFAULT_CACHE_DIR)
         )
         self.tokenizer = self.loaded.tokenizer
         self.model_id = config.served_model_name or self.loaded.model_id
         self.device = device = next(self.loaded.model.parameters()).device
-        self.layout = kv_layout(self.loaded, config.block_size)
+        self.layout = kv_layout(self.loaded, config.block_size, self.precision.kv_torch)
         self.kv_cache = KVCache.from_budget(self.layout, config.cache_size_bytes, device)
         if device.type == "cpu" and block_writer.available():  # loads streamed into the pool
             self.kv_cache.block_writer = block_writer.write_blocks
@@ -108,8 +111,8 @@ class LLMEngine:
         )
 
     @staticmethod
-    def bytes_per_block(loaded: LoadedModel, block_size: int) -> int:
-        return kv_layout(loaded, block_size).bytes_per_block
+    def bytes_per_block(loaded: LoadedModel, block_size: int, kv_dtype: torch.dtype | None = None) -> int:
+        return kv_layout(loaded, block_size, kv_dtype).bytes_per_block
 
     # -- requests ---------------------------------------------------------------------------
 

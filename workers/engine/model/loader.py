@@ -15,6 +15,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
 from broker.errors import UnknownModelError
+from workers.engine.kernels.bf16_linear import bf16_bytes
 from workers.engine.kernels.packed_linear import packed_bytes
 from workers.engine.model.fingerprint import dir_fingerprint, file_fingerprint
 
@@ -38,7 +39,7 @@ class LoadedModel:
     @property
     def weights_bytes(self) -> int:
         dense = sum(p.numel() * p.element_size() for p in self.model.parameters())
-        return dense + packed_bytes(self.model)
+        return dense + packed_bytes(self.model) + bf16_bytes(self.model)
 
 
 def smollm2_gguf_path() -> Path:

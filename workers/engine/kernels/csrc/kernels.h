@@ -3,6 +3,8 @@
 // decoder stack (decoder_layers.cpp) calls them without a trip through the dispatcher.
 #pragma once
 
+#include <c10/util/BFloat16.h>
+
 #include <cstdint>
 
 namespace kvferry {
@@ -35,6 +37,10 @@ void skinny_gated(const float* x, int64_t m, int64_t k, const float* wg, const f
 void paged_attention(float* out, const float* q, int64_t n, int64_t hq, int64_t d, const float* k_pool,
                      const float* v_pool, int64_t hkv, const int64_t* tables, int64_t width, const int64_t* lens,
                      int64_t block_size, float scale);
+// The same over a bf16 pool (K/V widened to fp32 as they are read; fp32 scores, softmax, sums).
+void paged_attention(float* out, const float* q, int64_t n, int64_t hq, int64_t d, const c10::BFloat16* k_pool,
+                     const c10::BFloat16* v_pool, int64_t hkv, const int64_t* tables, int64_t width,
+                     const int64_t* lens, int64_t block_size, float scale);
 
 // Raises (TORCH_CHECK) unless every row's length fits its table and its blocks lie in the pool.
 void check_tables(const int64_t* tables, int64_t n, int64_t width, const int64_t* lens, int64_t block_size,
