@@ -12,9 +12,9 @@ from transformers import PreTrainedModel
 from broker.sampling import SamplingParams
 from ops.bench.hf_baseline import hf_greedy
 from workers.engine.config import EngineConfig
-from workers.engine.model.precision import Precision
 from workers.engine.llm_engine import LLMEngine
 from workers.engine.model.loader import LoadedModel
+from workers.engine.model.precision import Precision
 from workers.engine.requests.output import RequestOutput
 
 VOCAB = 49152  # SmolLM2's tokenizer; the tiny models use the same vocabulary

@@ -108,6 +108,7 @@ class LLMEngine:
             self.scheduler,
             self.post,
             self.counters,
+            self.precision.weights,
         )
 
     @staticmethod

@@ -26,6 +26,7 @@ class EngineReport:
     scheduler: Scheduler
     post: Postprocessor
     counters: StepCounters
+    dtype: str = "float32"  # the weights' and GEMMs' (model/precision.py); the pool's is layout.dtype
 
     def memory(self) -> MemoryBreakdown:
         stats = self.pool.stats()
@@ -59,6 +60,8 @@ class EngineReport:
             prefill_tokens_pending=sum(
                 max(0, s.num_prompt_tokens - s.num_computed_tokens) for s in self.scheduler.running
             ),
+            dtype=self.dtype,
+            kv_cache_dtype=str(self.layout.dtype).removeprefix("torch."),
         )
 
     def check_integrity(self, idle: bool) -> None:

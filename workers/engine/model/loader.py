@@ -151,6 +151,11 @@ def wrap_model(model: PreTrainedModel, tokenizer: Any, model_id: str, fingerprin
 
 
 def load_model(name: str, dtype: str, device: str, cache_dir: Path) -> LoadedModel:
+    """dtype "auto": what an engine of dtype auto loads on `device` (model/precision.py)."""
+    if dtype == "auto":
+        from workers.engine.model.precision import Precision
+
+        dtype = Precision.resolve(dtype, "auto", device).load_dtype
     directory = resolve_model_dir(name, cache_dir)
     config = AutoConfig.from_pretrained(directory)
     if config.model_type not in SUPPORTED_MODEL_TYPES:
