@@ -12,7 +12,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from api.background import STOP_WAIT_S, stop_tasks
-from api.batches.runner import BatchRunner
+from api.batches.run.runner import BatchRunner
 from api.config import ApiConfig
 from api.context import ApiContext
 from api.dispatch.dispatcher import Dispatcher
@@ -21,11 +21,11 @@ from api.file_sweeper import FileSweeper
 from api.files.store import DirStore
 from api.jobs.admission import Admission
 from api.jobs.client import JobClient
-from api.metrics import ApiMetrics, RequestCounter
+from api.metrics.prometheus import ApiMetrics, RequestCounter
+from api.metrics.tier import TierReader
 from api.routes import batches, files, jobs, openai, ops, sessions, tokenize
 from api.schema import openapi_doc
 from api.tenants import KeyRing
-from api.tier_metrics import TierReader
 from api.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)

@@ -14,7 +14,7 @@ __all__ = ["ApiConfig", "Routing"]
 
 @dataclass(frozen=True, slots=True)
 class ApiConfig:
-    redis_url: str = DEFAULTS.redis_url  # or a Sentinel address (broker/redis_connect.py)
+    redis_url: str = DEFAULTS.redis_url  # or a Sentinel address (broker/redis/connect.py)
     accept_replicas: int = DEFAULTS.accept_replicas  # under Sentinel: WAIT for them before a 202
     accept_wait_ms: int = DEFAULTS.accept_wait_ms
     served_models: tuple[str, ...] = (DEFAULTS.model,)  # a request naming another model gets 404
@@ -23,8 +23,8 @@ class ApiConfig:
     max_body_bytes: int = 4 * 1024 * 1024
     job_ttl_s: int = DEFAULTS.job_ttl_s  # how long job metadata (and so GET /v1/jobs/{id}) lives
     routing: Routing = DEFAULTS.routing  # or "round-robin" / "shared" (baselines for the benchmark)
-    prefetch_hints: bool = DEFAULTS.prefetch_hints  # see api/router.py choose_queue
-    session_move_after_turns: int = DEFAULTS.session_move_after_turns  # see api/router.py _Choice
+    prefetch_hints: bool = DEFAULTS.prefetch_hints  # see api/routing/router.py choose_queue
+    session_move_after_turns: int = DEFAULTS.session_move_after_turns  # see api/routing/router.py _Choice
     redis_tier: bool = True  # whether workers run the Redis tier: routing counts a loaded prefix cheap
     route_max_waiting: int = 8  # a worker with more sequences waiting than this is not routed to
     api_keys: tuple[tuple[str, str], ...] = ()  # (key, tenant) pairs; see api/tenants.py
@@ -44,7 +44,7 @@ class ApiConfig:
     files_batch_expiry_s: int = DEFAULTS.files_batch_expiry_s  # docs/api.md#retention; 0: kept
     batch_output_expiry_s: int = DEFAULTS.batch_output_expiry_s
     batch_retention_s: int = DEFAULTS.batch_retention_s
-    files_sweep_interval_s: float = DEFAULTS.files_sweep_interval_s  # api/files/sweeper.py
+    files_sweep_interval_s: float = DEFAULTS.files_sweep_interval_s  # api/file_sweeper.py
     files_orphan_grace_s: int = DEFAULTS.files_orphan_grace_s
     tenant_max_files: int = DEFAULTS.tenant_max_files  # quotas (api/files/quota.py); 0: no cap
     tenant_max_file_bytes: int = int(DEFAULTS.tenant_max_file_bytes)

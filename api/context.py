@@ -10,9 +10,9 @@ from fastapi import Depends, Request
 from api.config import ApiConfig
 from api.files.store import FileStore
 from api.jobs.client import JobClient
-from api.metrics import ApiMetrics
+from api.metrics.prometheus import ApiMetrics
+from api.metrics.tier import TierReader
 from api.tenants import KeyRing
-from api.tier_metrics import TierReader
 from api.tokenizer import Tokenizer
 
 

@@ -13,7 +13,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from api.jobs.errors import BrokerUnavailableError
 from api.jobs.view import failed_body
-from api.schema.responses import error_body
+from api.schema.answer.bodies import error_body
 from broker.errors import CodecError, InvalidRequestError, UnknownModelError
 from broker.messages import JobFailed
 

@@ -18,7 +18,7 @@ from api.context import ApiContext
 from api.errors import ApiError
 from api.jobs import tenant_jobs
 from api.jobs.meta import JobMeta
-from api.router import Route, choose_queue
+from api.routing.router import Route, choose_queue
 from api.schema import json_guard
 from api.schema.openai import CompletionRequest, parse_request
 from api.schema.requests import ID_PATTERN
@@ -92,7 +92,7 @@ async def submit(
             redis_tier=config.redis_tier,
             job_id=job_id,
         )
-        if route.prefetch_to:  # turn K of a forced move: its worker hints turn K+1's (api/route_hints.py)
+        if route.prefetch_to:  # turn K of a forced move: its worker hints turn K+1's (api/routing/hints.py)
             job = msgspec.structs.replace(job, prefetch_to=route.prefetch_to)
         if clock is not None:
             clock.mark("routed")

@@ -1,5 +1,5 @@
 """The served model's tokenizer, as /tokenize and /detokenize need it. The api never imports
-transformers: whoever builds the app (ops/api_server.py) hands it an implementation, or none, and
+transformers: whoever builds the app (ops/stack/api_server.py) hands it an implementation, or none, and
 those routes then answer 503."""
 
 from __future__ import annotations

@@ -7,10 +7,12 @@ from dataclasses import dataclass
 from celery import Celery
 from kombu import Exchange, Queue
 
-from broker import keys, redis_connect, redis_transport
+from broker import keys
 from broker.defaults import DEFAULTS
 from broker.priority import PRIORITY_STEPS
-from broker.result_backend import send_only_url
+from broker.redis import connect as redis_connect
+from broker.redis import transport as redis_transport
+from broker.redis.result_backend import send_only_url
 
 
 def heartbeat_interval_for(ttl_s: float) -> float:
@@ -20,7 +22,7 @@ def heartbeat_interval_for(ttl_s: float) -> float:
 
 @dataclass(frozen=True, slots=True)
 class BrokerConfig:
-    redis_url: str = DEFAULTS.redis_url  # or a Sentinel address (broker/redis_connect.py)
+    redis_url: str = DEFAULTS.redis_url  # or a Sentinel address (broker/redis/connect.py)
     job_time_limit_s: int = DEFAULTS.job_time_limit_s  # the longest a job may run
     result_ttl_s: int = DEFAULTS.job_ttl_s
     # Redelivery of a dead worker's jobs: its heartbeat expires after heartbeat_ttl_s, a live
@@ -55,8 +57,8 @@ def queue(name: str) -> Queue:
 
 def make_celery(config: BrokerConfig, name: str = "kvferry", send_only: bool = False) -> Celery:
     """send_only: for a process that sends jobs and never waits on Celery's results (the api):
-    sending then subscribes to nothing (broker/result_backend.py). The broker's Redis transport
-    is kombu's, fixed so that a Redis restart does not end a worker (broker/redis_transport.py)."""
+    sending then subscribes to nothing (broker/redis/result_backend.py). The broker's Redis transport
+    is kombu's, fixed so that a Redis restart does not end a worker (broker/redis/transport.py)."""
     redis_transport.install()
     url = redis_connect.celery_url(config.redis_url)  # under Sentinel: kombu's sentinel:// list
     sentinel = redis_connect.transport_options(config.redis_url)  # {} without Sentinel

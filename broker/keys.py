@@ -119,12 +119,12 @@ SESSION_EXPIRY = f"{PREFIX}:sessions:expiry"
 
 def prefix_holders(digest: str) -> str:
     """ZSET of the workers that served this prompt-prefix digest (score: last use), for routing:
-    broker/prefix_index.py."""
+    broker/routing/prefix_index.py."""
     return f"{PREFIX}:prefix:{digest}:holders"
 
 
 def worker_prefetch(worker_name: str) -> str:
-    """LIST of prefetch hints (broker/prefetch_hint.py) for this worker: sessions whose blocks it
+    """LIST of prefetch hints (broker/routing/prefetch_hint.py) for this worker: sessions whose blocks it
     should load from the Redis tier now, while their turn waits in its queue."""
     return f"{PREFIX}:worker:{worker_name}:prefetch"
 
@@ -241,7 +241,7 @@ BATCH_RUNNER_LEASE = f"{PREFIX}:batches:runner:lease"
 BATCH_RUNNER_EPOCH = f"{PREFIX}:batches:runner:epoch"
 
 
-# Retention and quotas (api/files/quota.py, api/files/sweeper.py, api/batches/quota.py).
+# Retention and quotas (api/files/quota.py, api/file_sweeper.py, api/batches/quota.py).
 def tenant_file_sizes(tenant: str) -> str:
     """Hash file id -> bytes: the files a tenant stores, for its quotas (a file whose record has
     expired leaves it at the next count)."""

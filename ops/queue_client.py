@@ -23,7 +23,7 @@ from broker.messages import (
     TokenDelta,
     WorkerStatus,
 )
-from broker.redis_connect import connect
+from broker.redis.connect import connect
 from broker.sampling import SamplingParams
 from broker.worker_registry import live_workers, queue_depths
 from ops.settings import Settings

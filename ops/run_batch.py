@@ -11,9 +11,9 @@ from typing import Any
 
 from api.batches import lines as batch_lines
 from api.batches.lines import BatchLine
+from api.schema.answer.bodies import Choice, best_of, response_body
+from api.schema.answer.usage import fan_in_usage
 from api.schema.openai import CompletionRequest
-from api.schema.responses import Choice, best_of, response_body
-from api.schema.usage import fan_in_usage
 from broker.errors import InvalidRequestError, PromptTooLongError
 from broker.messages import Usage
 from workers.engine.llm_engine import LLMEngine

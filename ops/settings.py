@@ -21,7 +21,7 @@ from pydantic_settings import (
 )
 
 from broker.defaults import DEFAULTS, SettingsFields, parse_size
-from broker.sentinel_address import queue_address
+from broker.redis.sentinel_address import queue_address
 
 if TYPE_CHECKING:
     from api.config import ApiConfig
@@ -101,7 +101,7 @@ class Settings(SettingsFields, BaseSettings):
     @property
     def queue_url(self) -> str:
         """The queue Redis's address for every client: redis_url, or under Sentinel the
-        sentinels' address with redis_url's password and db (broker/redis_connect.py)."""
+        sentinels' address with redis_url's password and db (broker/redis/connect.py)."""
         return queue_address(self.redis_url, self.redis_sentinels, self.redis_master)
 
     @property

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import redis.asyncio as aioredis
 
-from api.fleet import WorkerView
+from api.routing.fleet import WorkerView
 from broker import keys
 
 if TYPE_CHECKING:

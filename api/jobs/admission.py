@@ -22,8 +22,8 @@ from collections.abc import Callable, Iterable
 
 import redis.asyncio as aioredis
 
-from api.fleet import FleetCache, WorkerView
 from api.jobs.submit_write import Placement
+from api.routing.fleet import FleetCache, WorkerView
 from broker import priority
 from broker.messages import GenerateJob
 

@@ -17,22 +17,23 @@ from typing import Any, TypeVar
 
 from celery import states
 
-from api.fleet import FleetCache
 from api.jobs import submit_write, wait
 from api.jobs.admission import Admission, released
 from api.jobs.errors import UNAVAILABLE, BrokerUnavailableError
 from api.jobs.leave import leave
 from api.jobs.meta import JobMeta
 from api.jobs.outcome import CeleryState
+from api.routing.fleet import FleetCache
 from api.stage_clock import StageClock
-from broker import keys, priority, redis_connect
+from broker import keys, priority
 from broker.celery_app import BrokerConfig, make_celery
 from broker.codec import decode_event, encode_job
 from broker.jobs import delivery
 from broker.jobs.events import EVENT_FIELD
 from broker.jobs.lease import owner_worker
-from broker.message_copy import forget
+from broker.jobs.message_copy import forget
 from broker.messages import GenerateJob, StreamEvent
+from broker.redis import connect as redis_connect
 from broker.task_message import check_supported, task_message
 
 log = logging.getLogger(__name__)
@@ -72,7 +73,7 @@ class JobClient:
         self.celery = make_celery(broker, name="kvferry-api", send_only=True)  # it follows streams
         check_supported(self.celery)  # its messages are pushed in our own transaction
         self._pool = ThreadPoolExecutor(8, thread_name_prefix="kvferry-api-celery")
-        self.fleet = FleetCache()  # the router's view of the workers (api/router.py)
+        self.fleet = FleetCache()  # the router's view of the workers (api/routing/router.py)
         self.admission = admission  # None: every job is released at once (no fair dispatch)
         # set when this api parks a job or sees one end: its dispatcher (api/dispatch/) looks now
         self.wake = asyncio.Event()

@@ -13,7 +13,7 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from broker import keys
-from broker.message_copy import copy_keys, forget_lua
+from broker.jobs.message_copy import copy_keys, forget_lua
 
 # KEYS[1] the tenant's ZSET; ARGV: now, deadline, job id, cap (0: none). 1 admitted, 0 full.
 _ADMIT = """
@@ -27,7 +27,7 @@ return 1
 """
 
 # KEYS[1] the tenant's ZSET, KEYS[2] the job's metadata hash, KEYS[3:4] the queued message's copy
-# (its prompt goes: broker/message_copy.py), KEYS[5:6] keys.INFLIGHT and the tenant's released
+# (its prompt goes: broker/jobs/message_copy.py), KEYS[5:6] keys.INFLIGHT and the tenant's released
 # jobs (its seat in the dispatch window is free: api/dispatch/); ARGV[1] job id.
 # 1 the first time a job's end is seen (its tokens are counted then), else 0. The metadata's
 # TTL is untouched: HSETNX only on a hash that exists.

@@ -10,7 +10,7 @@ from celery import states
 from api.jobs.client import JobClient
 from api.jobs.meta import JobMeta
 from api.jobs.outcome import is_final, outcome_of
-from api.schema.responses import Choice, error_body, response_body, usage_body
+from api.schema.answer.bodies import Choice, error_body, response_body, usage_body
 from broker.messages import JobDone, JobFailed, StreamEvent
 
 JobStatus = Literal["queued", "running", "succeeded", "failed", "cancelled", "cancelling"]

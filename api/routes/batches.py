@@ -1,5 +1,5 @@
 """The OpenAI Batch API: create a batch over an uploaded JSONL file, read it, list them, cancel
-it. The batch runner (api/batches/runner.py) does the work; these routes only read and write the
+it. The batch runner (api/batches/run/runner.py) does the work; these routes only read and write the
 batch's record. A batch belongs to its tenant: another tenant's id names nothing here (404)."""
 
 from __future__ import annotations

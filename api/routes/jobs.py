@@ -8,8 +8,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from api import intake
+from api.answer.completion import settle
 from api.auth import Tenant
-from api.completion import settle
 from api.context import Ctx
 from api.errors import ApiError
 from api.ids import is_job_id

@@ -8,9 +8,9 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from api import intake, stage_clock
+from api.answer.completion import answer
+from api.answer.completion_batch import answer_all, submit_all
 from api.auth import Tenant
-from api.completion import answer
-from api.completion_batch import answer_all, submit_all
 from api.context import Ctx
 from api.errors import ApiError
 from api.schema.openapi_doc import body_of

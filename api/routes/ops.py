@@ -14,9 +14,9 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from redis import RedisError
 
-from api import fleet
 from api.context import Ctx
 from api.errors import ApiError, error_response
+from api.routing import fleet
 
 router = APIRouter()
 

@@ -10,10 +10,10 @@ from typing import Any
 
 from fastapi import APIRouter
 
-from api import fleet
 from api.auth import Tenant
 from api.context import Ctx
 from api.errors import ApiError
+from api.routing import fleet
 from broker import keys
 from broker.messages import SessionRecord
 from broker.sessions import store as session_store

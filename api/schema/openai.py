@@ -1,6 +1,6 @@
 """OpenAI request bodies in: a body, validated (api/schema/validation.py) by the pydantic models
 of api/schema/requests.py, becomes a CompletionRequest and its jobs. Shared by the HTTP API and
-the offline batch runner; the response bodies are api/schema/responses.py's."""
+the offline batch runner; the response bodies are api/schema/answer/bodies.py's."""
 
 from __future__ import annotations
 

@@ -20,7 +20,7 @@ import redis
 from broker import keys
 from broker.defaults import DEFAULTS
 from broker.errors import KvferryError
-from broker.message_copy import copy_keys, forget_lua
+from broker.jobs.message_copy import copy_keys, forget_lua
 
 EPOCH_TTL_S = DEFAULTS.job_ttl_s  # as long as the job's stream lives
 

@@ -1,7 +1,7 @@
 """kv_client: the KV tier's Redis client, from KVFERRY_KV_REDIS_URL; every KV client is made here.
 
 A plain ``redis://`` (or ``rediss://``, ``unix://``) URL gives a redis.Redis that rides out a
-restart (broker/redis_client.py). ``redis+cluster://[[user]:password@]host:port,host:port,...``
+restart (broker/redis/client.py). ``redis+cluster://[[user]:password@]host:port,host:port,...``
 names a Redis Cluster (any of its nodes will do; more of them help when one is down): it gives
 redis-py's own cluster client (redis.cluster.RedisCluster), which routes each key to its shard.
 
@@ -21,7 +21,7 @@ from redis.cluster import ClusterNode, RedisCluster
 from redis.exceptions import RedisClusterException
 from redis.retry import Retry
 
-from broker import redis_client
+from broker.redis import client as redis_client
 
 CLUSTER_SCHEME = "redis+cluster://"
 CONNECT_TIMEOUT_S = 0.25  # a dead shard's host: a connect fails within this

@@ -25,13 +25,13 @@ from typing import Any
 import openai
 from openai import AsyncOpenAI, OpenAI
 
-from ops.bench import batch_client as bc
+from ops.bench.batch import client as bc
 from ops.chaos import batch_races as races
 from ops.chaos.fault_log import stamped
 from ops.chaos.faults import FaultInjector
-from ops.redis_server import free_port
+from ops.redis.server import free_port
 from ops.settings import Settings
-from ops.stack import Stack
+from ops.stack.stack import Stack
 
 API_KEY = "chaos-batch"
 BAD_EVERY = 25  # one line in this many is invalid: it must land in the error file, once

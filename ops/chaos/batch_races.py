@@ -31,10 +31,10 @@ import redis
 from openai import OpenAI
 
 from broker import keys
-from ops.redis_server import free_port
-from ops.stack import Stack
+from ops.redis.server import free_port
+from ops.stack.stack import Stack
 
-LEASE_PAUSE_S = 6.5  # past the runner lease's TTL (api/batches/runner.py: LEASE_TTL_S, 5 s)
+LEASE_PAUSE_S = 6.5  # past the runner lease's TTL (api/batches/run/runner.py: LEASE_TTL_S, 5 s)
 SIDE_LINES = 8
 
 

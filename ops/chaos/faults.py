@@ -19,10 +19,10 @@ import redis
 
 from broker import keys
 from broker.messages import WorkerStatus
-from broker.redis_connect import connect
+from broker.redis.connect import connect
 from broker.worker_registry import live_workers
 from ops.chaos.fault_log import FailoverEvent, FaultLog, KillEvent, KvShardKill
-from ops.stack import Stack
+from ops.stack.stack import Stack
 
 log = logging.getLogger(__name__)
 READY_TIMEOUT_S = 120.0  # a restarted worker loads its model again

@@ -21,7 +21,7 @@ from broker import keys
 from broker.codec import decode_event
 from broker.jobs.events import EVENT_FIELD
 from broker.messages import ChatMessage, GenerateJob, GenerateResult, JobDone
-from broker.redis_connect import connect
+from broker.redis.connect import connect
 from broker.sessions import store as session_store
 from broker.sessions.tokens import SessionTokens
 from ops.chaos.clients import JobRecord
@@ -162,10 +162,10 @@ def _example(record: JobRecord, found: JobIds, hf: list[int]) -> dict[str, Any]:
 
 
 class HFGreedy:
-    """HF `generate`, greedy at batch 1, on a copy of the served model (ops/bench/hf_baseline.py)."""
+    """HF `generate`, greedy at batch 1, on a copy of the served model (ops/bench/engine/hf_baseline.py)."""
 
     def __init__(self, settings: Settings) -> None:
-        from ops.bench.hf_baseline import hf_model
+        from ops.bench.engine.hf_baseline import hf_model
         from workers.engine.model.loader import load_model
 
         loaded = load_model(settings.model, settings.dtype, settings.device, settings.cache_dir)
@@ -176,7 +176,7 @@ class HFGreedy:
         self._memo: dict[tuple[tuple[int, ...], int], list[int]] = {}  # repeated passes repeat prompts
 
     def __call__(self, prompt: list[int], new_tokens: int) -> list[int]:
-        from ops.bench.hf_baseline import hf_greedy
+        from ops.bench.engine.hf_baseline import hf_greedy
 
         key = (tuple(prompt), new_tokens)
         if key not in self._memo and new_tokens > 0:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from broker.redis_connect import connect
+from broker.redis.connect import connect
 from ops.chaos.check import report
 from ops.chaos.clients import ChaosClient, JobRecord, LoadConfig, make_scripts, run_load
 from ops.chaos.fault_log import FaultLog, stamped
@@ -29,7 +29,7 @@ from ops.chaos.faults import FaultInjector, rss_mb
 from ops.chaos.hf import hf_check
 from ops.chaos.raw_streams import raw_duplicates
 from ops.settings import Settings
-from ops.stack import Stack
+from ops.stack.stack import Stack
 
 INTEGRITY_COMMAND = "kvferry_integrity"  # workers/process/control.py
 KV_SHARDS = 3  # the KV cluster a run with --kv-shard-kills starts
@@ -181,7 +181,7 @@ def run_chaos(
     log: Any = print,
 ) -> dict[str, Any]:
     """The whole run; returns the report. With api_url it uses that running stack (no faults)."""
-    from ops.redis_server import free_port
+    from ops.redis.server import free_port
 
     stack: Stack | None = None
     sizes: dict[str, int] = {}

@@ -15,7 +15,7 @@ import redis
 from api.app import create_app
 from api.batches import records
 from api.batches.records import BatchRecord
-from api.batches.runner import BatchRunner
+from api.batches.run.runner import BatchRunner
 from api.config import ApiConfig
 from api.context import ApiContext
 from api.files import records as file_records

@@ -20,7 +20,7 @@ from api.app import create_app
 from api.config import ApiConfig
 from api.tokenizer import Tokenizer
 from broker.celery_app import BrokerConfig, make_celery
-from ops.redis_server import RedisServer, free_port
+from ops.redis.server import RedisServer, free_port
 from ops.tokenizer import HFTokenizer
 from tests.api.fake_worker import FakeWorker
 from workers.engine.model.loader import LoadedModel

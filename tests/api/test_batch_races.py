@@ -16,8 +16,8 @@ import pytest
 import redis
 
 from api.batches import state
-from api.batches.finalize import finalize
-from api.batches.runner import BatchRunner
+from api.batches.run.finalize import finalize
+from api.batches.run.runner import BatchRunner
 from api.context import ApiContext
 from api.files import records as file_records
 from broker import keys
@@ -111,7 +111,7 @@ def test_a_runner_that_lost_its_lease_mid_finalize_writes_nothing(
 
 
 def eval_jobs(text: str) -> list[str]:
-    from api.batches.feeder import Running
+    from api.batches.run.feeder import Running
 
     return Running.from_json(text).jobs
 
@@ -200,7 +200,7 @@ def test_a_batch_failing_every_pass_backs_off_and_holds_no_other_up(
         rds.hset(keys.batch_running(broken), "1", "not json")
         other = await create(ctx, "bob", [line(f"b{i}") for i in range(3)])
         started = time.monotonic()
-        with caplog.at_level(logging.WARNING, logger="api.batches.runner"):
+        with caplog.at_level(logging.WARNING, logger="api.batches.run.runner"):
 
             async def other_done() -> bool:
                 return (await load(ctx, other)).ended and time.monotonic() - started > 1.5

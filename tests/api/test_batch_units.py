@@ -8,13 +8,13 @@ import json
 from pathlib import Path
 
 from api.batches import lines
-from api.batches.fair import shares
-from api.batches.feeder import Running, fits
-from api.batches.finalize import merge
 from api.batches.input import read_at, read_from, validate
 from api.batches.parts import error_part, output_part
-from api.batches.placement import Room
 from api.batches.records import BatchRecord
+from api.batches.run.fair import shares
+from api.batches.run.feeder import Running, fits
+from api.batches.run.finalize import merge
+from api.batches.run.placement import Room
 from api.files.store import DirStore
 
 

@@ -10,11 +10,11 @@ from typing import Any, cast
 
 import redis
 
-from api.batches.collector import Collector
+from api.batches.run.collector import Collector
 from api.dispatch.dispatcher import Dispatcher
 from api.jobs.admission import Admission
 from api.jobs.client import JobClient
-from api.recent_routes import RecentRoutes
+from api.routing.recent import RecentRoutes
 from broker import keys
 from broker.celery_app import BrokerConfig
 

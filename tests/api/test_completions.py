@@ -10,7 +10,7 @@ import httpx
 import pytest
 import redis
 
-from api.completion import JOB_ID_HEADER
+from api.answer.completion import JOB_ID_HEADER
 from broker import keys
 from tests.api.conftest import MODEL, Served
 from tests.api.fake_worker import FakeWorker

@@ -228,8 +228,8 @@ def open_batches_capped(capped: Served) -> None:
 
 
 def test_settings_reach_the_api_config() -> None:
-    from ops.api_server import api_config
     from ops.settings import Settings
+    from ops.stack.api_server import api_config
 
     default = api_config(Settings.from_env({}))
     assert (default.files_batch_expiry_s, default.batch_output_expiry_s, default.batch_retention_s) == (

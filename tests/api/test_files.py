@@ -190,8 +190,8 @@ def test_an_upload_cut_short_leaves_nothing(api: Served, files_dir: Path) -> Non
 
 
 def test_settings_reach_the_api_config(tmp_path: Path) -> None:
-    from ops.api_server import api_config
     from ops.settings import Settings
+    from ops.stack.api_server import api_config
 
     default = api_config(Settings.from_env({"KVFERRY_CACHE_DIR": str(tmp_path)}))
     assert default.files_dir == tmp_path / "files"

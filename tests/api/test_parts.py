@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 from api.jobs.meta import JobMeta
+from api.schema.answer.sse import DONE, ChunkWriter
 from api.schema.openai import parse_request
-from api.schema.sse import DONE, ChunkWriter
 from broker import keys
 from broker.messages import Usage
 from broker.sampling import SamplingParams

@@ -9,10 +9,11 @@ from typing import Any
 import redis
 import redis.asyncio as aioredis
 
-from api.router import Route, choose_queue
-from broker import keys, prefix_index
+from api.routing.router import Route, choose_queue
+from broker import keys
 from broker.messages import ChatMessage, EngineFigures, GenerateJob, SessionRecord, WorkerStatus
-from broker.prefix_digest import chat_digests
+from broker.routing import prefix_index
+from broker.routing.prefix_digest import chat_digests
 from broker.sessions import store as session_store
 from broker.worker_registry import HEARTBEAT_FIELD, encode_status
 
@@ -28,7 +29,7 @@ def _beat(rds: redis.Redis, name: str, waiting: int = 0) -> None:
 
 
 def advertise(rds: redis.Redis, name: str, digests: list[str]) -> None:
-    """What a worker's session keeper writes after serving these prefixes (broker/prefix_index.py)."""
+    """What a worker's session keeper writes after serving these prefixes (broker/routing/prefix_index.py)."""
     pipe = rds.pipeline()
     prefix_index.advertise(pipe, name, digests, time.time())
     pipe.execute()
@@ -111,7 +112,7 @@ def test_affinity_gives_way_when_its_worker_is_clearly_busier(rds: redis.Redis, 
     # Its last turn ended before the heartbeats (one ending after is no longer counted on a).
     session_store.save(rds, SessionRecord("hot", "", "m", (1,), (), "a", time.time() - 1, 1), 60)
     reasons = [_route(redis_url, _job(SYSTEM, session="hot")).reason for _ in range(8)]
-    # It stays while the jobs routed to a cost less than a move saves (api/route_cost.py)...
+    # It stays while the jobs routed to a cost less than a move saves (api/routing/cost.py)...
     assert reasons[0] == "session affinity: a", reasons
     moved = next(i for i, r in enumerate(reasons) if r.startswith("load balance: b (a has"))
     assert moved >= 1 and reasons[:moved] == ["session affinity: a"] * moved, reasons
@@ -124,7 +125,7 @@ def test_a_decision_costs_redis_the_same_at_2_and_at_40_workers(private: tuple[r
     """With the api's fleet cache warm, a route reads one key per digest of the job, none per
     worker (before: one ZMSCORE and one heartbeat read per worker, every job)."""
     rds, redis_url = private
-    from api.fleet import FleetCache
+    from api.routing.fleet import FleetCache
 
     def calls() -> int:
         stats: Any = rds.info("commandstats")

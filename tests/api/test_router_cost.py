@@ -1,4 +1,4 @@
-"""Routing by expected cost (api/route_cost.py) and the forced move of session_move_after_turns,
+"""Routing by expected cost (api/routing/cost.py) and the forced move of session_move_after_turns,
 against real Redis state (heartbeats, prefix digests, session records, prefetch hints)."""
 
 from __future__ import annotations
@@ -10,12 +10,13 @@ import pytest
 import redis
 import redis.asyncio as aioredis
 
-from api import router
-from api.recent_routes import RecentRoutes, Routed
-from api.router import Route, choose_queue
-from broker import keys, prefetch_hint, prefix_index
+from api.routing import router
+from api.routing.recent import RecentRoutes, Routed
+from api.routing.router import Route, choose_queue
+from broker import keys
 from broker.messages import ChatMessage, EngineFigures, GenerateJob, SessionRecord, WorkerStatus
-from broker.prefix_digest import chat_digests
+from broker.routing import prefetch_hint, prefix_index
+from broker.routing.prefix_digest import chat_digests
 from broker.sessions import store as session_store
 from broker.worker_registry import HEARTBEAT_FIELD, encode_status
 from ops.settings import Settings

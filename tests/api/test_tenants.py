@@ -17,9 +17,9 @@ import redis
 from api.tenants import KeyRing, parse_entries, parse_file, parse_pairs, tenant_of
 from broker import keys
 from broker.messages import ChatMessage, GenerateJob
-from broker.prefix_digest import chat_digests
-from ops.api_server import api_config
+from broker.routing.prefix_digest import chat_digests
 from ops.settings import Settings
+from ops.stack.api_server import api_config
 from tests.api.conftest import MODEL, Served
 from tests.api.fake_worker import FakeWorker
 from tests.api.test_ops import FIGURES, heartbeat
@@ -242,7 +242,7 @@ def test_preload_takes_a_tenant(monkeypatch: pytest.MonkeyPatch, tmp_path: Path)
     from click.testing import CliRunner
 
     import ops.queue_client
-    from ops.commands_service import preload_cmd
+    from ops.cli.service import preload_cmd
 
     seen: list[str] = []
 

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from ops.redis_server import RedisServer
+from ops.redis.server import RedisServer
 
 
 @pytest.fixture(scope="session")

@@ -10,7 +10,7 @@ from typing import Any
 import redis
 
 from broker.jobs.lease import LeaseHolder
-from ops.redis_server import RedisServer
+from ops.redis.server import RedisServer
 from workers.jobs.lease_keeper import LeaseKeeper
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import redis
 
-from broker import keys, message_copy
+from broker import keys
+from broker.jobs import message_copy
 
 
 def _queue(rds: redis.Redis, *job_ids: str) -> None:

@@ -1,4 +1,4 @@
-"""broker/redis_connect.py: the queue Redis's address under Sentinel, and what every client makes
+"""broker/redis/connect.py: the queue Redis's address under Sentinel, and what every client makes
 of it (redis-py's Sentinel clients, kombu's sentinel:// transport and Celery's SentinelBackend with
 their options); a plain URL stays exactly what it was."""
 
@@ -8,9 +8,9 @@ import pytest
 import redis
 from redis.sentinel import SentinelConnectionPool
 
-from broker import redis_connect
 from broker.celery_app import BrokerConfig, make_celery
-from broker.result_backend import SendOnlySentinelBackend
+from broker.redis import connect as redis_connect
+from broker.redis.result_backend import SendOnlySentinelBackend
 from ops.settings import Settings, SettingsError
 
 SENTINELS = "127.0.0.1:26379,127.0.0.1:26380,10.0.0.3:26381"

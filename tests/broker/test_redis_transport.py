@@ -1,4 +1,4 @@
-"""broker/redis_transport.py: kombu's aliases serve the fixed classes, also after a failover to
+"""broker/redis/transport.py: kombu's aliases serve the fixed classes, also after a failover to
 the next URL of the list. The fix itself is tested on a real worker and a real Redis restart
 (tests/integration/test_redis_restart.py)."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 from kombu import Connection
 from kombu.transport import get_transport_cls
 
-from broker import redis_transport
+from broker.redis import transport as redis_transport
 
 
 def test_the_aliases_serve_the_fixed_transports_after_a_failover_too() -> None:

@@ -9,8 +9,8 @@ import redis
 from celery import states
 
 from broker.celery_app import BrokerConfig, make_celery
-from broker.result_backend import SendOnlyRedisBackend, send_only_url
-from ops.redis_server import RedisServer
+from broker.redis.result_backend import SendOnlyRedisBackend, send_only_url
+from ops.redis.server import RedisServer
 
 VOID = "kvferry.test.void"  # no worker consumes it
 

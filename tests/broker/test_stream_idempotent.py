@@ -15,12 +15,13 @@ from typing import Any
 import pytest
 import redis
 
-from broker import keys, redis_client
+from broker import keys
 from broker.codec import decode_event
 from broker.jobs import events as job_events
 from broker.jobs.events import EVENT_FIELD, FencedStream
 from broker.messages import GenerateResult, JobDone, JobFailed, StreamEvent, TokenDelta, Usage
-from ops.redis_server import RedisServer
+from broker.redis import client as redis_client
+from ops.redis.server import RedisServer
 
 TENANT = "t"
 

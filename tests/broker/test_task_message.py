@@ -15,7 +15,7 @@ from celery.contrib.testing.worker import start_worker
 from broker import keys, priority
 from broker.celery_app import BrokerConfig, make_celery
 from broker.task_message import check_supported, task_message
-from ops.redis_server import RedisServer
+from ops.redis.server import RedisServer
 
 JOB = {"prompt": "héllo wörld " * 200, "max_tokens": 8, "seed": 2**63 - 1, "stop": ["\n"]}
 

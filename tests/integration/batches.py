@@ -75,7 +75,7 @@ class ApiProcess:
 
         import httpx
 
-        from ops.redis_server import free_port
+        from ops.redis.server import free_port
         from tests.integration.conftest import ROOT, wait_for
 
         port = free_port()
@@ -85,7 +85,7 @@ class ApiProcess:
             "KVFERRY_API_KEYS": KEYS,
             "KVFERRY_FILES_DIR": str(files_dir),
         }
-        args = [sys.executable, "-m", "ops.cli", "api", "--port", str(port), "--redis-url", redis_url]
+        args = [sys.executable, "-m", "ops.cli.main", "api", "--port", str(port), "--redis-url", redis_url]
         self.process = subprocess.Popen(
             [*args, "--model", MODEL], cwd=ROOT, env=env, stdout=log.open("ab"), stderr=subprocess.STDOUT
         )

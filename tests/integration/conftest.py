@@ -18,7 +18,7 @@ import redis
 from broker import keys
 from broker.celery_app import BrokerConfig, make_celery
 from broker.worker_registry import live_workers
-from ops.redis_server import RedisServer
+from ops.redis.server import RedisServer
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = "tiny"
@@ -97,7 +97,7 @@ def start_worker(
         args = [
             sys.executable,
             "-m",
-            "ops.cli",
+            "ops.cli.main",
             "worker",
             "--name",
             name,
@@ -176,11 +176,11 @@ def running_api(args: list[str], env: dict[str, str], log: Path) -> Iterator[str
     answers, until the caller is done (a generator: `yield from` it in a fixture)."""
     import httpx
 
-    from ops.redis_server import free_port
+    from ops.redis.server import free_port
 
     port = free_port()
     process = subprocess.Popen(
-        [sys.executable, "-m", "ops.cli", "api", "--port", str(port), *args],
+        [sys.executable, "-m", "ops.cli.main", "api", "--port", str(port), *args],
         cwd=ROOT,
         env={"PYTHONUNBUFFERED": "1", **env},
         stdout=log.open("wb"),

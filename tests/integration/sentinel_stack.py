@@ -9,10 +9,10 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from broker.redis_connect import connect, queue_address
+from broker.redis.connect import connect, queue_address
 from broker.worker_registry import live_workers
-from ops.redis_ha import LocalHA
-from ops.stack_redis import HA_LEASE_TTL_S
+from ops.redis.ha import LocalHA
+from ops.stack.redis import HA_LEASE_TTL_S
 from tests.integration import conftest
 from tests.integration.conftest import MODEL, ROOT, WorkerProcess, wait_for
 
@@ -35,7 +35,7 @@ def address(ha: LocalHA) -> str:
 
 
 def start_worker(ha: LocalHA, name: str, model_dir: Path, cache_dir: Path, log: Path) -> WorkerProcess:
-    args = [sys.executable, "-m", "ops.cli", "worker", "--name", name, "--model", str(model_dir)]
+    args = [sys.executable, "-m", "ops.cli.main", "worker", "--name", name, "--model", str(model_dir)]
     args += ["--served-model-name", MODEL, "--cache-size", "4M", "--torch-threads", "1"]
     args += ["--redis-cache-size", "0", "--preload", "--loglevel", "INFO"]
     process = subprocess.Popen(

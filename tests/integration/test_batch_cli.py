@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from ops.redis_server import RedisServer
+from ops.redis.server import RedisServer
 from tests.integration.conftest import MODEL, ROOT, WorkerProcess, running_api
 
 pytest.importorskip("api.routes.batches", reason="needs the Batch API routes (helper D's branch)")
@@ -35,7 +35,7 @@ def api(
 
 def kvferry(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "ops.cli", *args], cwd=ROOT, capture_output=True, text=True, timeout=180
+        [sys.executable, "-m", "ops.cli.main", *args], cwd=ROOT, capture_output=True, text=True, timeout=180
     )
 
 

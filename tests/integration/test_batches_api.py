@@ -13,7 +13,7 @@ import httpx
 import openai
 import pytest
 
-from ops.redis_server import RedisServer
+from ops.redis.server import RedisServer
 from tests.integration.batches import batch_api, client, completion_line, read_lines, upload, wait_ended
 from tests.integration.conftest import MODEL, WorkerProcess
 

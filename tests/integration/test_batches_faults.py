@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ops.redis_server import RedisServer
+from ops.redis.server import RedisServer
 from tests.integration.batches import ApiProcess, client, completion_line, read_lines, upload, wait_ended
 from tests.integration.conftest import WorkerProcess, wait_for
 

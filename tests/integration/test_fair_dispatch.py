@@ -21,7 +21,7 @@ import redis
 
 from broker import keys
 from broker.worker_registry import live_workers
-from ops.redis_server import RedisServer, free_port
+from ops.redis.server import RedisServer, free_port
 from tests.integration.conftest import MODEL, ROOT, WorkerProcess, wait_for
 
 ALICE, BOB = "key-alice", "key-bob"
@@ -41,7 +41,7 @@ class Api:
         args += ["--dispatch-headroom", str(HEADROOM), "--fair-quota", "1"]
         self.log = log
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "ops.cli", *args],
+            [sys.executable, "-m", "ops.cli.main", *args],
             cwd=ROOT,
             env=env,
             stdout=log.open("wb"),

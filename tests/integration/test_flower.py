@@ -16,7 +16,7 @@ import httpx
 import pytest
 import redis
 
-from ops.redis_server import RedisServer, free_port
+from ops.redis.server import RedisServer, free_port
 from tests.integration import jobs
 from tests.integration.conftest import ROOT, WorkerProcess, wait_for
 
@@ -27,7 +27,7 @@ AUTH = ("kvferry", "flower-test-password")
 def running_flower(broker_url: str) -> Iterator[str]:
     port = free_port()
     env = {k: v for k, v in os.environ.items() if k != "FLOWER_UNAUTHENTICATED_API"}
-    # As ops/stack.py starts it: broker and credentials through the environment, not argv.
+    # As ops/stack/stack.py starts it: broker and credentials through the environment, not argv.
     env |= {"BROKER_URL": broker_url, "FLOWER_BASIC_AUTH": ":".join(AUTH)}
     process = subprocess.Popen(
         [sys.executable, "-m", "celery", "flower", f"--port={port}", "--address=127.0.0.1"],

@@ -19,7 +19,7 @@ from broker.messages import GenerateJob, GenerateResult
 from broker.sampling import SamplingParams
 from kvstore.redis.client import kv_client
 from kvstore.redis.keys import PACK_PREFIX, TIER_REGISTRY, TierKeys
-from ops.redis_cluster import LocalCluster
+from ops.redis.cluster import LocalCluster
 from tests.integration.conftest import MODEL, WorkerProcess
 from tests.integration.jobs import send
 

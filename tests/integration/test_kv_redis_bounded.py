@@ -22,8 +22,8 @@ from broker.codec import decode_result, encode_job
 from broker.messages import GenerateJob
 from broker.sampling import SamplingParams
 from kvstore.redis.report import read_report
-from ops.redis_server import RedisServer
-from ops.stack import KV_EVICTION_POLICY
+from ops.redis.server import RedisServer
+from ops.stack.stack import KV_EVICTION_POLICY
 from tests.integration.conftest import MODEL, WorkerProcess
 
 MAXMEMORY = 8 * 1024**2

@@ -19,7 +19,7 @@ import redis
 from broker import keys
 from broker.sessions import store as session_store
 from kvstore.redis.keys import PACK_PREFIX
-from ops.redis_server import RedisServer
+from ops.redis.server import RedisServer
 from tests.integration.conftest import MODEL, WorkerProcess, running_api, wait_for
 from tests.integration.hint_listeners import listeners, waiting_listeners
 from tests.integration.test_routing import _ask, _continued

@@ -11,9 +11,10 @@ from typing import Any
 
 import redis
 
-from broker import keys, prefetch_hint
+from broker import keys
 from broker.messages import ChatMessage, GenerateJob, SessionRecord
-from broker.prefix_digest import chat_digests
+from broker.routing import prefetch_hint
+from broker.routing.prefix_digest import chat_digests
 from broker.sessions import store as session_store
 from kvstore.redis.keys import PACK_PREFIX
 from tests.api.test_router import _beat, _route, advertise

@@ -19,7 +19,7 @@ from broker import keys, priority
 from broker.celery_app import BrokerConfig, make_celery
 from broker.codec import decode_result, encode_job
 from broker.messages import GenerateJob
-from ops.redis_server import RedisServer
+from ops.redis.server import RedisServer
 from tests.integration.conftest import WorkerProcess, wait_for
 from tests.integration.jobs import random_prompt, token_job
 from workers.process.main import node_name

@@ -1,5 +1,5 @@
 """A restart of the queue's Redis under a running job: the worker process lives on (it once exited,
-with 0, on every restart: broker/redis_transport.py), the job in flight ends token-exact with each
+with 0, on every restart: broker/redis/transport.py), the job in flight ends token-exact with each
 token streamed once to its readers, and the worker takes new jobs afterwards."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from broker import keys
 from broker.codec import decode_result
 from broker.jobs import events as job_events
 from broker.messages import JobDone, TokenDelta
-from ops.redis_server import RedisServer
+from ops.redis.server import RedisServer
 from tests.integration.conftest import WorkerProcess, wait_for
 from tests.integration.jobs import followed_tokens
 from tests.integration.jobs import random_prompt as _prompt

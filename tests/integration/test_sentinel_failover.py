@@ -26,9 +26,9 @@ from api.jobs.client import JobClient
 from api.jobs.meta import JobMeta
 from broker.celery_app import BrokerConfig
 from broker.jobs import events as job_events
-from broker.redis_connect import connect, connect_async
-from ops.redis_ha import LocalHA
-from ops.redis_server import free_port
+from broker.redis.connect import connect, connect_async
+from ops.redis.ha import LocalHA
+from ops.redis.server import free_port
 from tests.integration import sentinel_stack
 from tests.integration.conftest import MODEL, ROOT, WorkerProcess, wait_for
 from tests.integration.jobs import random_prompt, token_job
@@ -76,7 +76,7 @@ def _body(prompt: list[int], n: int, **more: Any) -> dict[str, Any]:
 
 def test_clients_retry_a_command_on_the_new_primary_after_a_failover(ha: LocalHA) -> None:
     """redis-py 8.1 reconnects inside a command's retry without asking the sentinels: without
-    broker/redis_connect.py's connection class, both would retry against the dead primary's
+    broker/redis/connect.py's connection class, both would retry against the dead primary's
     address until their retries run out (about 30 s)."""
     address = sentinel_stack.address(ha)
     sync = connect(address)
@@ -243,7 +243,7 @@ def test_a_failover_mid_stream_ends_the_job_exact_each_token_once_and_the_worker
 def test_flower_follows_the_sentinels(
     ha: LocalHA, workers: list[WorkerProcess], kvferry_cache_dir: Path
 ) -> None:
-    """Flower as `serve --ha` starts it: our Celery app (ops/flower_app.py) with Sentinel's
+    """Flower as `serve --ha` starts it: our Celery app (ops/stack/flower_app.py) with Sentinel's
     transport options from the settings; its API lists the worker, after the failovers above."""
     assert workers, "runs after the tests that start the worker"
     port = free_port()
@@ -255,7 +255,7 @@ def test_flower_follows_the_sentinels(
             "-m",
             "celery",
             "-A",
-            "ops.flower_app",
+            "ops.stack.flower_app",
             "flower",
             f"--port={port}",
             "--address=127.0.0.1",

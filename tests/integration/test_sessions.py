@@ -12,7 +12,7 @@ import redis
 from broker import keys
 from broker.messages import GenerateResult
 from broker.sessions import store as session_store
-from ops.redis_server import RedisServer
+from ops.redis.server import RedisServer
 from tests.integration.conftest import MODEL, WorkerProcess, wait_for
 from tests.integration.jobs import chat as _chat
 from tests.integration.jobs import wait_settled

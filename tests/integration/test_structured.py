@@ -20,7 +20,7 @@ from broker.jobs import events as job_events
 from broker.messages import GenerateJob, JobFailed
 from broker.sampling import SamplingParams
 from broker.structured import StructuredOutputs
-from ops.bench.grammar_schemas import SCHEMAS
+from ops.bench.grammar.schemas import SCHEMAS
 from tests.integration.conftest import MODEL, WorkerProcess
 
 NAME, SCHEMA, _ = SCHEMAS[4]  # nested: an object, an integer range, an array of short strings

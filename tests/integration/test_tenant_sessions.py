@@ -24,7 +24,7 @@ from broker.sessions import store as session_store
 from kvstore.redis import pins as tier_pins
 from kvstore.redis.keys import PinOwner, TierKeys
 from kvstore.redis.report import read_report
-from ops.redis_server import RedisServer, free_port
+from ops.redis.server import RedisServer, free_port
 from tests.integration.conftest import MODEL, ROOT, WorkerProcess, wait_for
 from tests.integration.jobs import wait_settled
 
@@ -40,7 +40,7 @@ def tenant_api(
     port = free_port()
     log = tmp_path_factory.mktemp("tenant-api") / "api.log"
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "KVFERRY_API_KEYS": f"{ALICE}:alice,{BOB}:bob"}
-    args = [sys.executable, "-m", "ops.cli", "api", "--port", str(port), "--redis-url", redis_server.url]
+    args = [sys.executable, "-m", "ops.cli.main", "api", "--port", str(port), "--redis-url", redis_server.url]
     process = subprocess.Popen(
         [*args, "--model", MODEL], cwd=ROOT, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT
     )
@@ -171,7 +171,7 @@ def test_sessions_are_per_tenant_and_pins_balance(tenant_api: str, redis_client:
 def _stats_json(client: redis.Redis) -> dict[str, Any]:
     url = "redis://{host}:{port}/0".format(**client.connection_pool.connection_kwargs)
     out = subprocess.run(
-        [sys.executable, "-m", "ops.cli", "stats", "--json", "--redis-url", url],
+        [sys.executable, "-m", "ops.cli.main", "stats", "--json", "--redis-url", url],
         cwd=Path(ROOT),
         capture_output=True,
         text=True,

@@ -14,7 +14,7 @@ from kvstore.chain import hash_blocks, root_hash
 from kvstore.layout import KVFormat, KVLayout
 from kvstore.pool.kv_cache import KVCache
 from kvstore.tiers.stored_block import StoredBlock
-from ops.redis_server import RedisServer
+from ops.redis.server import RedisServer
 
 TINY_LAYOUT = KVLayout(num_layers=2, num_kv_heads=2, head_dim=16, block_size=16, dtype=torch.float32)
 MakeBlocks = Callable[..., list[StoredBlock]]

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from ops.bench.api_features import Sizes, run_api_features_bench, table
+from ops.bench.features.run import Sizes, run_api_features_bench, table
 from ops.settings import Settings
 
 SIZES = Sizes(requests=4, prompt_tokens=8, new_tokens=4, pairs=2, per_schema=1, n=3, n_prompt_tokens=100)

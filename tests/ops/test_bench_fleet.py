@@ -8,9 +8,9 @@ from pathlib import Path
 
 import redis
 
-from ops.bench.fleet import _wait_live, run_fleet_bench
-from ops.bench.fleet_workers import Fleet
-from ops.redis_server import RedisServer
+from ops.bench.fleet.run import _wait_live, run_fleet_bench
+from ops.bench.fleet.workers import Fleet
+from ops.redis.server import RedisServer
 
 
 def test_fleet_smoke() -> None:

@@ -17,10 +17,10 @@ from ops.bench.sessions.client import Turn
 from ops.bench.sessions.driver import Result
 from ops.bench.sessions.move import move_figures
 from ops.bench.sessions.run import LevelRun
-from ops.cli import main
-from ops.redis_server import free_port
+from ops.cli.main import main
+from ops.redis.server import free_port
 from ops.settings import Settings
-from ops.stack import Stack
+from ops.stack.stack import Stack
 
 KEYS = {"server", "model", "sessions", "turns", "per_turn", "ttft_p95_s", "tpot_p95_s", "ttft_p50_s",
         "tpot_p50_s", "stopped_short", "errors", "ttft_p95_turn8_vs_turn1",

@@ -73,7 +73,7 @@ def test_workload_is_seeded_and_faults_are_planned() -> None:
     assert (
         spread.count("failover") == 3 and spread[0] == "kill" and "failover failover" not in " ".join(spread)
     )
-    assert node_of(["python", "-m", "ops.cli", "worker", "--name", "w2", "--preload"]) == "w2"
+    assert node_of(["python", "-m", "ops.cli.main", "worker", "--name", "w2", "--preload"]) == "w2"
 
 
 def test_recomputed_tokens_found_under_any_key() -> None:
@@ -93,7 +93,7 @@ def test_chaos_quick_loses_and_repeats_nothing(
         [
             sys.executable,
             "-m",
-            "ops.cli",
+            "ops.cli.main",
             "chaos",
             "--quick",
             "--json",

@@ -68,7 +68,7 @@ def test_chaos_batch_quick_every_line_once(
     args += ["--model", str(tiny_model_dir), "--served-model-name", "tiny", "--cache-size", "8M"]
     args += ["--torch-threads", "1"]
     done = subprocess.run(
-        [sys.executable, "-m", "ops.cli", *args],
+        [sys.executable, "-m", "ops.cli.main", *args],
         cwd=ROOT,
         env=env,
         capture_output=True,

@@ -28,7 +28,7 @@ def test_chaos_failovers_lose_no_accepted_job(
     args += ["--json", str(out), "--run-dir", str(tmp_path / "run"), "--model", str(tiny_model_dir)]
     args += ["--served-model-name", "tiny", "--cache-size", "8M", "--torch-threads", "1"]
     done = subprocess.run(
-        [sys.executable, "-m", "ops.cli", *args],
+        [sys.executable, "-m", "ops.cli.main", *args],
         cwd=ROOT,
         env=env,
         capture_output=True,

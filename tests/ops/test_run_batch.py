@@ -22,7 +22,7 @@ def _line(custom_id: str, url: str, body: dict[str, Any]) -> str:
 def _run(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     return subprocess.run(
-        [sys.executable, "-m", "ops.cli", *args],
+        [sys.executable, "-m", "ops.cli.main", *args],
         cwd=cwd,
         env=env,
         capture_output=True,

@@ -12,9 +12,9 @@ import httpx
 import pytest
 import redis
 
-from ops.redis_server import free_port
+from ops.redis.server import free_port
 from ops.settings import Settings
-from ops.stack import KV_EVICTION_POLICY, Stack, kv_maxmemory, redact
+from ops.stack.stack import KV_EVICTION_POLICY, Stack, kv_maxmemory, redact
 
 KEYS = {"api_url", "redis_url", "kv_redis_url", "flower_url", "flower_user", "flower_password"}
 

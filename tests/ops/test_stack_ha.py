@@ -7,9 +7,9 @@ from __future__ import annotations
 import stat
 from pathlib import Path
 
-from broker.redis_connect import connect, is_sentinel
+from broker.redis.connect import connect, is_sentinel
 from ops.settings import Settings
-from ops.stack_redis import HA_LEASE_TTL_S, start_ha
+from ops.stack.redis import HA_LEASE_TTL_S, start_ha
 
 
 def _cmdline(pid: int) -> str:

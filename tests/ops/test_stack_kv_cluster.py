@@ -13,9 +13,9 @@ from redis.retry import Retry
 
 from kvstore.redis.client import kv_client
 from ops.queue_client import redis_tier_report
-from ops.redis_cluster import LocalCluster
+from ops.redis.cluster import LocalCluster
 from ops.settings import Settings
-from ops.stack_redis import start_redis
+from ops.stack.redis import start_redis
 
 
 def test_serve_with_kv_shards_starts_a_cluster(tmp_path: Path) -> None:

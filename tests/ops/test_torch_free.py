@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from ops.redis_server import RedisServer
+from ops.redis.server import RedisServer
 
 ROOT = Path(__file__).resolve().parents[2]
 HEAVY = ("torch", "transformers")
@@ -22,8 +22,8 @@ HEAVY = ("torch", "transformers")
 _COMMANDS = r"""
 import json, sys
 import uvicorn
-import ops.queue_client, ops.stack
-from ops.cli import main
+import ops.queue_client, ops.stack.stack
+from ops.cli.main import main
 
 class Stop(Exception):
     pass
@@ -34,7 +34,7 @@ def stop(*args, **kwargs):
 uvicorn.run = lambda app, **kw: None  # `kvferry api` builds the app, then would serve it
 ops.queue_client.submit_and_follow = stop
 ops.queue_client.preload = stop
-ops.stack.Stack = stop
+ops.stack.stack.Stack = stop
 url, templates = sys.argv[1], sys.argv[2]
 runs = {
     "help": ["--help"],
@@ -84,7 +84,9 @@ def test_the_api_app_is_torch_free() -> None:
     assert not [m for m in HEAVY if m in loaded]
 
 
-@pytest.mark.parametrize("module", ["ops.cli", "ops.api_server", "ops.queue_client", "ops.stack"])
+@pytest.mark.parametrize(
+    "module", ["ops.cli.main", "ops.stack.api_server", "ops.queue_client", "ops.stack.stack"]
+)
 def test_cli_modules_are_torch_free(module: str) -> None:
     loaded = _loaded_after(module)
     assert not [m for m in HEAVY if m in loaded]

@@ -10,7 +10,7 @@ from typing import Any
 from transformers import PreTrainedModel
 
 from broker.sampling import SamplingParams
-from ops.bench.hf_baseline import hf_greedy
+from ops.bench.engine.hf_baseline import hf_greedy
 from workers.engine.config import EngineConfig
 from workers.engine.llm_engine import LLMEngine
 from workers.engine.model.loader import LoadedModel

@@ -29,7 +29,7 @@ from broker.sampling import SamplingParams
 from broker.sessions import store as session_store
 from kvstore.redis.keys import PinOwner
 from kvstore.tiers.stored_block import StoredBlock
-from ops.redis_server import RedisServer
+from ops.redis.server import RedisServer
 from workers.engine.config import EngineConfig
 from workers.jobs.engine_service import EngineService, WorkerIdentity
 from workers.jobs.lease_keeper import LeaseKeeper

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
-from broker import keys, redis_client
+from broker import keys
+from broker.redis import client as redis_client
 from kvstore.redis.client import KV_ERRORS, KVClient, kv_client
 from workers.engine.config import EngineConfig
 from workers.engine.errors import EngineFailedError

@@ -25,9 +25,9 @@ from typing import Any
 import redis
 from celery import Celery
 
-from broker import keys, message_copy, priority
+from broker import keys, priority
 from broker.defaults import DEFAULTS
-from broker.jobs import delivery
+from broker.jobs import delivery, message_copy
 from broker.task_message import task_message
 
 log = logging.getLogger(__name__)

@@ -31,7 +31,8 @@ def check_integrity(service: EngineService) -> dict[str, Any]:
 
 def register_control(service: EngineService) -> HintListener:
     """Register the commands for this process's one worker (Celery's registry is per process),
-    and start draining its prefetch hints (api/router.py sends them; see workers/tiers/prefetch.py)."""
+    and start draining its prefetch hints (api/routing/router.py sends them; see
+    workers/tiers/prefetch.py)."""
     hints = HintListener(service.redis, service.identity.name, service.prefetch, service.can_prefetch)
     hints.start()
 

@@ -26,7 +26,7 @@ def register_tasks(app: Celery, runner: JobRunner) -> None:
     @app.task(name=keys.GENERATE_TASK, bind=True, acks_late=True, reject_on_worker_lost=True)
     def generate(self: Task, job: dict[str, Any]) -> dict[str, Any]:
         """kvferry.generate(job) -> result: the public task (see broker/messages.py for both)."""
-        picked_at = time.time()  # the worker's first stage time (see ops/bench/queue.py)
+        picked_at = time.time()  # the worker's first stage time (see ops/bench/queue/run.py)
         job_id = self.request.id
         try:
             decoded = decode_job(job)

@@ -29,9 +29,10 @@ from typing import TYPE_CHECKING, Protocol
 import msgspec
 import redis
 
-from broker import keys, prefetch_hint, prefix_index
+from broker import keys
 from broker.messages import ChatMessage, GenerateJob, SessionRecord
-from broker.prefix_digest import chat_digests, text_digests
+from broker.routing import prefetch_hint, prefix_index
+from broker.routing.prefix_digest import chat_digests, text_digests
 from broker.sessions import store as session_store
 from broker.sessions import tokens as session_tokens
 from broker.sessions.tokens import SessionTokens
@@ -52,7 +53,7 @@ FLUSH_TIMEOUT_S = 30.0  # the longest a preload waits for its blocks to reach Re
 ORPHAN_GRACE_S = 120.0  # a session owner this long without a session record is an orphan
 RECONCILE_EVERY_S = 60.0
 # A digest this worker advertised is written again after this long (its holders key expires a day
-# after its last write: broker/prefix_index.py).
+# after its last write: broker/routing/prefix_index.py).
 ADVERTISE_EVERY_S = 600.0
 
 
@@ -189,7 +190,7 @@ class SessionKeeper:
             return None
 
     def _advertise(self, digests: list[str], now: float) -> None:
-        """The prefix digests that route the next turn here (broker/prefix_index.py), each at most
+        """The prefix digests that route the next turn here (broker/routing/prefix_index.py), each at most
         once per ADVERTISE_EVERY_S: a conversation's earlier digests cost no write per turn."""
         with self._advertised_lock:  # jobs' threads finish turns at once
             fresh = [d for d in digests if now - self._advertised.get(d, 0.0) >= ADVERTISE_EVERY_S]

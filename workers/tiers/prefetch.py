@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import redis
 
-from broker import keys, prefetch_hint
+from broker import keys
+from broker.routing import prefetch_hint
 from broker.sessions import store as session_store
 from kvstore.chain import chain
 
@@ -57,7 +58,7 @@ def prefetch(target: PrefetchTarget, tier: RedisTier, ids: list[int], tenant: st
 
 
 class HintListener:
-    """Drains this worker's prefetch list (api/router.py pushes a hint when it sends a session's
+    """Drains this worker's prefetch list (api/routing/router.py pushes a hint when it sends a session's
     turn here that its last worker would have served): each hint loads the session's blocks from
     Redis into the warm tier, on this thread, while the turn waits in the queue. The job's own
     prefetch then finds them warm. `fetch(ids, salt)` is the worker's prefetch; it never builds the

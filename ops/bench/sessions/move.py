@@ -12,9 +12,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ops.bench.sessions.driver import Config, Result, run_bench
-from ops.redis_server import free_port
+from ops.redis.server import free_port
 from ops.settings import Settings
-from ops.stack import Stack
+from ops.stack.stack import Stack
 
 MOVE_SETTING = "session_move_after_turns"
 

@@ -23,9 +23,9 @@ import torch
 
 from broker.sampling import SamplingParams
 from ops.bench.paired import Pairs
-from ops.redis_server import free_port
+from ops.redis.server import free_port
 from ops.settings import Settings
-from ops.stack import Stack
+from ops.stack.stack import Stack
 from workers.engine.llm_engine import LLMEngine
 from workers.engine.model.loader import load_model
 

@@ -16,9 +16,9 @@ from typing import Any
 
 import httpx
 
-from ops.redis_server import free_port
+from ops.redis.server import free_port
 from ops.settings import Settings
-from ops.stack import Stack
+from ops.stack.stack import Stack
 
 QUESTIONS = (
     "Tell me more.",

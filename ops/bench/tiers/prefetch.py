@@ -11,15 +11,16 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from broker import keys, prefetch_hint
+from broker import keys
 from broker.celery_app import BrokerConfig, make_celery
 from broker.codec import decode_result, encode_job
 from broker.messages import ChatMessage, GenerateJob, GenerateResult
-from broker.redis_connect import connect
+from broker.redis.connect import connect
+from broker.routing import prefetch_hint
 from broker.sampling import SamplingParams
-from ops.redis_server import free_port
+from ops.redis.server import free_port
 from ops.settings import Settings
-from ops.stack import Stack
+from ops.stack.stack import Stack
 
 
 def _send(app: Any, job: GenerateJob, queue: str) -> Any:
@@ -68,7 +69,7 @@ def bench_prefetch(
             ]
             turn2 = (*turn1, ChatMessage("assistant", r1.text), ChatMessage("user", "What was fact 7?"))
             handle = _send(app, _chat(model, turn2, sid, 4), keys.worker_queue(second))
-            if hinted:  # what api/router.py sends when the session's turn moves
+            if hinted:  # what api/routing/router.py sends when the session's turn moves
                 hint = prefetch_hint.PrefetchHint("", sid, "")
                 client.lpush(keys.worker_prefetch(second), prefetch_hint.encode(hint))
             for f in fillers:

@@ -20,9 +20,9 @@ from kvstore.pool.kv_cache import KVCache
 from kvstore.redis import fetch as tier_fetch
 from kvstore.redis.tier import RedisTier
 from kvstore.tiers import codec
-from ops.bench.engine_target import EngineTarget
+from ops.bench.engine.target import EngineTarget
 from ops.bench.tiers.resume_figures import FULL_LENGTH, summary
-from ops.redis_server import RedisServer
+from ops.redis.server import RedisServer
 from ops.settings import Settings
 from workers.engine.config import EngineConfig
 from workers.engine.llm_engine import LLMEngine

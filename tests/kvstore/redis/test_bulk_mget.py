@@ -13,7 +13,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from kvstore.redis.bulk_mget import ProtocolError, bulk_mget
-from ops.redis_server import RedisServer
+from ops.redis.server import RedisServer
 
 
 def test_values_match_redis_py_and_misses_are_none(redis_client: redis.Redis) -> None:

@@ -1,4 +1,4 @@
-"""The cold tier on a real 3-shard Redis Cluster (ops/redis_cluster.py): packs spread over the
+"""The cold tier on a real 3-shard Redis Cluster (ops/redis/cluster.py): packs spread over the
 shards, the metadata in one slot; pins, quota and eviction as on one Redis; a shard SIGKILLed
 costs misses (the leading run up to its first pack), never an exception; the metadata's shard
 killed, every block misses."""
@@ -20,7 +20,7 @@ from kvstore.redis.report import read_report
 from kvstore.redis.tier import RedisTier
 from kvstore.redis.write import PacksNotWritten
 from kvstore.tiers.stored_block import StoredBlock
-from ops.redis_cluster import LocalCluster
+from ops.redis.cluster import LocalCluster
 from tests.kvstore.conftest import MakeBlocks
 
 BIG = 10**9

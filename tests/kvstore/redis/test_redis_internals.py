@@ -13,7 +13,7 @@ import pytest
 import redis
 from redis.connection import AbstractConnection
 
-from ops.redis_server import RedisServer
+from ops.redis.server import RedisServer
 
 
 def _moved(what: str) -> NoReturn:

@@ -15,7 +15,7 @@ import redis
 
 from kvstore.layout import KVFormat
 from kvstore.redis.tier import RedisTier
-from ops.redis_server import RedisServer
+from ops.redis.server import RedisServer
 from tests.kvstore.conftest import MakeBlocks
 
 MAXMEMORY = 4 * 1024**2

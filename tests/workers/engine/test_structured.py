@@ -14,7 +14,7 @@ import pytest
 from broker.errors import InvalidRequestError
 from broker.sampling import SamplingParams
 from broker.structured import StructuredOutputs
-from ops.bench.grammar_schemas import CHOICES, REGEX, SCHEMAS
+from ops.bench.grammar.schemas import CHOICES, REGEX, SCHEMAS
 from tests.workers._helpers import NO_EOS, TinyModel, assert_tokens, make_engine, random_prompt, run_checked
 from workers.engine.grammar.compiler import GrammarCompiler
 from workers.engine.requests.output import RequestOutput

@@ -16,7 +16,7 @@ from transformers import LogitsProcessor, LogitsProcessorList, PreTrainedModel
 
 from broker.sampling import SamplingParams
 from broker.structured import StructuredOutputs
-from ops.bench.grammar_schemas import CHOICES, REGEX, SCHEMAS
+from ops.bench.grammar.schemas import CHOICES, REGEX, SCHEMAS
 from tests.workers._helpers import Reference, TinyModel, assert_tokens, chat_prompt, make_engine, run_checked
 from workers.engine.model.loader import LoadedModel
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from ops.redis_server import RedisServer
+from ops.redis.server import RedisServer
 from tests.broker.conftest import rds, redis_server
 
 __all__ = ["rds", "redis_server", "sweep_redis"]

@@ -16,7 +16,7 @@ from broker.celery_app import BrokerConfig, make_celery
 from broker.codec import encode_job
 from broker.jobs import delivery
 from broker.messages import GenerateJob
-from ops.redis_server import RedisServer
+from ops.redis.server import RedisServer
 from tests.workers.jobs.test_maintenance import VOID
 from workers.jobs import lost_messages, reaper, unacked
 

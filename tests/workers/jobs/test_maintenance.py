@@ -14,7 +14,7 @@ import redis
 from broker import keys
 from broker.celery_app import BrokerConfig, make_celery
 from broker.jobs import delivery
-from ops.redis_server import RedisServer
+from ops.redis.server import RedisServer
 from workers.engine.config import EngineConfig
 from workers.jobs.engine_service import EngineService, WorkerIdentity
 from workers.jobs.maintenance import Maintenance

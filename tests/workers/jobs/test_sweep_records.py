@@ -18,7 +18,7 @@ from broker.codec import encode_job
 from broker.jobs import delivery
 from broker.jobs.lease import JobLeases, make_owner
 from broker.messages import GenerateJob
-from ops.redis_server import RedisServer
+from ops.redis.server import RedisServer
 from tests.integration.jobs import start_lease
 from tests.workers.jobs.test_maintenance import VOID, unacked_job
 from workers.jobs import lost_messages, reaper, unacked

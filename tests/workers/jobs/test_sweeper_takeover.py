@@ -11,9 +11,9 @@ import redis
 
 from broker import keys
 from broker.worker_registry import MAINTENANCE_FIELD
-from ops.bench.fleet import _wait_live
-from ops.bench.fleet_workers import Fleet
-from ops.redis_server import RedisServer
+from ops.bench.fleet.run import _wait_live
+from ops.bench.fleet.workers import Fleet
+from ops.redis.server import RedisServer
 from tests.integration.conftest import wait_for
 from workers.jobs.sweeper_lease import holder
 

@@ -7,7 +7,7 @@ import pytest
 from click.testing import CliRunner
 
 from broker.sampling import SamplingParams
-from ops.cli import main
+from ops.cli.main import main
 from workers.loop.simulated import MODEL, SimulatedEngineRefusedError, SimulatedLoop, choose
 
 

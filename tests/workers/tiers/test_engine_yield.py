@@ -14,7 +14,7 @@ import redis
 
 from broker.sampling import SamplingParams
 from kvstore.redis.tier import RedisTier
-from ops.bench.engine_target import EngineTarget
+from ops.bench.engine.target import EngineTarget
 from tests.kvstore.conftest import MakeBlocks, make_blocks, redis_client, redis_server  # noqa: F401
 from tests.workers._helpers import NO_EOS, TinyModel, assert_tokens, make_engine, random_prompt, run_checked
 from tests.workers.tiers.test_kv_writer import BLOCK, FMT

@@ -22,7 +22,7 @@ from kvstore.layout import KVFormat
 from kvstore.pool.kv_cache import KVCache
 from kvstore.redis.tier import RedisTier
 from kvstore.tiers.stored_block import StoredBlock
-from ops.bench.engine_target import EngineTarget
+from ops.bench.engine.target import EngineTarget
 from tests.kvstore.conftest import TINY_LAYOUT, MakeBlocks, make_blocks, redis_client, redis_server  # noqa: F401
 from tests.workers._helpers import NO_EOS, TinyModel, assert_tokens, make_engine, random_prompt, run_checked
 from workers.engine.pending_write import BlockMeta

@@ -1,0 +1,120 @@
+"""What a job would cost on each worker, for cache-aware routing (api/routing/router.py): the prefill left
+after that worker's cache hit, plus the work already ahead of it there, in one unit, token
+equivalents (the time one prompt token takes to compute).
+
+Sending every job to the worker that holds its prefix piles sessions on one worker; sending it
+to the least loaded one recomputes (or reloads) what another holds. Like Dynamo's KV router (new
+prefill blocks weighed against a worker's active blocks) and SGLang's (cache affinity unless the
+load is out of balance by a threshold), the router takes the worker of least expected cost, and
+leaves the worker that holds the most of the prompt only when that saves more than MOVE_MARGIN.
+
+The api has no tokenizer on the hot path, so a prompt's length is estimated from its characters
+(CHARS_PER_TOKEN, the usual rate for English text under byte-pair encodings). The weights, reasoned
+from the CPU figures in docs/benchmarks.md:
+
+- DECODE_ROW: a sequence running on a worker when the job arrives costs the job's first token a
+  few prompt tokens' time in each step they share (a decode row's share of a batch step against
+  the per-token time of a prompt), over the step or two the job's prefill takes; served, a row
+  costs about twice its engine share (its token streamed through Redis and the api each step:
+  the served TPOT against the engine's step), hence twice that again.
+- LOAD_FIXED + LOAD_SHARE per token: tokens missing on a worker but in the Redis tier (the session's
+  history, or a prefix another worker served, both written through) are loaded, not computed:
+  the resume rows measure a near-constant round trip plus a small share of a recompute per token.
+- The backlog's jobs routed since the worker's heartbeat carry the prefill this router expected
+  of them there (the heartbeat shows neither them nor their prompts yet); those this api routed
+  before the heartbeat and saw end (or prefill) since are taken off it (it still counts them).
+- MOVE_MARGIN: the loads the router sees are up to a heartbeat old, so one job's difference is
+  noise; and a move spends the cache it leaves behind.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from api.routing.recent import Routed
+from broker.messages import EngineFigures, GenerateJob, WorkerStatus
+from broker.routing.prefix_digest import TEXT_CHUNK_CHARS
+
+CHARS_PER_TOKEN = 4
+MESSAGE_OVERHEAD_TOKENS = 4  # a chat template's role markers and separators per message
+DECODE_ROW = 16  # token equivalents per sequence running or waiting on a worker
+LOAD_FIXED = 16  # a Redis tier fetch's round trip, in token equivalents
+LOAD_SHARE = 1 / 32  # a loaded token against a computed one
+MOVE_MARGIN = DECODE_ROW  # what leaving the blocks' worker must save
+
+
+def prompt_tokens(job: GenerateJob) -> list[int]:
+    """Estimated tokens of each prefix unit the router's digests cover (a chat's messages, or a
+    text's chunks, the last one with the text's tail), in order."""
+    if job.messages:
+        return [MESSAGE_OVERHEAD_TOKENS + len(m.content) // CHARS_PER_TOKEN for m in job.messages]
+    if job.prompt:
+        chunks, tail = divmod(len(job.prompt), TEXT_CHUNK_CHARS)
+        return [TEXT_CHUNK_CHARS // CHARS_PER_TOKEN] * chunks + [tail // CHARS_PER_TOKEN]
+    return [max(1, len(job.prompt_token_ids))]
+
+
+def held_tokens(units: Sequence[int], matched: int) -> int:
+    """Tokens of the first `matched` units."""
+    return sum(units[:matched])
+
+
+def prefill_cost(total: int, cached: int, loadable: int, redis_tier: bool) -> float:
+    """Token equivalents to prefill `total` tokens on a worker holding `cached` of them, when
+    `loadable` are in the Redis tier."""
+    cached = min(cached, total)
+    loaded = max(0, min(loadable, total) - cached) if redis_tier else 0
+    computed = total - cached - loaded
+    return computed + (LOAD_FIXED + LOAD_SHARE * loaded if loaded else 0.0)
+
+
+@dataclass(frozen=True, slots=True)
+class Backlog:
+    """A worker's work ahead of a new job: sequences and prompt tokens not yet computed, as of its
+    heartbeat, plus what this api routed to it since, less what it saw end or prefill since
+    (api/routing/recent.py). `own_ended`: that includes a turn of the session being routed."""
+
+    sequences: int
+    prefill_tokens: float
+    own_ended: bool = False
+
+    @property
+    def cost(self) -> float:
+        return self.prefill_tokens + DECODE_ROW * self.sequences
+
+    def less_one_ended(self, ended_at: float, w: WorkerStatus) -> Backlog:
+        """Without a job that ended at `ended_at`, when `w`'s heartbeat came before that: the
+        heartbeat (or the routes since) still count it. For a session's last turn, when this api
+        did not see it end (another api routed it): else it is off already (`own_ended`)."""
+        if self.own_ended or ended_at <= w.sent_at or self.sequences == 0:
+            return self
+        return Backlog(self.sequences - 1, self.prefill_tokens, True)
+
+
+def backlog(w: WorkerStatus, since: Routed) -> Backlog:
+    """Jobs the worker holds but its engine does not yet (a Celery thread before its submit, or a
+    fetch from Redis) count as sequences, their prompts as no tokens (how much of one hits is not
+    known). Those routed to it since its heartbeat count as sequences and as the prefill the
+    router expected of them there: a burst of turns for one worker (sessions that ended in one
+    step come back together) would otherwise look no costlier than one turn, and stay together
+    as a convoy whose prefills fill one long step that every one of them waits out. Those this api
+    routed before the heartbeat and saw end since (or prefill since) no longer count: a cohort that
+    has just ended would otherwise still weigh on its worker for up to a heartbeat and a fleet read,
+    and push its next turns away from their blocks."""
+    e: EngineFigures | None = w.engine
+    in_engine = (e.num_running + e.num_waiting) if e else 0
+    outside = max(0, w.jobs_running - in_engine)
+    pending = e.prefill_tokens_pending if e else 0
+    held = max(0, in_engine + outside - since.gone)
+    prefill = max(0.0, pending - since.prefill_done) + since.prefill_tokens
+    return Backlog(held + since.jobs, prefill, since.own_ended)
+
+
+def session_key(job: GenerateJob) -> str:
+    """The job's session as RecentRoutes keeps it ("" for none)."""
+    return f"{job.tenant}\0{job.session_id}" if job.session_id else ""
+
+
+def cheapest(costs: Mapping[str, float], tiebreak: Mapping[str, float]) -> str:
+    return min(costs, key=lambda n: (costs[n], tiebreak[n]))
