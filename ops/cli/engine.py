@@ -178,6 +178,20 @@ def bench_tier_dtype_cmd(json_path: Path | None, quick: bool, **opts: Any) -> No
     _write_json(results, json_path)
 
 
+@bench.command("quality")
+@json_option
+@click.option("--quick", is_flag=True, help="256 held-out tokens, 3 prompts, one timing round")
+@engine_options
+def bench_quality_cmd(json_path: Path | None, quick: bool, **opts: Any) -> None:
+    """Each precision (fp32, bf16 weights, bf16 KV) vs HF fp32: perplexity ratio, greedy agreement,
+    decode TPOT at 16 and KV bytes per token."""
+    from ops.bench.quality.run import report, run_quality_bench
+
+    results = run_quality_bench(settings_from(opts), quick=quick)
+    click.echo(report(results))
+    _write_json(results, json_path)
+
+
 @bench.command("gemm")
 @json_option
 @click.option("--quick", is_flag=True, help="rows 1, 16 and 128 only, shorter timings")
