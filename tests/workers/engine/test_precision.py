@@ -132,3 +132,18 @@ def test_bf16_blocks_moved_through_a_pack_give_the_tokens_of_the_engine_that_mad
     kept = run_checked(source, {"turn": (turn, params)})["turn"]
     assert got.warm_tokens == 48 and kept.pool_tokens == 48
     assert got.token_ids == kept.token_ids
+
+
+def test_the_decode_kernel_reads_a_bf16_pool_as_its_widened_copy() -> None:
+    if not paged_decode.available():
+        pytest.skip("the CPU kernels do not build here")
+    gen = torch.Generator().manual_seed(3)
+    bs, nblocks, hkv, groups, d = 4, 10, 2, 3, 64
+    pool = torch.randn(2, nblocks * bs, hkv, d, generator=gen).to(torch.bfloat16)
+    blocks = torch.randperm(nblocks, generator=gen)[:6].view(2, 3)
+    lens = torch.tensor([11, 6])
+    query = torch.randn(2, hkv * groups, d, generator=gen)
+    got, want = torch.empty_like(query), torch.empty_like(query)
+    paged_decode.paged_decode(got, query, pool, blocks, lens, bs, d**-0.5)
+    paged_decode.paged_decode(want, query, pool.float(), blocks, lens, bs, d**-0.5)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)

@@ -70,75 +70,6 @@ const float* tensor_ptr(const at::Tensor& t, const std::vector<int64_t>& shape, 
   return t.data_ptr<float>();
 }
 
-// out[r] = x[r] * rsqrt(mean(x[r]^2) + eps) * w, for `rows` rows of `width` (transformers' RMSNorm).
-void rms_norm(const float* x, const float* w, float* out, int64_t rows, int64_t width, float eps) {
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* xr = x + r * width;
-    float sum = 0.f;
-#pragma omp simd reduction(+ : sum)
-    for (int64_t c = 0; c < width; ++c) sum += xr[c] * xr[c];
-    const float inv = 1.f / std::sqrt(sum / static_cast<float>(width) + eps);
-    float* o = out + r * width;
-#pragma omp simd
-    for (int64_t c = 0; c < width; ++c) o[c] = w[c] * (xr[c] * inv);
-  }
-}
-
-// x[h] = x[h] * cos + rotate_half(x[h]) * sin for each of `heads` heads of row x ([heads, d]).
-void rotary(float* x, const float* cos, const float* sin, int64_t heads, int64_t d) {
-  const int64_t half = d / 2;
-  for (int64_t h = 0; h < heads; ++h) {
-    float* v = x + h * d;
-    for (int64_t j = 0; j < half; ++j) {
-      const float a = v[j], b = v[j + half];
-      v[j] = a * cos[j] - b * sin[j];
-      v[j + half] = b * cos[j + half] + a * sin[j + half];
-    }
-  }
-}
-
-// out[m, n] = x W^T (+ b) through ATen's CPU GEMM (MKL or oneDNN), which beats kvferry's above a few
-// dozen rows (prefill rows in the step), where the product is bound by arithmetic, not by reading W.
-void aten_linear(const float* x, int64_t m, const at::Tensor& w, const at::Tensor& b, float* out) {
-  const auto options = at::TensorOptions().dtype(at::kFloat);
-  at::Tensor xt = at::from_blob(const_cast<float*>(x), {m, w.size(1)}, options);
-  at::Tensor ot = at::from_blob(out, {m, w.size(0)}, options);
-  if (b.numel() > 0)
-    at::addmm_out(ot, b, xt, w.t());
-  else
-    at::mm_out(ot, xt, w.t());
-}
-
-// aten_linear through oneDNN over the same plain weight: mkldnn::_linear_pointwise, the op the
-// modules' large-batch linears call (packed_linear.py). Boxed: the schema is torch's to change.
-void onednn_linear(const float* x, int64_t m, const at::Tensor& w, const at::Tensor& b, float* out) {
-  static const c10::OperatorHandle op = c10::Dispatcher::singleton().findSchemaOrThrow("mkldnn::_linear_pointwise", "");
-  const auto options = at::TensorOptions().dtype(at::kFloat);
-  torch::jit::Stack stack{at::from_blob(const_cast<float*>(x), {m, w.size(1)}, options),
-                          w,
-                          b.numel() > 0 ? c10::IValue(b) : c10::IValue(),
-                          "none",
-                          c10::List<std::optional<at::Scalar>>(),
-                          ""};
-  op.callBoxed(&stack);
-  at::from_blob(out, {m, w.size(0)}, options).copy_(stack[0].toTensor());
-}
-
-// The same over a bf16 weight: x rounded to bf16, oneDNN's bf16 GEMM (fp32 accumulation), the
-// output widened into `out`.
-void onednn_bf16_linear(const float* x, int64_t m, const at::Tensor& w, const at::Tensor& b, float* out) {
-  static const c10::OperatorHandle op = c10::Dispatcher::singleton().findSchemaOrThrow("mkldnn::_linear_pointwise", "");
-  const auto options = at::TensorOptions().dtype(at::kFloat);
-  torch::jit::Stack stack{at::from_blob(const_cast<float*>(x), {m, w.size(1)}, options).to(at::kBFloat16),
-                          w,
-                          b.numel() > 0 ? c10::IValue(b) : c10::IValue(),
-                          "none",
-                          c10::List<std::optional<at::Scalar>>(),
-                          ""};
-  op.callBoxed(&stack);
-  at::from_blob(out, {m, w.size(0)}, options).copy_(stack[0].toTensor());
-}
-
 // out[m, Hq, D] = attention of a prefill chunk's m query rows q [m, Hq, D] (consecutive positions
 // ending at len - 1) over its context's first len slots through `table`, in one SDPA call over the
 // context gathered in whole blocks (bottom-right causal): its rows share every key they load.
@@ -250,7 +181,7 @@ void decoder_layers(at::Tensor hidden, const at::Tensor& cos, const at::Tensor& 
 
   // kvferry's GEMM up to skinny_rows rows (the crossover measured at start-up), ATen's or oneDNN's above.
   const bool skinny = !bf16 && n <= skinny_rows;
-  const auto large_linear = bf16 ? onednn_bf16_linear : onednn ? onednn_linear : aten_linear;
+  const auto large_linear = bf16 ? kvferry::onednn_bf16_linear : onednn ? kvferry::onednn_linear : kvferry::aten_linear;
   const bool kv_bf16 = kv.scalar_type() == at::kBFloat16;
   const size_t kv_elem = kv.element_size();
   std::vector<float> x(n * h), q(n * qd), k(n * kd), v(n * kd), attn(n * qd), o(n * h), gate(n * inter),
@@ -267,7 +198,7 @@ void decoder_layers(at::Tensor hidden, const at::Tensor& cos, const at::Tensor& 
     const at::Tensor* t = weights.data() + l * PER_LAYER;  // the same weights, for the large GEMM
 
     // Attention block.
-    rms_norm(hp, ln1, x.data(), n, h, e);
+    kvferry::rms_norm(hp, ln1, x.data(), n, h, e);
     if (skinny) {
       const kvferry::Gemm qkv[] = {{wq, qd, bq, q.data()}, {wk, kd, bk, k.data()}, {wv, kd, bv, v.data()}};
       kvferry::skinny_gemms(x.data(), n, h, qkv, 3);
@@ -276,13 +207,13 @@ void decoder_layers(at::Tensor hidden, const at::Tensor& cos, const at::Tensor& 
       large_linear(x.data(), n, t[3], t[4], k.data());
       large_linear(x.data(), n, t[5], t[6], v.data());
     }
-    if (qn != nullptr) rms_norm(q.data(), qn, q.data(), n * hq, d, e);
-    if (kn != nullptr) rms_norm(k.data(), kn, k.data(), n * hkv, d, e);
+    if (qn != nullptr) kvferry::rms_norm(q.data(), qn, q.data(), n * hq, d, e);
+    if (kn != nullptr) kvferry::rms_norm(k.data(), kn, k.data(), n * hkv, d, e);
     char* kpool = static_cast<char*>(kv.data_ptr()) + l * 2 * num_slots * kd * kv_elem;
     char* vpool = kpool + num_slots * kd * kv_elem;
     for (int64_t i = 0; i < n; ++i) {
-      rotary(q.data() + i * qd, cp + i * d, snp + i * d, hq, d);
-      rotary(k.data() + i * kd, cp + i * d, snp + i * d, hkv, d);
+      kvferry::rotary(q.data() + i * qd, cp + i * d, snp + i * d, hq, d);
+      kvferry::rotary(k.data() + i * kd, cp + i * d, snp + i * d, hkv, d);
       if (kv_bf16) {  // rounded to nearest even, as torch's .to(bfloat16) (the modules' path)
         auto* kd16 = reinterpret_cast<c10::BFloat16*>(kpool) + sp[i] * kd;
         auto* vd16 = reinterpret_cast<c10::BFloat16*>(vpool) + sp[i] * kd;
@@ -315,7 +246,7 @@ void decoder_layers(at::Tensor hidden, const at::Tensor& cos, const at::Tensor& 
     add_into(hp, o.data(), n * h);
 
     // MLP block.
-    rms_norm(hp, ln2, x.data(), n, h, e);
+    kvferry::rms_norm(hp, ln2, x.data(), n, h, e);
     if (skinny) {
       kvferry::skinny_gated(x.data(), n, h, wg, bg, wu, bu, inter, gate.data());
       kvferry::skinny_gemm(gate.data(), n, inter, wd, h, bd, o.data());
