@@ -146,4 +146,4 @@ def test_the_decode_kernel_reads_a_bf16_pool_as_its_widened_copy() -> None:
     got, want = torch.empty_like(query), torch.empty_like(query)
     paged_decode.paged_decode(got, query, pool, blocks, lens, bs, d**-0.5)
     paged_decode.paged_decode(want, query, pool.float(), blocks, lens, bs, d**-0.5)
-    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)  # the same sums, vectorised apart
