@@ -264,7 +264,7 @@ def run_engine_bench(settings: Settings, quick: bool = False, skip: set[str] | N
             )
         )
     if "precision" not in skip:  # decode_tpot_ms_16 per dtype, kv_bytes_per_token per KV dtype
-        from ops.bench.quality.run import precision_engines
+        from ops.bench.engine.precision import precision_engines
 
         p = precision_engines(settings, rounds=1 if quick else 3)
         results["precision"] = p

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import gc
 import math
-import random
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -21,13 +20,12 @@ from typing import Any
 import torch
 
 from broker.sampling import SamplingParams
-from ops.bench.engine.decode import _decode_only
 from ops.bench.engine.hf_baseline import hf_greedy, hf_model
+from ops.bench.engine.precision import MODES, decode_tpot_16, mode_name
 from ops.settings import Settings
 from workers.engine.llm_engine import LLMEngine
 from workers.engine.model.loader import load_model
 
-MODES = (("float32", "float32"), ("bfloat16", "float32"), ("bfloat16", "bfloat16"))
 _QUESTIONS = (
     "Explain in two sentences why the sky is blue.",
     "Write a short poem about a lighthouse.",
@@ -36,10 +34,6 @@ _QUESTIONS = (
     "Why do rivers meander across flat land?",
     "Describe the rules of chess briefly.",
 )
-
-
-def _name(dtype: str, kv: str) -> str:
-    return f"{dtype}/kv-{kv}"
 
 
 def _hf_nll(ref: Any, ids: list[int]) -> float:
@@ -112,10 +106,10 @@ def run_quality_bench(settings: Settings, quick: bool = False) -> dict[str, Any]
         loaded = (
             base if dtype == "float32" else load_model(settings.model, "float32", "cpu", settings.cache_dir)
         )
-        engine = engines[_name(dtype, kv)] = LLMEngine(config, loaded)
+        engine = engines[mode_name(dtype, kv)] = LLMEngine(config, loaded)
         nll = _engine_nll(engine, ids)
         got = _greedy(engine, prompts, new)
-        results["modes"][_name(dtype, kv)] = {
+        results["modes"][mode_name(dtype, kv)] = {
             "dtype": engine.precision.weights,
             "kv_cache_dtype": engine.precision.kv,
             "ppl": math.exp(nll),
@@ -128,36 +122,6 @@ def run_quality_bench(settings: Settings, quick: bool = False) -> dict[str, Any]
         }
     results.update(decode_tpot_16(engines, rounds=1 if quick else 3))
     return results
-
-
-def decode_tpot_16(engines: dict[str, LLMEngine], rounds: int, new_tokens: int = 33) -> dict[str, Any]:
-    """Decode-only TPOT at 16 sequences of 128-token prompts for each engine, the engines' runs
-    alternated round by round (a shared machine drifts), best round each; ratios to the first."""
-    rng = random.Random(0)
-    prompts = [[rng.randrange(100, 40000) for _ in range(128)] for _ in range(16)]
-    best = dict.fromkeys(engines, math.inf)
-    for _ in range(rounds):
-        for name, engine in engines.items():
-            engine.pool.reset_prefix_cache()
-            best[name] = min(best[name], _decode_only(engine, prompts, new_tokens) / (new_tokens - 1))
-    first = next(iter(best))
-    return {
-        "decode_tpot_ms_16": {k: 1e3 * v for k, v in best.items()},
-        "decode_tpot_ratio_vs_fp32_16": {k: v / best[first] for k, v in best.items()},
-        "kv_bytes_per_token": {k: e.layout.bytes_per_token for k, e in engines.items()},
-    }
-
-
-def precision_engines(settings: Settings, rounds: int) -> dict[str, Any]:
-    """decode_tpot_16 over one engine of each of MODES, each on its own copy of the weights."""
-    engines = {
-        _name(dtype, kv): LLMEngine(
-            replace(settings.engine_config(), dtype=dtype, kv_cache_dtype=kv),
-            load_model(settings.model, "float32", settings.device, settings.cache_dir),
-        )
-        for dtype, kv in MODES
-    }
-    return decode_tpot_16(engines, rounds)
 
 
 def report(results: dict[str, Any]) -> str:

@@ -49,7 +49,9 @@ def _layer_weights(layer: Any) -> tuple[list[torch.Tensor], set[float]] | None:
     if attn is None or mlp is None or getattr(attn, "sliding_window", None) is not None:
         return None
     found = {n: getattr(attn, n, None) for n in _ATTN} | {n: getattr(mlp, n, None) for n in _MLP}
-    linears = {n: m for n, m in found.items() if isinstance(m, SkinnyLinear)}
+    linears: dict[str, SkinnyLinear | Bf16Linear] = {
+        n: m for n, m in found.items() if isinstance(m, SkinnyLinear)
+    }
     if len(linears) != len(found):
         linears = {n: m for n, m in found.items() if isinstance(m, Bf16Linear)}
     if len(linears) != len(found):

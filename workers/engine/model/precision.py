@@ -14,17 +14,26 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import Any, Protocol, TypeVar, cast
 
 import torch
-
-if TYPE_CHECKING:
-    from workers.engine.model.loader import LoadedModel
+from torch import nn
 
 log = logging.getLogger(__name__)
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 KV_DTYPES = ("auto", "float32", "bfloat16")
 _SHORT = {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}
+
+
+class _Loaded(Protocol):  # loader.LoadedModel (which resolves "auto" through this module)
+    @property
+    def model(self) -> nn.Module: ...
+
+    @property
+    def fingerprint(self) -> str: ...
+
+
+Loaded = TypeVar("Loaded", bound=_Loaded)
 
 
 def native_bf16(device: torch.device) -> bool:
@@ -66,7 +75,8 @@ class Precision:
 
     @property
     def kv_torch(self) -> torch.dtype:
-        return getattr(torch, self.kv)  # type: ignore[no-any-return]
+        dtype: torch.dtype = getattr(torch, self.kv)
+        return dtype
 
     @property
     def tag(self) -> str:
@@ -78,7 +88,7 @@ class Precision:
     def describe(self) -> str:
         return f"weights {self.weights}, kv cache {self.kv}"
 
-    def apply(self, loaded: LoadedModel) -> tuple[LoadedModel, Precision]:
+    def apply(self, loaded: Loaded) -> tuple[Loaded, Precision]:
         """Make `loaded`'s model compute in this precision (in place: engines sharing it share
         this); the model with its fingerprint covering the precision, and the precision it runs in
         (fp32 weights where no bf16 GEMM runs here)."""
@@ -98,4 +108,5 @@ class Precision:
             if have != getattr(torch, self.weights):
                 model.to(getattr(torch, self.weights))
         log.info("precision: %s", actual.describe())
-        return replace(loaded, fingerprint=loaded.fingerprint + actual.tag), actual
+        marked = replace(cast(Any, loaded), fingerprint=loaded.fingerprint + actual.tag)
+        return cast(Loaded, marked), actual
