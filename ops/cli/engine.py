@@ -67,11 +67,15 @@ def bench() -> None:
 @json_option
 @click.option("--quick", is_flag=True, help="smaller sizes, for a smoke run")
 @click.option(
-    "--skip", multiple=True, type=click.Choice(["ttft", "throughput", "sharing"]), help="skip a part"
+    "--skip",
+    multiple=True,
+    type=click.Choice(["ttft", "throughput", "sharing", "precision"]),
+    help="skip a part",
 )
 @engine_options
 def bench_engine_cmd(json_path: Path | None, quick: bool, skip: tuple[str, ...], **opts: Any) -> None:
-    """TTFT cached vs cold, decode throughput vs HF generate, pool bytes shared vs unshared."""
+    """TTFT cached vs cold, decode throughput vs HF generate, pool bytes shared vs unshared, decode
+    TPOT at 16 and KV bytes per token per precision."""
     from ops.bench.engine.run import run_engine_bench
 
     results = run_engine_bench(settings_from(opts), quick=quick, skip=set(skip))
