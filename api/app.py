@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -12,28 +13,31 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from api.background import STOP_WAIT_S, stop_tasks
+from api.batches import parts as batch_parts
 from api.batches.run.runner import BatchRunner
 from api.config import ApiConfig
 from api.context import ApiContext
 from api.dispatch.dispatcher import Dispatcher
+from api.dispatch.lease import DispatchLease, api_name
 from api.errors import install_error_handlers
-from api.file_sweeper import FileSweeper
 from api.files.store import DirStore
+from api.files.sweeper import FileSweeper, SweepTerms
 from api.jobs.admission import Admission
 from api.jobs.client import JobClient
 from api.metrics.prometheus import ApiMetrics, RequestCounter
 from api.metrics.tier import TierReader
-from api.routes import batches, files, jobs, openai, ops, sessions, tokenize
+from api.routes import batches, conversations, files, jobs, openai, ops, responses, sessions, tokenize
 from api.schema import openapi_doc
 from api.tenants import KeyRing
 from api.tokenizer import Tokenizer
+from broker import keys
 
 log = logging.getLogger(__name__)
 
 
 def create_app(config: ApiConfig, tokenizer: Tokenizer | None = None) -> FastAPI:
     """tokenizer: the served model's, for /tokenize and /detokenize (None: they answer 503)."""
-    metrics = ApiMetrics()
+    metrics = ApiMetrics(config.scale_policy)
     key_ring = KeyRing(config.api_key, config.api_keys, config.api_keys_file)
     admission = Admission(config.dispatch_headroom, config.fair_quota, key_ring.weight, config.job_timeout_s)
     job_client = JobClient(
@@ -64,7 +68,13 @@ def create_app(config: ApiConfig, tokenizer: Tokenizer | None = None) -> FastAPI
         metrics.background.watch("batch_runner", runner.failures)
         task = asyncio.create_task(runner.run(), name="kvferry-batch-runner")
         await secure_store(ctx)
-        sweeper = FileSweeper(ctx)  # one api of all sweeps the file store (api/file_sweeper.py)
+        terms = SweepTerms(config.files_sweep_interval_s, config.files_orphan_grace_s)
+        redis = job_client.redis
+        # one api of all sweeps the file store (api/files/sweeper.py), keeping the batches' files;
+        # its lease is held across the sleep between passes: it lapses only when its holder stops
+        lease_s = max(3 * terms.interval_s, 5.0)
+        lease = DispatchLease(redis, api_name(), lease_s, keys.FILES_SWEEPER_LEASE, "the file sweeper")
+        sweeper = FileSweeper(redis, ctx.files, terms, functools.partial(batch_parts.in_use, redis), lease)
         sweeping = asyncio.create_task(sweeper.run(), name="kvferry-file-sweeper")
         yield
         loops = (dispatcher.task, task, sweeping)
@@ -82,6 +92,8 @@ def create_app(config: ApiConfig, tokenizer: Tokenizer | None = None) -> FastAPI
     install_error_handlers(app)
     app.add_middleware(RequestCounter, metrics=ctx.metrics)
     app.include_router(openai.router)
+    app.include_router(responses.router)
+    app.include_router(conversations.router)
     app.include_router(jobs.router)
     app.include_router(batches.router)
     app.include_router(ops.router)

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import get_args
 
+from api.scale.policy import ScalePolicy
 from broker.celery_app import BrokerConfig
 from broker.defaults import DEFAULTS, Routing
 
@@ -41,14 +42,19 @@ class ApiConfig:
     files_dir: Path = DEFAULTS.cache_dir / "files"  # /v1/files contents (api/files/store.py)
     files_max_bytes: int = int(DEFAULTS.files_max_bytes)
     files_max_lines: int = DEFAULTS.files_max_lines
-    files_batch_expiry_s: int = DEFAULTS.files_batch_expiry_s  # docs/api.md#retention; 0: kept
+    files_batch_expiry_s: int = DEFAULTS.files_batch_expiry_s  # docs/files.md#retention; 0: kept
     batch_output_expiry_s: int = DEFAULTS.batch_output_expiry_s
     batch_retention_s: int = DEFAULTS.batch_retention_s
-    files_sweep_interval_s: float = DEFAULTS.files_sweep_interval_s  # api/file_sweeper.py
+    files_sweep_interval_s: float = DEFAULTS.files_sweep_interval_s  # api/files/sweeper.py
     files_orphan_grace_s: int = DEFAULTS.files_orphan_grace_s
     tenant_max_files: int = DEFAULTS.tenant_max_files  # quotas (api/files/quota.py); 0: no cap
     tenant_max_file_bytes: int = int(DEFAULTS.tenant_max_file_bytes)
     tenant_max_batches: int = DEFAULTS.tenant_max_batches
+    # the scaling policy behind kvferry_desired_workers (api/scale/policy.py)
+    scale_min_workers: int = DEFAULTS.scale_min_workers
+    scale_max_workers: int = DEFAULTS.scale_max_workers
+    scale_wait_target_s: float = DEFAULTS.scale_wait_target_s
+    scale_in_hold_s: float = DEFAULTS.scale_in_hold_s
 
     def __post_init__(self) -> None:
         if self.routing not in get_args(Routing):
@@ -75,6 +81,15 @@ class ApiConfig:
         quotas = (self.tenant_max_files, self.tenant_max_file_bytes, self.tenant_max_batches)
         if min(*retention, *quotas, self.files_orphan_grace_s) < 0 or self.files_sweep_interval_s <= 0:
             raise ValueError("retention times and quotas must be >= 0 (0: none), files_sweep_interval_s > 0")
+
+    @property
+    def scale_policy(self) -> ScalePolicy:
+        return ScalePolicy(
+            self.scale_min_workers,
+            self.scale_max_workers,
+            self.scale_wait_target_s,
+            scale_in_hold_s=self.scale_in_hold_s,
+        )
 
     @property
     def broker(self) -> BrokerConfig:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Annotated
 
 from fastapi import Depends, Request
@@ -12,6 +12,7 @@ from api.files.store import FileStore
 from api.jobs.client import JobClient
 from api.metrics.prometheus import ApiMetrics
 from api.metrics.tier import TierReader
+from api.routing.memory import RoutingMemory
 from api.tenants import KeyRing
 from api.tokenizer import Tokenizer
 
@@ -26,6 +27,7 @@ class ApiContext:
     tier: TierReader
     files: FileStore  # /v1/files contents and the batch runner's files (api/files/store.py)
     tokenizer: Tokenizer | None = None  # /tokenize and /detokenize; None: they answer 503
+    routing: RoutingMemory = field(default_factory=RoutingMemory)  # what this api routed lately
 
 
 async def context(request: Request) -> ApiContext:

@@ -91,6 +91,7 @@ async def submit(
             move_after=config.session_move_after_turns,
             redis_tier=config.redis_tier,
             job_id=job_id,
+            memory=ctx.routing,
         )
         if route.prefetch_to:  # turn K of a forced move: its worker hints turn K+1's (api/routing/hints.py)
             job = msgspec.structs.replace(job, prefetch_to=route.prefetch_to)

@@ -135,7 +135,7 @@ class SettingsFields(BaseModel):
     files_dir: UserPath | None = None  # /v1/files contents (a volume every api shares); None: cache_dir/files
     files_max_bytes: Size = ByteSize(200 * MiB)  # one uploaded file's size cap (OpenAI's); over it: 413
     files_max_lines: int = 50000  # lines of one purpose "batch" file (OpenAI's cap); over it: 400
-    # retention (docs/api.md#retention): 0 = kept until deleted
+    # retention (docs/files.md#retention): 0 = kept until deleted
     files_batch_expiry_s: int = 30 * 86400  # a purpose "batch" upload with no expires_after (OpenAI's)
     batch_output_expiry_s: int = 30 * 86400  # a batch's output and error files, unless output_expires_after
     batch_retention_s: int = 30 * 86400  # an ended batch's record
@@ -146,6 +146,14 @@ class SettingsFields(BaseModel):
     tenant_max_file_bytes: Size = ByteSize(100 * GiB)  # bytes stored in them
     tenant_max_batches: int = 100  # batches not yet ended
     flower_port: int = 5555
+    # scaling (api/scale/policy.py: kvferry_desired_workers; `serve --autoscale` overrides the bounds)
+    scale_min_workers: int = 1
+    scale_max_workers: int = 8
+    scale_wait_target_s: float = 2.0  # the queue wait p95 the fleet should keep under
+    scale_in_hold_s: float = 30.0  # a lower desired size must hold this long before workers go
+    # a worker told to stop (SIGTERM, `kvferry worker --drain`) finishes its running jobs this long,
+    # then hands the rest back; Kubernetes' terminationGracePeriodSeconds must exceed it
+    drain_timeout_s: float = 60.0
 
 
 DEFAULTS = SettingsFields()

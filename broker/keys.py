@@ -241,7 +241,7 @@ BATCH_RUNNER_LEASE = f"{PREFIX}:batches:runner:lease"
 BATCH_RUNNER_EPOCH = f"{PREFIX}:batches:runner:epoch"
 
 
-# Retention and quotas (api/files/quota.py, api/file_sweeper.py, api/batches/quota.py).
+# Retention and quotas (api/files/quota.py, api/files/sweeper.py, api/batches/quota.py).
 def tenant_file_sizes(tenant: str) -> str:
     """Hash file id -> bytes: the files a tenant stores, for its quotas (a file whose record has
     expired leaves it at the next count)."""

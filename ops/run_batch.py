@@ -19,6 +19,7 @@ from broker.messages import Usage
 from workers.engine.llm_engine import LLMEngine
 from workers.engine.requests.logprob import Logprob
 from workers.engine.requests.output import RequestOutput
+from workers.engine.requests.request import GenerationRequest
 from workers.jobs.logprob_text import LogprobText
 from workers.jobs.prompt import prompt_token_ids
 
@@ -120,7 +121,7 @@ def run_batch(engine: LLMEngine, lines: list[BatchLine]) -> tuple[list[dict[str,
     records: list[dict[str, Any] | None] = [None] * len(lines)
     runs: dict[str, _Running] = {}
     per_line: dict[int, list[_Running]] = {}
-    names = LogprobText(engine.tokenizer)
+    names = LogprobText(engine.served.tokenizer)
     for i, line in enumerate(lines):
         if line.request is None:
             records[i] = _error_record(line)
@@ -129,9 +130,9 @@ def run_batch(engine: LLMEngine, lines: list[BatchLine]) -> tuple[list[dict[str,
         try:
             for g, group in enumerate(line.request.split()):
                 for c, request in enumerate(group):
-                    ids = prompt_token_ids(request.to_job(), engine.tokenizer)
+                    ids = prompt_token_ids(request.to_job(), engine.served.tokenizer)
                     rid = f"batch-{i}-{g}-{c}"
-                    engine.add_request(rid, ids, request.params)
+                    engine.add_request(GenerationRequest(rid, ids, request.params))
                     added.append(rid)
                     runs[rid] = _Running(i, g, ids)
         except InvalidRequestError as exc:
@@ -180,7 +181,7 @@ def stats_document(engine: LLMEngine, figures: BatchFigures, wall_s: float) -> d
     stats = engine.stats()
     pool = stats.pool
     return {
-        "model": engine.model_id,
+        "model": engine.served.model_id,
         "block_size": pool.block_size,
         "bytes_per_block": stats.bytes_per_block,
         "pool_blocks_total": pool.blocks_total,

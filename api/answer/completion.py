@@ -20,7 +20,6 @@ from api.jobs import tenant_jobs
 from api.jobs.errors import ClientGoneError, JobTimeoutError
 from api.jobs.meta import JobMeta
 from api.jobs.outcome import is_final
-from api.routing import router
 from api.schema.answer import sse
 from api.schema.answer.bodies import Choice, error_body, response_body
 from api.schema.openai import CompletionRequest
@@ -63,7 +62,7 @@ async def _observed(
         async for event in events:
             if first and isinstance(event, TokenDelta):
                 ctx.metrics.ttft.labels(label).observe(max(0.0, time.time() - meta.created))
-                router.prefilled(meta.job_id)
+                ctx.routing.prefilled(meta.job_id)
                 first = False
             if is_final(event):
                 await ended(ctx, meta, label, event)
@@ -73,7 +72,7 @@ async def _observed(
 async def ended(ctx: ApiContext, meta: JobMeta, label: str, event: StreamEvent) -> None:
     """The job's end, seen as it came (a poll that finds a job ended long ago settles it without
     this: its end is no news to the router)."""
-    router.ended(meta.job_id)
+    ctx.routing.ended(meta.job_id)
     ctx.metrics.job_latency.labels(label).observe(max(0.0, time.time() - meta.created))
     result = event.result if isinstance(event, JobDone) else None
     await settle(ctx, meta, result.usage if result else None, result.queue_wait_s if result else None)

@@ -43,9 +43,16 @@ async def submit_all(
         if config.routing != "shared":  # every job of the request on one worker
             job = groups[0][0].to_job(tenant)
             first = await choose_queue(
-                ctx.jobs.redis, job, config.routing, config.route_max_waiting, cache=ctx.jobs.fleet
+                ctx.jobs.redis,
+                job,
+                config.routing,
+                config.route_max_waiting,
+                cache=ctx.jobs.fleet,
+                memory=ctx.routing,
             )
-            route = await together(ctx.jobs.redis, first, config.route_max_waiting, ctx.jobs.fleet)
+            route = await together(
+                ctx.jobs.redis, first, config.route_max_waiting, ctx.jobs.fleet, memory=ctx.routing
+            )
         for group in groups:
             metas.append([await intake.submit(ctx, request, tenant, route=route) for request in group])
     except BaseException:

@@ -10,6 +10,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from redis.asyncio import Redis
+
+from api.batches import records
 from api.batches.metrics import BatchMetrics
 from api.files.store import FileStore
 
@@ -64,3 +67,15 @@ def read_part(store: FileStore, name: str) -> Iterator[dict[str, Any]]:
                 continue
             if isinstance(record, dict) and isinstance(record.get("id"), str):
                 yield record
+
+
+async def in_use(redis: Redis) -> set[str]:
+    """The names in the file store of the input files and part files of every batch not yet ended
+    (what the file sweeper keeps: api/files/sweeper.py)."""
+    names: set[str] = set()
+    for batch_id in await records.active(redis):
+        names |= {output_part(batch_id), error_part(batch_id)}
+        rec = await records.load(redis, batch_id)
+        if rec is not None:
+            names.add(rec.input_file_id)
+    return names

@@ -1,4 +1,4 @@
-"""How long a batch and its files live (docs/api.md#retention): an ended batch's record expires
+"""How long a batch and its files live (docs/files.md#retention): an ended batch's record expires
 KVFERRY_BATCH_RETENTION_S after it ended (a Redis TTL set by the script that ends it: lua/ended.lua,
 lua/finish.lua); its output and error files expire as its `output_expires_after` says, else
 KVFERRY_BATCH_OUTPUT_EXPIRY_S after they are written. Both times are in the batch's record from its

@@ -43,7 +43,7 @@ def check_name(name: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Stored:
-    """One file in the store, as the sweeper (api/file_sweeper.py) sees it."""
+    """One file in the store, as the sweeper (api/files/sweeper.py) sees it."""
 
     name: str
     mtime: float  # unix time of its last write

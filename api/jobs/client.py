@@ -68,7 +68,6 @@ class JobClient:
         # Under Sentinel a 202 waits for this many replicas to hold the job (api/jobs/submit_write.py)
         self.accept_replicas = accept_replicas if redis_connect.is_sentinel(broker.redis_url) else 0
         self.accept_wait_ms = accept_wait_ms
-        self._write = submit_write.register(self.redis)
         self.on_unreplicated = on_unreplicated  # a job accepted short of them (the replica was down)
         self.celery = make_celery(broker, name="kvferry-api", send_only=True)  # it follows streams
         check_supported(self.celery)  # its messages are pushed in our own transaction
@@ -108,15 +107,25 @@ class JobClient:
                 clock.mark("meta")
             at = job.submitted_at or meta.created
             record = delivery.Delivery(queued.tag, queued.key, at)  # the band's list (FIFO within it)
-            args = (meta.job_id, fields, message, queued.key, queued.payload, record, self.job_ttl_s)
             now = time.time()
             place = (
                 await self.admission.placement(self.redis, self.fleet, job, now)
                 if self.admission is not None
                 else released(job, now + self.job_ttl_s)
             )
+            write = submit_write.JobWrite(
+                job_id=meta.job_id,
+                fields=fields,
+                message=message,
+                queue_key=queued.key,
+                payload=queued.payload,
+                record=record,
+                ttl_s=self.job_ttl_s,
+                now=now,
+                placement=place,
+            )
             written = await submit_write.write_job(
-                self.redis, self._write, *args, now, self.accept_replicas, self.accept_wait_ms, place
+                self.redis, write, self.accept_replicas, self.accept_wait_ms
             )
             acked = written.acked
             if written.parked:

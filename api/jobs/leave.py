@@ -4,35 +4,31 @@ and its tenant's share), so it holds no seat of the window while its worker stop
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 import redis.asyncio as aioredis
 
+from api.lua import Script
 from broker import keys
 
 HOLE = "\x01"  # where a key template takes its tenant (no tenant name holds it: api/tenants.py)
 
-# KEYS: PARKED, INFLIGHT, the job's parked hash, its metadata; ARGV: job id, the tenant's parked
-# and released key templates (HOLE for the tenant).
-LEAVE = """
-local function key(tpl, x)
-  local i = string.find(tpl, ARGV[4], 1, true)
-  return string.sub(tpl, 1, i - 1) .. x .. string.sub(tpl, i + 1)
-end
-redis.call('ZREM', KEYS[1], ARGV[1])
-redis.call('ZREM', KEYS[2], ARGV[1])
-local parked = redis.call('HGET', KEYS[3], 'tenant')
-if parked then
-  redis.call('ZREM', key(ARGV[2], parked), ARGV[1])
-  redis.call('DEL', KEYS[3])
-end
-local tenant = redis.call('HGET', KEYS[4], 'tenant')
-if tenant then redis.call('ZREM', key(ARGV[3], tenant), ARGV[1]) end
-return 1
-"""
+_LEAVE = Script(__file__, "leave")
+
+
+@dataclass(frozen=True, slots=True)
+class Leave:
+    """KEYS and ARGV of lua/leave.lua: a cancelled job out of the parked and the released jobs."""
+
+    job_id: str
+
+    def keys(self) -> list[str]:
+        return [keys.PARKED, keys.INFLIGHT, keys.job_parked(self.job_id), keys.job_meta(self.job_id)]
+
+    def args(self) -> list[Any]:
+        return [self.job_id, keys.tenant_parked(HOLE), keys.tenant_inflight(HOLE), HOLE]
 
 
 async def leave(client: aioredis.Redis, job_id: str) -> None:
-    script = client.register_script(LEAVE)
-    await script(
-        keys=[keys.PARKED, keys.INFLIGHT, keys.job_parked(job_id), keys.job_meta(job_id)],
-        args=[job_id, keys.tenant_parked(HOLE), keys.tenant_inflight(HOLE), HOLE],
-    )
+    await _LEAVE.run(client, Leave(job_id))

@@ -1,6 +1,6 @@
 """Waiting on a job: following its event stream until its final event, or waiting for that final
 event alone (its end stream). A job that ended without writing one (revoked, its worker killed) is
-settled from Celery's state."""
+read from Celery's state."""
 
 from __future__ import annotations
 
@@ -67,9 +67,9 @@ async def follow(
             next_poll = now + jobs.state_poll_s  # its worker is busy with it; no need to ask
         elif now >= next_poll:
             next_poll = now + jobs.state_poll_s
-            settled = await settled_silently(jobs, job_id, stream, last)
-            if settled is not None:
-                yield settled
+            outcome = await silent_outcome(jobs, job_id, stream, last)
+            if outcome is not None:
+                yield outcome
                 return
 
 
@@ -93,9 +93,9 @@ async def wait_final(
         now = loop.time()
         if now >= next_poll:  # a job that ended without a final event (revoked, its worker killed)
             next_poll = now + jobs.state_poll_s
-            settled = await settled_silently(jobs, job_id, end, "0-0")
-            if settled is not None:
-                return settled
+            outcome = await silent_outcome(jobs, job_id, end, "0-0")
+            if outcome is not None:
+                return outcome
 
 
 async def _read(
@@ -117,7 +117,7 @@ async def _read(
     return list(reply or [])
 
 
-async def settled_silently(jobs: JobSource, job_id: str, stream: str, last: str) -> StreamEvent | None:
+async def silent_outcome(jobs: JobSource, job_id: str, stream: str, last: str) -> StreamEvent | None:
     """The job's outcome if Celery says it ended and `stream` holds nothing more to read; None
     otherwise, or when Redis or the broker cannot say now (asked again at the next poll)."""
     try:

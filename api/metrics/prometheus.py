@@ -8,6 +8,7 @@ a counter (`_total`), what goes up and down a gauge.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,6 +25,8 @@ from api.jobs import tenant_jobs
 from api.metrics import dispatch as dispatch_metrics
 from api.routing import fleet
 from api.routing.fleet import WorkerView
+from api.scale.policy import ScalePolicy
+from api.scale.signal import ScaleCollector
 from broker.messages import EngineFigures, Usage
 
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320, 640)
@@ -149,7 +152,7 @@ def _tier(report: dict[str, Any]) -> Iterator[Metric]:
 
 
 class ApiMetrics:
-    def __init__(self) -> None:
+    def __init__(self, scale: ScalePolicy | None = None) -> None:
         r = self.registry = CollectorRegistry()
         self.requests = Counter(
             "kvferry_api_requests",
@@ -178,6 +181,12 @@ class ApiMetrics:
         self.tenant_completion_tokens = Counter(
             "kvferry_tenant_completion_tokens", "Tokens generated for a tenant", ["tenant"], registry=r
         )
+        self.cached_tokens = Counter(
+            "kvferry_cached_tokens",
+            "Prompt tokens not computed, by where they were found (pool, warm tier, Redis tier)",
+            ["source"],
+            registry=r,
+        )
         self.job_latency = Histogram(
             "kvferry_api_job_latency_seconds",
             "From submission to the job's final event, as the api sees it",
@@ -202,6 +211,8 @@ class ApiMetrics:
         r.register(self._redis)
         self._dispatch = dispatch_metrics.DispatchCollector()
         r.register(self._dispatch)
+        self.scale = ScaleCollector(scale or ScalePolicy())  # the scaling signal (api/scale/)
+        r.register(self.scale)
         self.background = BackgroundCollector()  # the dispatcher's and batch runner's failures
         r.register(self.background)
 
@@ -209,12 +220,19 @@ class ApiMetrics:
         """A finished job's queue wait (its result's queue_wait_s), once per job; job_class is
         "interactive" or "batch" (the batch runner observes its lines)."""
         self.queue_wait.labels(tenant, job_class).observe(max(0.0, seconds))
+        self.scale.waits.observe(time.monotonic(), seconds)
 
     def tokens(self, tenant: str, usage: Usage) -> None:
         """A finished job's usage (counted once per job: see tenant_jobs.finish)."""
         self.tenant_prompt_tokens.labels(tenant).inc(usage.prompt_tokens)
         self.tenant_cached_tokens.labels(tenant).inc(usage.cached_tokens)
         self.tenant_completion_tokens.labels(tenant).inc(usage.completion_tokens)
+        for source, n in (
+            ("pool", usage.pool_tokens),
+            ("warm", usage.warm_tokens),
+            ("redis", usage.redis_tokens),
+        ):
+            self.cached_tokens.labels(source).inc(n)
 
     async def render(
         self,
@@ -228,6 +246,7 @@ class ApiMetrics:
         self._dispatch.snapshot = await dispatch_metrics.read(client, views, headroom)
         depths = await fleet.queue_depths(client, [v.name for v in views])
         jobs = await tenant_jobs.running(client, tenants)
+        await self.scale.read(client, views)
         self._redis.snapshot = Snapshot(
             views, depths, jobs, tier
         )  # one assignment: a scrape sees one snapshot

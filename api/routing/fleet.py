@@ -9,6 +9,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
+from api.lua import Script, affixes
 from broker import keys, priority
 from broker.codec import CodecError
 from broker.messages import WorkerStatus
@@ -22,22 +23,13 @@ class WorkerView:
     status: WorkerStatus | None  # None when dead or its heartbeat is unreadable
 
 
-# Every announced worker with its heartbeat, in one round trip (not SMEMBERS, then the HGETs).
-_WORKERS = """
-local out = {}
-for _, name in ipairs(redis.call('SMEMBERS', KEYS[1])) do
-  table.insert(out, name)
-  table.insert(out, redis.call('HGET', ARGV[1] .. name .. ARGV[2], ARGV[3]))
-end
-return out
-"""
-_BEAT_HEAD, _, _BEAT_TAIL = keys.worker_heartbeat("\0").partition("\0")
+_WORKERS = Script(__file__, "workers")  # every announced worker with its heartbeat, one round trip
+_BEAT = affixes(keys.worker_heartbeat)
 
 
 async def workers(client: aioredis.Redis) -> list[WorkerView]:
     """Every worker that ever announced itself (keys.WORKERS), live or not."""
-    script = client.register_script(_WORKERS)
-    reply: Any = await script(keys=[keys.WORKERS], args=[_BEAT_HEAD, _BEAT_TAIL, HEARTBEAT_FIELD])
+    reply: Any = await _WORKERS(client, [keys.WORKERS], [*_BEAT, HEARTBEAT_FIELD])
     beats = {reply[i].decode(): reply[i + 1] for i in range(0, len(reply), 2)}
     return [WorkerView(name, beats[name] is not None, _status(beats[name])) for name in sorted(beats)]
 

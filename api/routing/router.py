@@ -20,7 +20,6 @@ time before turn K+1 hides the load, which the move's hint alone would add to it
 
 from __future__ import annotations
 
-import itertools
 import random
 from dataclasses import dataclass, field
 
@@ -29,7 +28,7 @@ import redis.asyncio as aioredis
 from api.routing import cost as route_cost
 from api.routing import fleet
 from api.routing import hints as route_hints
-from api.routing import recent as recent_routes
+from api.routing.memory import RoutingMemory
 from broker import keys
 from broker.messages import GenerateJob, SessionRecord, WorkerStatus
 from broker.routing import prefix_index
@@ -46,28 +45,14 @@ class Route:
     prefill_tokens: float = field(default=0.0, compare=False)  # expected there (api/routing/cost.py)
 
 
-_recent = recent_routes.RecentRoutes()
-_routed = recent_routes.RoutedPrefixes()
-
-
-def _backlog(w: WorkerStatus, session: str = "") -> route_cost.Backlog:
+def _backlog(memory: RoutingMemory, w: WorkerStatus, session: str = "") -> route_cost.Backlog:
     """`session`: the job's (route_cost.session_key); its earlier turns count no prefill (and, seen
     ending, no job: Backlog.own_ended)."""
-    return route_cost.backlog(w, _recent.since(w.name, w.sent_at, session))
+    return route_cost.backlog(w, memory.routes.since(w.name, w.sent_at, session))
 
 
 def _to(worker: str, reason: str, prefetch_to: str = "", prefill_tokens: float = 0.0) -> Route:
     return Route(keys.worker_queue(worker), reason, worker, prefetch_to, prefill_tokens)
-
-
-def prefilled(job_id: str) -> None:
-    """The api saw the job's first token: its prefill no longer counts (RecentRoutes)."""
-    _recent.prefilled(job_id)
-
-
-def ended(job_id: str) -> None:
-    """The api saw the job end: neither its prefill nor its seat counts any more (RecentRoutes)."""
-    _recent.ended(job_id)
 
 
 def _overloaded(w: WorkerStatus, max_waiting: int) -> bool:
@@ -82,9 +67,6 @@ def _digests(job: GenerateJob) -> list[str]:
     if job.prompt:
         return text_digests(job.model, job.kv_salt, job.prompt)
     return []
-
-
-_round_robin = itertools.count()
 
 
 async def _live(client: aioredis.Redis, cache: fleet.FleetCache | None) -> dict[str, WorkerStatus]:
@@ -102,23 +84,31 @@ async def choose_queue(
     move_after: int = 0,
     redis_tier: bool = True,
     job_id: str = "",
+    *,
+    memory: RoutingMemory,
 ) -> Route:
-    """`cache`: the api process's view of the fleet (read at most every cache.ttl_s); None reads
-    it now. Either way a decision costs Redis one read per digest of the job, none per worker.
+    """`memory`: the api process's (api/context.py), told of this decision. `cache`: the api
+    process's view of the fleet (read at most every cache.ttl_s); None reads it now. Either way a
+    decision costs Redis one read per digest of the job, none per worker.
     `move_after`: session_move_after_turns (0: off). `redis_tier`: whether the workers run the
     Redis tier (a prefix missing on a worker is then loaded, not computed). The route's
-    prefetch_to is for the job's (api/intake.py sets it). `job_id`: the job's, for prefilled()
-    and ended()."""
-    route, record = await _choose(client, job, routing, max_waiting, cache, move_after, redis_tier)
+    prefetch_to is for the job's (api/intake.py sets it). `job_id`: the job's, for the memory's
+    prefilled() and ended()."""
+    route, record = await _choose(client, job, memory, routing, max_waiting, cache, move_after, redis_tier)
     if route.worker is not None:
-        _recent.add(route.worker, route.prefill_tokens, route_cost.session_key(job), job_id)
+        memory.routes.add(route.worker, route.prefill_tokens, route_cost.session_key(job), job_id)
     if prefetch_hints and record is not None and route.worker and route.worker != record.last_worker:
         await route_hints.hint(client, route.worker, job)
     return route
 
 
 async def together(
-    client: aioredis.Redis, route: Route, max_waiting: int = 8, cache: fleet.FleetCache | None = None
+    client: aioredis.Redis,
+    route: Route,
+    max_waiting: int = 8,
+    cache: fleet.FleetCache | None = None,
+    *,
+    memory: RoutingMemory,
 ) -> Route:
     """A route for the jobs of one request (n choices, several prompts): one worker's queue, so
     what their prompts share is computed once there and the rest hit its blocks. The shared queue
@@ -126,17 +116,18 @@ async def together(
     if route.worker is not None:
         return route
     live = (await _live(client, cache)).values()
-    ready = {w.name: _backlog(w).sequences for w in live if not _overloaded(w, max_waiting)}
+    ready = {w.name: _backlog(memory, w).sequences for w in live if not _overloaded(w, max_waiting)}
     if not ready:
         return route
     name = min(ready, key=lambda n: (ready[n], random.random()))
-    _recent.add(name)
+    memory.routes.add(name)
     return _to(name, f"choices together: {name}, the least loaded ({route.reason})")
 
 
 async def _choose(
     client: aioredis.Redis,
     job: GenerateJob,
+    memory: RoutingMemory,
     routing: str,
     max_waiting: int,
     cache: fleet.FleetCache | None,
@@ -150,7 +141,7 @@ async def _choose(
     if routing == "round-robin":
         if not live:
             return Route(keys.SHARED_QUEUE, "shared: no live worker"), None
-        name = sorted(live)[next(_round_robin) % len(live)]
+        name = sorted(live)[next(memory.turns) % len(live)]
         return _to(name, f"round robin: {name}"), await session_store.continued(client, job)
     ready = {n: w for n, w in live.items() if not _overloaded(w, max_waiting)}
     note = ""
@@ -163,15 +154,16 @@ async def _choose(
     home_worker = record.last_worker if record is not None and record.last_worker in ready else None
     if ready and (home_worker is not None or max(matches.values(), default=0) > 0):
         unit = "messages" if job.messages else "text chunks"
-        choice = _Choice(job, ready, matches, record, home_worker, unit, len(digests))
+        choice = _Choice(memory, job, ready, matches, record, home_worker, unit, len(digests))
         return choice.route(move_after, redis_tier, note), record
     if ready and job.session_id:
-        return _first_turn(job, ready, digests, record, redis_tier, note, move_after), record
+        return _first_turn(memory, job, ready, digests, record, redis_tier, note, move_after), record
     reason = "shared: no live worker" if not live else "shared: no worker holds this prefix"
     return Route(keys.SHARED_QUEUE, reason + note), record
 
 
 def _first_turn(
+    memory: RoutingMemory,
     job: GenerateJob,
     ready: dict[str, WorkerStatus],
     digests: list[str],
@@ -186,19 +178,19 @@ def _first_turn(
     its job ends, yet is computed there by the time this job's turn comes: the same cost rule
     weighs it (with the Redis tier, as loadable elsewhere: it is written through once computed,
     so sessions on one prompt never pile on one worker)."""
-    routed = _routed.runs(sorted(ready), digests)
+    routed = memory.prefixes.runs(sorted(ready), digests)
     if max(routed.values(), default=0) > 0:
         unit = "messages" if job.messages else "text chunks"
-        choice = _Choice(job, ready, routed, record, None, unit, len(digests))
+        choice = _Choice(memory, job, ready, routed, record, None, unit, len(digests))
         route = choice.route(move_after, redis_tier, ", routed there lately" + note, force=False)
     else:
-        backlogs = {n: _backlog(w, route_cost.session_key(job)).cost for n, w in ready.items()}
+        backlogs = {n: _backlog(memory, w, route_cost.session_key(job)).cost for n, w in ready.items()}
         name = min(backlogs, key=lambda n: (backlogs[n], random.random()))
         then = route_hints.move_target(job, record, move_after, name, backlogs)
         reason = f"least loaded: {name}, no worker holds this prefix{note}"
         route = _to(name, reason, then, sum(route_cost.prompt_tokens(job)))
     if route.worker is not None:
-        _routed.add(route.worker, digests)
+        memory.prefixes.add(route.worker, digests)
     return route
 
 
@@ -206,6 +198,7 @@ def _first_turn(
 class _Choice:
     """One cache-aware decision among the ready workers, by expected cost (api/routing/cost.py)."""
 
+    memory: RoutingMemory
     job: GenerateJob
     ready: dict[str, WorkerStatus]
     matches: dict[str, int]  # each worker's run of the job's prefix digests
@@ -228,7 +221,7 @@ class _Choice:
         loadable = max([history, *held.values()])
         prefill = {n: route_cost.prefill_cost(total, held[n], loadable, redis_tier) for n in self.ready}
         key = route_cost.session_key(self.job)  # its earlier turns have ended
-        backlogs = {n: _backlog(w, key) for n, w in self.ready.items()}
+        backlogs = {n: _backlog(self.memory, w, key) for n, w in self.ready.items()}
         if record is not None and home_worker is not None:
             # The session's last turn ended after its worker's heartbeat: that heartbeat still
             # counts it, which would push every session's next turn away from its blocks.

@@ -20,6 +20,7 @@ from api.schema.validation import validate
 from broker.errors import InvalidRequestError
 from broker.messages import ChatMessage, GenerateJob
 from broker.sampling import SEED_MAX, SamplingParams
+from broker.sessions import cache_key
 
 Endpoint = Literal["/v1/chat/completions", "/v1/completions"]
 ENDPOINTS: tuple[Endpoint, ...] = ("/v1/chat/completions", "/v1/completions")
@@ -134,6 +135,11 @@ def _params(b: ChatBody | CompletionBody, default_max_tokens: int | None) -> Sam
     )
 
 
+def _cache_session(b: ChatBody | CompletionBody) -> str | None:
+    key = getattr(b, "prompt_cache_key", None)
+    return cache_key.session_of(key) if key else None
+
+
 def parse_request(
     endpoint: str, body: Any, chat_max_tokens: int | None = None, tool_parser: str = "hermes"
 ) -> CompletionRequest:
@@ -178,7 +184,7 @@ def parse_request(
         params,
         messages=messages,
         prompt=prompt,
-        session_id=b.session_id,
+        session_id=b.session_id or _cache_session(b),
         stream=bool(b.stream),
         include_usage=bool(options and options.include_usage),
         cache_salt=b.cache_salt or "",

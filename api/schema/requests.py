@@ -46,6 +46,13 @@ LogitBiasKey = Annotated[str, Field(pattern=r"^(0|[1-9][0-9]{0,9})$")]
 LogitBias = Annotated[float, Field(ge=-LOGIT_BIAS_MAX, le=LOGIT_BIAS_MAX, allow_inf_nan=False)]
 
 
+def check_temperature(t: float | None) -> float | None:
+    if t is not None and t != 0 and t < MIN_TEMPERATURE:
+        # below it logits / temperature overflow: the job would fail mid-step
+        raise ValueError(f"must be 0 (greedy) or at least {MIN_TEMPERATURE}")
+    return t
+
+
 class TextPart(_Strict):
     type: Literal["text"]
     text: str
@@ -151,10 +158,7 @@ class _Common(_NoOp, StructuredFields):
     @field_validator("temperature")
     @classmethod
     def _temperature(cls, t: float | None) -> float | None:
-        if t is not None and t != 0 and t < MIN_TEMPERATURE:
-            # below it logits / temperature overflow: the job would fail mid-step
-            raise ValueError(f"must be 0 (greedy) or at least {MIN_TEMPERATURE}")
-        return t
+        return check_temperature(t)
 
     @field_validator("logit_bias")
     @classmethod
@@ -174,6 +178,8 @@ class ChatBody(_Common):
     tools: Tools | None = None
     tool_choice: ToolChoice | None = None  # default: auto with tools, none without
     parallel_tool_calls: bool | None = None  # default true, as OpenAI's
+    # the session's routing key, per tenant (broker/sessions/cache_key.py); session_id wins
+    prompt_cache_key: Annotated[str, Field(min_length=1, max_length=256)] | None = None
 
     @field_validator("top_logprobs")
     @classmethod

@@ -81,18 +81,17 @@ class TokenCursor:
 def publish(client: redis.Redis, job_id: str, event: StreamEvent, check_cancel: bool = False) -> bool:
     """Append one event unfenced (producers without leases: test doubles, tools); returns whether
     the job has been cancelled when check_cancel is set. Workers use FencedStream."""
-    script = client.register_script(FENCED_XADD)
-    reply = script(
-        keys=script_keys(job_id, ""), args=script_args(NO_FENCE, STREAM_TTL_S, job_id, [event], None)
+    reply = FENCED_XADD(
+        client, script_keys(job_id, ""), script_args(NO_FENCE, STREAM_TTL_S, job_id, [event], None)
     )
     return bool(check_cancel and int(reply))
 
 
 class FencedStream:
-    """Epoch-checked appends to job streams (the script is registered once per client)."""
+    """Epoch-checked appends to job streams (lua/fenced_xadd.lua)."""
 
     def __init__(self, client: redis.Redis, ttl_s: int = STREAM_TTL_S) -> None:
-        self._xadd = client.register_script(FENCED_XADD)
+        self.client = client
         self.ttl_s = ttl_s
 
     def publish(self, job_id: str, tenant: str, event: StreamEvent) -> bool:
@@ -107,8 +106,8 @@ class FencedStream:
         final. `stages` (with a final event): the attempt's stage times, kept in keys.job_stages."""
         epoch = events[-1].epoch
         assert all(e.epoch == epoch for e in events) and not any(is_final(e) for e in events[:-1])
-        reply = self._xadd(
-            keys=script_keys(job_id, tenant), args=script_args(epoch, self.ttl_s, job_id, events, stages)
+        reply = FENCED_XADD(
+            self.client, script_keys(job_id, tenant), script_args(epoch, self.ttl_s, job_id, events, stages)
         )
         if int(reply) < 0:
             raise StaleLeaseError(f"job {job_id}: epoch {epoch} is no longer current; write refused")

@@ -6,6 +6,7 @@ an expired session held."""
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import redis
@@ -13,32 +14,45 @@ import redis.asyncio as aioredis
 
 from broker import codec, keys
 from broker.messages import GenerateJob, SessionRecord
+from broker.redis.lua import Script
 from broker.sessions import tokens as session_tokens
 from broker.sessions.tokens import SessionTokens
 
 SWEEP_GRACE_S = 3600  # the record outlives its expiry this long, for the sweep to release its pins
 TOMBSTONE_TTL_S = 86400  # longer than any turn may run: one that began before a DELETE stays out
 
-# Newer wins: two turns of one session may finish in either order on two workers; the record of
-# the turn that finished last (last_used) stays, as its pins do (kvstore/redis/lua/pin_owner.lua). A
-# turn that began before the session was deleted does not bring it back.
-# KEYS: record, expiry zset, tombstone, exact tokens; ARGV: json, last_used, ttl with grace,
-# member, expires at, when the turn began, the tokens' blob ('' = none: the old one goes).
-# The old record is parsed as JSON (whatever its layout); one that does not parse is replaced.
-_SAVE = """
-local deleted = redis.call('GET', KEYS[3])
-if deleted and tonumber(deleted) >= tonumber(ARGV[6]) then return 0 end
-local old = redis.call('GET', KEYS[1])
-if old then
-  local ok, doc = pcall(cjson.decode, old)
-  local last = ok and type(doc) == 'table' and tonumber(doc['last_used']) or nil
-  if last and last > tonumber(ARGV[2]) then return 0 end
-end
-redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[3])
-redis.call('ZADD', KEYS[2], ARGV[5], ARGV[4])
-if ARGV[7] ~= '' then redis.call('SET', KEYS[4], ARGV[7], 'EX', ARGV[3]) else redis.call('DEL', KEYS[4]) end
-return 1
-"""
+_SAVE = Script(__file__, "save")  # newer wins: lua/save.lua
+
+
+@dataclass(frozen=True, slots=True)
+class SessionSave:
+    """KEYS and ARGV of lua/save.lua: a turn's record and exact tokens, written together or not."""
+
+    record: SessionRecord
+    ttl_s: int
+    began: float  # when the turn began: a DELETE after it keeps the record out
+    tokens: SessionTokens | None = None
+
+    def keys(self) -> list[str]:
+        tenant, session_id = self.record.tenant, self.record.session_id
+        return [
+            keys.session(tenant, session_id),
+            keys.SESSION_EXPIRY,
+            keys.session_deleted(tenant, session_id),
+            keys.session_tokens(tenant, session_id),
+        ]
+
+    def args(self) -> list[Any]:
+        record = self.record
+        return [
+            codec.encode(record),
+            repr(record.last_used),
+            self.ttl_s + SWEEP_GRACE_S,
+            keys.session_member(record.tenant, record.session_id),
+            repr(time.time() + self.ttl_s),
+            repr(self.began),
+            session_tokens.encode(self.tokens) if self.tokens is not None else b"",
+        ]
 
 
 def save(
@@ -51,25 +65,8 @@ def save(
     """Store the record under its tenant, with the turn's exact tokens (same fate: written together
     or not at all); False when a newer turn's record is already there, or the session was deleted
     after this turn began (`began`, default: record.last_used)."""
-    member = keys.session_member(record.tenant, record.session_id)
-    saved = client.register_script(_SAVE)(
-        keys=[
-            keys.session(record.tenant, record.session_id),
-            keys.SESSION_EXPIRY,
-            keys.session_deleted(record.tenant, record.session_id),
-            keys.session_tokens(record.tenant, record.session_id),
-        ],
-        args=[
-            codec.encode(record),
-            repr(record.last_used),
-            ttl_s + SWEEP_GRACE_S,
-            member,
-            repr(time.time() + ttl_s),
-            repr(record.last_used if began is None else began),
-            session_tokens.encode(tokens) if tokens is not None else b"",
-        ],
-    )
-    return bool(saved)
+    began = record.last_used if began is None else began
+    return bool(_SAVE.run(client, SessionSave(record, ttl_s, began, tokens)))
 
 
 def tombstone(tenant: str, session_id: str, now: float | None = None) -> tuple[str, str, int]:

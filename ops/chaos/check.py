@@ -162,6 +162,8 @@ def report(
         "redis_restarts": len(faults.redis_restarts),
         "failovers": len(faults.failovers),
         "kv_shard_kills": len(faults.kv_shard_kills),
+        "scale_ins": len(faults.scale_ins),  # drained workers: each must exit 0
+        "drain_exit_codes": faults.drain_exit_codes,
         "promotion_p50_s": _median([f.promoted_after_s for f in faults.failovers]),
         "recovery_p50_s": _median(recovered),
         "recovery_max_s": round(max(recovered), 3) if recovered else None,
@@ -210,6 +212,10 @@ def verdict(result: dict[str, Any]) -> list[str]:
     need(integrity, "no worker answered the pool integrity check")
     need(all(integrity.values()), f"pool integrity failed: {[n for n, ok in integrity.items() if not ok]}")
     need(not result["kills"] or result["jobs_hit_by_kills"], f"{result['kills']} kill(s) hit no job")
+    need(
+        all(c == 0 for c in result["drain_exit_codes"]),
+        f"drained workers exited {result['drain_exit_codes']}",
+    )
     need(not result.get("accepted_lost"), f"{result.get('accepted_lost')} accepted job(s) never completed")
     failovers = result.get("failovers") or 0
     need(

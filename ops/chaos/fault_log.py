@@ -38,6 +38,10 @@ class FaultLog:
     failovers: list[FailoverEvent] = field(default_factory=list)
     kv_shard_kills: list[KvShardKill] = field(default_factory=list)
     api_restarts: list[float] = field(default_factory=list)  # time.monotonic() of each SIGKILL
+    # workers SIGTERMed (a scale-in: they drain, workers/process/drain.py), then started again;
+    # back_after_s: from the SIGTERM to the process's exit
+    scale_ins: list[KillEvent] = field(default_factory=list)
+    drain_exit_codes: list[int | None] = field(default_factory=list)  # None: it did not exit in time
     unexpected_exits: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     events: list[str] = field(default_factory=list)  # "HH:MM:SS.mmm what", to read beside the logs

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import random
 import socket
+import subprocess
 import threading
 import time
 from collections.abc import Callable
@@ -26,6 +27,7 @@ from ops.stack.stack import Stack
 
 log = logging.getLogger(__name__)
 READY_TIMEOUT_S = 120.0  # a restarted worker loads its model again
+DRAIN_WAIT_S = 120.0  # a SIGTERMed worker's drain (its --drain-timeout, 60 s by default) and exit
 KV_SHARD_DOWN_S = (2.0, 5.0)  # a killed KV shard stays down this long, the load running
 BUSY_WAIT_S = 5.0  # a kill waits this long at most for a worker that is running a job
 
@@ -50,11 +52,17 @@ class FaultInjector:
         failovers: int = 0,
         kv_shard_kills: int = 0,
         api_restarts: int = 0,
+        scale_ins: int = 0,
     ) -> None:
         self.say = say
         self.stack = stack
         self.plan = self._plan(
-            kills, redis_restarts, failover=failovers, kv_shard=kv_shard_kills, api=api_restarts
+            kills,
+            redis_restarts,
+            failover=failovers,
+            kv_shard=kv_shard_kills,
+            api=api_restarts,
+            scale_in=scale_ins,
         )
         self.actions: dict[str, Callable[[], None]] = {
             "kill": self._kill,
@@ -62,6 +70,7 @@ class FaultInjector:
             "failover": self._failover,
             "kv_shard": self._kill_kv_shard,
             "api": self._restart_api,
+            "scale_in": self._scale_in,
         }
         self.rng = rng
         self.gap_s = gap_s
@@ -146,6 +155,31 @@ class FaultInjector:
         back = self._wait_ready(nodes[child], sent_at)
         self.say(self.log.event(f"{nodes[child]} ready again after {back - at:.1f}s"))
         self.log.kills.append(KillEvent(at, child, nodes[child], jobs, back - at))
+
+    def _scale_in(self) -> None:
+        """SIGTERM a busy worker, as a scale-in does: it drains and exits 0; then it is started
+        again under its name (the fleet keeps its size for the rest of the run)."""
+        children = self.workers
+        nodes = {c: self._node(c) for c in children}
+        busy = [c for c in children if self._busy(nodes[c])]
+        child = self.rng.choice(busy or children)
+        jobs, at, sent_at = self._busy(nodes[child]), time.monotonic(), time.time()
+        process = self.stack.children[child]
+        process.terminate()
+        try:
+            code: int | None = process.wait(DRAIN_WAIT_S)
+        except subprocess.TimeoutExpired:
+            code = None
+        drained = time.monotonic() - at
+        self.say(
+            self.log.event(
+                f"SIGTERM {nodes[child]} running {len(jobs)} job(s): exit {code} after {drained:.1f}s"
+            )
+        )
+        self.log.scale_ins.append(KillEvent(at, child, nodes[child], jobs, drained))
+        self.log.drain_exit_codes.append(code)
+        self.stack.restart_child(child)
+        self._wait_ready(nodes[child], sent_at)
 
     def _restart_redis(self) -> None:
         at = time.monotonic()

@@ -33,7 +33,7 @@ from ops.stack.stack import Stack
 
 INTEGRITY_COMMAND = "kvferry_integrity"  # workers/process/control.py
 KV_SHARDS = 3  # the KV cluster a run with --kv-shard-kills starts
-ENGINE_STEP_FAILED = "engine step failed; failing"  # workers/loop/dispatcher.py, once a step
+ENGINE_STEP_FAILED = "engine step failed; failing"  # workers/loop/driver.py, once a step
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +44,7 @@ class ChaosConfig:
     redis_restarts: int = 1
     failovers: int = 0  # SIGKILLs of the queue's primary under Sentinel (the stack runs --ha)
     kv_shard_kills: int = 0  # SIGKILLs of a KV shard (the KV tier then runs on a local cluster)
+    scale_ins: int = 0  # SIGTERMs of a busy worker (a scale-in: it drains), each started again
     turns: int = 3  # chat turns per session
     words: int = 12  # per user turn
     max_tokens: int = 32
@@ -161,7 +162,7 @@ def log_sizes(run_dir: Path) -> dict[str, int]:
 
 
 def engine_step_failures(run_dir: Path | None, before: dict[str, int] | None = None) -> int:
-    """Steps that failed every request in them (workers/loop/dispatcher.py logs each once):
+    """Steps that failed every request in them (workers/loop/driver.py logs each once):
     their jobs are redelivered and resume exact, yet each is a bug, so the run counts them."""
     if run_dir is None:
         return 0
@@ -206,6 +207,7 @@ def run_chaos(
             deadline = time.monotonic() + config.timeout_s
             gap = config.gap_s
             faults_planned = config.kills + config.redis_restarts + config.failovers + config.kv_shard_kills
+            faults_planned += config.scale_ins
             if config.soak_s > 0 and faults_planned:
                 spread = config.soak_s / (faults_planned + 1)
                 gap = (0.5 * spread, 1.5 * spread)
@@ -219,6 +221,7 @@ def run_chaos(
                 log,
                 config.failovers,
                 config.kv_shard_kills,
+                scale_ins=config.scale_ins,
             )
         assert api_url is not None
         sampler = RssSampler(stack, config.rss_every_s).start()

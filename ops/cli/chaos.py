@@ -29,6 +29,9 @@ from ops.cli.options import engine_options, service_options, settings_from
 @click.option("--batch", is_flag=True, help="a Batch API batch under the faults instead of chat clients")
 @click.option("--batch-lines", type=int, help="lines of the --batch batch (600; --quick: 60)")
 @click.option("--api-restarts", type=int, help="SIGKILLs of the api, each started again (--batch: 1)")
+@click.option(
+    "--scale-in", "scale_ins", type=int, help="busy workers SIGTERMed (they drain), each started again"
+)
 @click.option("--turns", type=int, help="chat turns per session (3; --quick: 2)")
 @click.option("--max-tokens", type=int, help="tokens per answer (32; --quick: 8)")
 @click.option("--quick", is_flag=True, help="a small run (2 kills, 1 Redis restart, 4 clients, tiny prompts)")
@@ -66,7 +69,7 @@ def chaos_cmd(
         return
     if batch_lines is not None or api_restarts is not None:
         raise click.UsageError("--batch-lines and --api-restarts go with --batch")
-    faults = ("kills", "redis_restarts", "failovers", "kv_shard_kills")
+    faults = ("kills", "redis_restarts", "failovers", "kv_shard_kills", "scale_ins")
     load = {k: opts.pop(k) for k in ("clients", *faults, "turns", "max_tokens")}
     if api_url is not None and redis_url is None:
         raise click.UsageError("--api-url needs --redis-url too (the workers' integrity check uses it)")
@@ -76,6 +79,7 @@ def chaos_cmd(
             "redis_restarts": 0,
             "failovers": 0,
             "kv_shard_kills": 0,
+            "scale_ins": 0,
             **{k: v for k, v in load.items() if v is not None},
         }
     overrides = {**load, "workers": workers, "seed": seed}

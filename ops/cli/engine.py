@@ -30,7 +30,7 @@ def run_batch_cmd(input_path: Path, output_path: Path, stats_path: Path | None, 
         engine = build_engine(settings)
     except (KvferryError, ValueError) as exc:
         raise click.ClickException(str(exc)) from exc
-    lines = read_lines(input_path, engine.model_id)
+    lines = read_lines(input_path, engine.served.model_id)
     started = time.perf_counter()
     records, figures = run_batch(engine, lines)
     wall = time.perf_counter() - started

@@ -111,9 +111,9 @@ def settings_from(opts: dict[str, Any]) -> Settings:
 
 
 def build_engine(settings: Settings) -> Any:
-    from workers.engine.llm_engine import LLMEngine  # torch import only for commands that need it
+    from workers.engine import factory  # torch import only for commands that need it
 
-    return LLMEngine(settings.engine_config(), cache_dir=settings.cache_dir)
+    return factory.build_engine(settings.engine_config(), cache_dir=settings.cache_dir)
 
 
 def service_options(fn: Callable[..., Any]) -> Callable[..., Any]:

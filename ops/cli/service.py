@@ -34,13 +34,26 @@ from ops.settings import Settings
     help="simulated: the load-test engine, no model (with --model simulated only; docs/operations.md)",
 )
 @click.option("--simulated-token-delay-s", type=float, help="the simulated engine's time per token")
+@click.option(
+    "--drain-timeout",
+    "drain_timeout_s",
+    type=float,
+    help=f"told to stop: running jobs get this long, then are handed back ({DEFAULTS.drain_timeout_s:g}s)",
+)
+@click.option("--drain", is_flag=True, help="tell the running worker --name to drain and exit, then return")
 @service_options
 @engine_options
-def worker_cmd(preload: bool, loglevel: str, **opts: Any) -> None:
-    """A Celery worker (threads pool) feeding one engine: consumes the shared queue and its own."""
+def worker_cmd(preload: bool, loglevel: str, drain: bool, **opts: Any) -> None:
+    """A Celery worker (threads pool) feeding one engine: consumes the shared queue and its own.
+    SIGTERM (or --drain from another shell) drains it: docs/operations.md#scale-in-without-loss."""
     from workers.process.main import run_worker
 
     settings = settings_from(opts)
+    if drain:
+        from ops.scale.drain_cli import send_drain
+
+        click.echo(send_drain(settings))
+        return
     run_worker(
         settings.broker_config(),
         settings.engine_config(),
@@ -52,6 +65,7 @@ def worker_cmd(preload: bool, loglevel: str, **opts: Any) -> None:
         tiers=settings.tier_config(),
         kv_redis_url=settings.kv_redis_url,
         simulated=simulated_engine(settings),
+        drain_timeout_s=settings.drain_timeout_s,
     )
 
 
@@ -97,17 +111,34 @@ def api_cmd(**opts: Any) -> None:
     "--kv-shards", type=int, help="the KV tier on a local Redis Cluster of N primaries (0: one Redis)"
 )
 @click.option("--ha", is_flag=True, help="the queue Redis under Sentinel: a primary, a replica, 3 sentinels")
+@click.option("--autoscale", metavar="MIN:MAX", help="start and drain workers by kvferry_desired_workers")
 @tenant_options
 @service_options
 @engine_options
 def serve_cmd(
-    num_workers: int, demo: bool, exit_after_demo: bool, run_dir: Path | None, ha: bool, **opts: Any
+    num_workers: int,
+    demo: bool,
+    exit_after_demo: bool,
+    run_dir: Path | None,
+    ha: bool,
+    autoscale: str | None,
+    **opts: Any,
 ) -> None:
     """The whole stack on this machine: two Redis (queue; KV cache), N workers, the API, Flower
-    (basic auth). Passwords are generated; they and the URLs go to RUN_DIR/stack.json. Ctrl-C stops it."""
+    (basic auth). Passwords are generated; they and the URLs go to RUN_DIR/stack.json. Ctrl-C stops it.
+    --autoscale MIN:MAX: MIN workers first, then as many as the scaling policy asks (ops/scale/)."""
+    from ops.scale.autoscaler import LocalAutoscaler, desired_from_metrics, parse_bounds
     from ops.stack.stack import Stack
 
     settings = settings_from(opts)
+    bounds = None
+    if autoscale:
+        try:
+            bounds = parse_bounds(autoscale)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--autoscale") from exc
+        settings = settings.with_overrides(scale_min_workers=bounds[0], scale_max_workers=bounds[1])
+        num_workers = bounds[0]
     stack = Stack(settings, num_workers, run_dir=run_dir, ha=ha)
     click.echo(f"run directory: {stack.run_dir}")
     with stack:
@@ -118,8 +149,18 @@ def serve_cmd(
             from ops.demo import run_demo
 
             run_demo(stack.api_url, settings.served_model, stack.flower_url, settings.api_key)
-        if not exit_after_demo:
+        if exit_after_demo:
+            return
+        if bounds is None:
             stack.wait()
+            return
+        scaler = LocalAutoscaler(
+            stack, bounds, lambda: desired_from_metrics(stack.api_url, settings.metrics_token)
+        )
+        try:
+            stack.wait(tick=scaler.tick)
+        finally:
+            scaler.close()
 
 
 @click.command("submit")

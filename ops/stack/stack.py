@@ -15,6 +15,7 @@ import secrets
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 
@@ -59,6 +60,7 @@ class Stack:
         self.flower_user = FLOWER_USER
         self.flower_password = secrets.token_urlsafe(18)
         self._wrote_stack_file = False
+        self._env: dict[str, str] = {}
 
     @property
     def api_url(self) -> str:
@@ -114,16 +116,20 @@ class Stack:
         self.run_dir.chmod(0o700)  # an older, wider one too: its logs and AOF hold prompts
         self._start_redis()
         threads = self.settings.torch_threads or max(1, (os.cpu_count() or 1) // max(1, self.num_workers))
-        env = self.settings.with_overrides(torch_threads=threads).to_env()
+        env = self._env = self.settings.with_overrides(torch_threads=threads).to_env()
         cli = [sys.executable, "-m", "ops.cli.main"]
         for i in range(1, self.num_workers + 1):
-            self._spawn(
-                f"worker{i}", [*cli, "worker", "--name", f"w{i}", "--preload", "--loglevel", "WARNING"], env
-            )
+            self.spawn_worker(i)
         self._spawn("api", [*cli, "api"], env)
         if self.with_flower:
             self._start_flower(env)
         self._write_stack_file()
+
+    def spawn_worker(self, i: int) -> str:
+        """Start worker i (child "worker<i>", node name w<i>@host); its child's name."""
+        cli = [sys.executable, "-m", "ops.cli.main", "worker", "--name", f"w{i}", "--preload"]
+        self._spawn(f"worker{i}", [*cli, "--loglevel", "WARNING"], self._env)
+        return f"worker{i}"
 
     def _start_flower(self, env: dict[str, str]) -> None:
         # Broker URL and credentials through the environment (celery's BROKER_URL, Flower's
@@ -214,12 +220,15 @@ class Stack:
             f"  logs:                    {self.run_dir}"
         )
 
-    def wait(self) -> None:
+    def wait(self, tick: Callable[[], None] | None = None) -> None:
         """Until Ctrl-C. A worker that exits (its supervisor gave up on a broken engine, or it was
         killed) is started again under its name, as compose's restart policy would; its jobs were
-        handed back by the other workers' reapers, or are released by its own start."""
+        handed back by the other workers' reapers, or are released by its own start. `tick`, once
+        a second first: the autoscaler's (ops/scale/autoscaler.py), which reaps what it drained."""
         try:
             while True:
+                if tick is not None:
+                    tick()
                 for name, child in list(self.children.items()):
                     if name.startswith("worker") and child.poll() is not None:
                         print(f"{name} exited with {child.returncode}; restarting it", flush=True)

@@ -19,6 +19,7 @@ from fastapi import FastAPI
 from api.app import create_app
 from api.config import ApiConfig
 from api.tokenizer import Tokenizer
+from broker import keys
 from broker.celery_app import BrokerConfig, make_celery
 from ops.redis.server import RedisServer, free_port
 from ops.tokenizer import HFTokenizer
@@ -49,6 +50,12 @@ def private(private_url: str) -> Iterator[tuple[redis.Redis, str]]:
     client.flushall()
     yield client, private_url
     client.close()
+
+
+def request_keys(client: redis.Redis) -> list[bytes]:
+    """Every key but those the api's background loops take on their own (the file sweeper's lease,
+    now and then): what requests left behind."""
+    return [k for k in client.keys("*") if k != keys.FILES_SWEEPER_LEASE.encode()]
 
 
 @pytest.fixture

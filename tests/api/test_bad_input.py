@@ -9,8 +9,7 @@ from typing import Any
 import pytest
 import redis
 
-from broker import keys
-from tests.api.conftest import MODEL, Served
+from tests.api.conftest import MODEL, Served, request_keys
 from tests.api.fake_worker import FakeWorker
 from tests.api.test_errors import assert_error
 
@@ -83,15 +82,14 @@ CASES: list[tuple[str, str, bytes, str]] = [
 def test_odd_inputs_are_400_and_leave_nothing(
     api: Served, rds: redis.Redis, path: str, body: bytes, param: str
 ) -> None:
-    rds.delete(keys.FILES_SWEEPER_LEASE)  # the api's file sweeper holds it now and then: no request's key
-    before = rds.dbsize()
+    before = len(request_keys(rds))
     with api.client() as c:
         r = c.post(path, content=body, headers={"content-type": "application/json"})
         jobs = c.post("/v1/jobs", content=b'{"endpoint": "%s", "body": ' % path.encode() + body + b"}")
     error = assert_error(r, 400, param)
     assert error["type"] == "invalid_request_error"
     assert_error(jobs, 400)
-    left = [k for k in rds.keys("*") if k != keys.FILES_SWEEPER_LEASE.encode()]
+    left = request_keys(rds)
     assert not left and before == 0, left
 
 

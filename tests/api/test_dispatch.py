@@ -219,8 +219,7 @@ def test_worker_final_frees_the_seat(private: tuple[redis.Redis, str]) -> None:
     job_id = run(redis_url, body)
     assert rds.zcard(keys.INFLIGHT) == 1 and rds.zcard(keys.tenant_inflight("alice")) == 1
     result = GenerateResult(job_id, MODEL, "x", (1,), "stop", Usage(1, 1, 0), "w", 0.1, 0.1, 0.1)
-    script = rds.register_script(FENCED_XADD)
-    script(keys=script_keys(job_id, "alice"), args=script_args(NO_FENCE, 60, job_id, [JobDone(result)], None))
+    FENCED_XADD(rds, script_keys(job_id, "alice"), script_args(NO_FENCE, 60, job_id, [JobDone(result)], None))
     assert encode_event(JobDone(result))  # (the event the api would read)
     assert rds.zcard(keys.INFLIGHT) == 0 and rds.zcard(keys.tenant_inflight("alice")) == 0
 

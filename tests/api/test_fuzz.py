@@ -23,7 +23,7 @@ from tests.api.fake_worker import FakeWorker
 
 CASES = 1200
 BUDGET_S = 180.0  # room for a loaded machine (a soak run beside it): bounded, not timed
-POSTS = {"/v1/chat/completions", "/v1/completions", "/v1/jobs", "/tokenize", "/detokenize"}
+POSTS = {"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/jobs", "/tokenize", "/detokenize"}
 
 
 def for_generation(doc: dict[str, Any]) -> dict[str, Any]:

@@ -9,6 +9,7 @@ from typing import Any
 import redis
 import redis.asyncio as aioredis
 
+from api.routing.memory import RoutingMemory
 from api.routing.router import Route, choose_queue
 from broker import keys
 from broker.messages import ChatMessage, EngineFigures, GenerateJob, SessionRecord, WorkerStatus
@@ -18,6 +19,7 @@ from broker.sessions import store as session_store
 from broker.worker_registry import HEARTBEAT_FIELD, encode_status
 
 SYSTEM = ChatMessage("system", "be brief")
+MEMORY = RoutingMemory()  # one api process's, kept across this file's decisions (api/context.py)
 
 
 def _beat(rds: redis.Redis, name: str, waiting: int = 0) -> None:
@@ -39,7 +41,7 @@ def _route(redis_url: str, job: GenerateJob, routing: str = "cache-aware") -> Ro
     async def go() -> Route:
         client = aioredis.Redis.from_url(redis_url)
         try:
-            return await choose_queue(client, job, routing, max_waiting=4)
+            return await choose_queue(client, job, routing, max_waiting=4, memory=MEMORY)
         finally:
             await client.aclose()
 
@@ -143,10 +145,12 @@ def test_a_decision_costs_redis_the_same_at_2_and_at_40_workers(private: tuple[r
             client = aioredis.Redis.from_url(redis_url)
             cache = FleetCache(ttl_s=60)
             try:
-                await choose_queue(client, job, max_waiting=4, cache=cache)  # reads the fleet once
+                await choose_queue(
+                    client, job, max_waiting=4, cache=cache, memory=MEMORY
+                )  # reads the fleet once
                 before = calls()
                 for _ in range(10):
-                    await choose_queue(client, job, max_waiting=4, cache=cache)
+                    await choose_queue(client, job, max_waiting=4, cache=cache, memory=MEMORY)
                 return calls() - before - 1  # the INFO above
             finally:
                 await client.aclose()

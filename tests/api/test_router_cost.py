@@ -10,7 +10,7 @@ import pytest
 import redis
 import redis.asyncio as aioredis
 
-from api.routing import router
+from api.routing.memory import RoutingMemory
 from api.routing.recent import RecentRoutes, Routed
 from api.routing.router import Route, choose_queue
 from broker import keys
@@ -23,6 +23,7 @@ from ops.settings import Settings
 
 LONG = ChatMessage("system", "Answer carefully, briefly and politely. " * 50)  # a long system prompt
 HISTORY = (LONG, ChatMessage("user", "q1"), ChatMessage("assistant", "a1"))
+MEMORY = RoutingMemory()  # one api process's, kept across this file's decisions (api/context.py)
 
 
 def _beat(rds: redis.Redis, name: str, running: int = 0, pending: int = 0) -> None:
@@ -50,7 +51,13 @@ def _route(
         client = aioredis.Redis.from_url(redis_url)
         try:
             return await choose_queue(
-                client, job, max_waiting=4, move_after=move_after, redis_tier=redis_tier, job_id=job_id
+                client,
+                job,
+                max_waiting=4,
+                move_after=move_after,
+                redis_tier=redis_tier,
+                job_id=job_id,
+                memory=MEMORY,
             )
         finally:
             await client.aclose()
@@ -325,7 +332,7 @@ def test_jobs_seen_ending_since_the_heartbeat_no_longer_weigh_on_their_worker(
     ids = [f"cohort-{time.time()}-{i}" for i in range(6)]
     for job_id in ids:
         assert _route(redis_url, _next_turn(), job_id=job_id).worker == "a"
-        router.prefilled(job_id)  # decoding by the heartbeat below
+        MEMORY.prefilled(job_id)  # decoding by the heartbeat below
     time.sleep(0.01)
     _beat(clean, "a", running=6)  # the heartbeat shows them
     _beat(clean, "b", running=2)
@@ -334,7 +341,7 @@ def test_jobs_seen_ending_since_the_heartbeat_no_longer_weigh_on_their_worker(
     _beat(clean, "b", running=2)
     time.sleep(0.01)
     for job_id in ids:
-        router.ended(job_id)  # the api saw them end, after the heartbeats
+        MEMORY.ended(job_id)  # the api saw them end, after the heartbeats
     assert _route(redis_url, _next_turn()).reason == "prefix match: 3/4 messages on a"
 
 
@@ -347,13 +354,13 @@ def test_a_sessions_last_turn_seen_ending_is_taken_off_its_worker_once(
     _beat(clean, "a")
     _advertise(clean, "a", HISTORY)
     assert _route(redis_url, _next_turn(sid), job_id=job_id).worker == "a"
-    router.prefilled(job_id)
+    MEMORY.prefilled(job_id)
     time.sleep(0.01)
     _beat(clean, "a", running=6)  # its last turn and 5 others
     _beat(clean, "b", running=1)
     time.sleep(0.01)
     _session(clean, sid, "a", turns=1)  # its record: ended after the heartbeat
-    router.ended(job_id)
+    MEMORY.ended(job_id)
     route = _route(redis_url, _next_turn(sid))
     assert route.reason.startswith("load balance: b (a has 5 jobs, b 1)"), route
 

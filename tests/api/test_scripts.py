@@ -46,8 +46,7 @@ def test_a_job_is_written_when_its_script_vanished_between_the_check_and_the_run
 
     async def go() -> None:
         client = aioredis.Redis.from_url(private_url)
-        script = submit_write.register(client)
-        await client.script_load(submit_write.WRITE)
+        await client.script_load(submit_write.SUBMIT.text)
         checks: list[bool] = []
         check = Pipeline.load_scripts
 
@@ -61,15 +60,16 @@ def test_a_job_is_written_when_its_script_vanished_between_the_check_and_the_run
         record = delivery.Delivery("tag-1", "kvferry:test:queue", time.time())
         written = await submit_write.write_job(
             client,
-            script,
-            job_id,
-            {"status": "queued"},
-            "{}",
-            record.queue,
-            "payload",
-            record,
-            60,
-            time.time(),
+            submit_write.JobWrite(
+                job_id,
+                {"status": "queued"},
+                "{}",
+                record.queue,
+                "payload",
+                record,
+                60,
+                time.time(),
+            ),
         )
         assert not written.parked and len(checks) == 2
         assert await client.hget(keys.job_meta(job_id), "status") == b"queued"

@@ -14,7 +14,7 @@ import pytest
 import redis
 
 from broker.structured import StructuredOutputs
-from tests.api.conftest import MODEL, Served
+from tests.api.conftest import MODEL, Served, request_keys
 from tests.api.fake_worker import FakeWorker
 from tests.api.test_errors import assert_error
 
@@ -133,7 +133,7 @@ def test_bad_specs_are_400_naming_the_field(
             error = assert_error(c.post(path, json=body(path, **fields)), 400, param)
             assert error["type"] == "invalid_request_error"
         assert_error(c.post("/v1/jobs", json={"endpoint": CHAT, "body": body(CHAT, **fields)}), 400, param)
-    assert rds.dbsize() == 0, rds.keys("*")
+    assert not (left := request_keys(rds)), left
 
 
 _CHECK = r"""

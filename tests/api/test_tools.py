@@ -11,7 +11,7 @@ import pytest
 import redis
 
 from broker.messages import ChatMessage, ToolCall, ToolSpec
-from tests.api.conftest import MODEL, Served
+from tests.api.conftest import MODEL, Served, request_keys
 from tests.api.fake_worker import FakeWorker
 from tests.api.test_errors import assert_error
 from tests.api.test_jobs import FINAL, wait_for
@@ -94,7 +94,7 @@ def test_bad_tool_fields_are_400(api: Served, rds: redis.Redis, body: dict[str, 
     with api.client() as c:
         assert_error(c.post(CHAT, json=body), 400, param)
         assert_error(c.post("/v1/jobs", json={"endpoint": CHAT, "body": body}), 400, param)
-    assert rds.dbsize() == 0, rds.keys("*")
+    assert not (left := request_keys(rds)), left
 
 
 def test_tools_and_tool_turns_reach_the_worker_typed(api: Served, worker: FakeWorker) -> None:

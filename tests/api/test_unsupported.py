@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import redis
 
-from tests.api.conftest import MODEL, Served
+from tests.api.conftest import MODEL, Served, request_keys
 from tests.api.fake_worker import FakeWorker
 from tests.api.test_errors import assert_error
 
@@ -47,7 +47,7 @@ def _refused(api: Served, rds: redis.Redis, path: str, body: dict[str, Any], par
     error = assert_error(direct, 400, param, "unsupported_parameter")
     assert error["type"] == "invalid_request_error"
     assert_error(queued, 400, param, "unsupported_parameter")
-    assert rds.dbsize() == 0, rds.keys("*")
+    assert not (left := request_keys(rds)), left
     message: str = error["message"]
     return message
 

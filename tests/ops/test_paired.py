@@ -60,7 +60,10 @@ class _Clock:
 
 def _engine(name: str) -> Any:
     runner = SimpleNamespace(fused=object(), decode_kernel=True)
-    return SimpleNamespace(name=name, runner=runner, pool=SimpleNamespace(reset_prefix_cache=lambda: None))
+    executor = SimpleNamespace(runner=runner)
+    return SimpleNamespace(
+        name=name, executor=executor, pool=SimpleNamespace(reset_prefix_cache=lambda: None)
+    )
 
 
 def _adjacent_ratios(calls: list[str], times: list[float], ours: str, other: str) -> list[float]:
@@ -75,8 +78,8 @@ def test_bench_decode_ratios_come_from_equal_alternated_pairs(monkeypatch: pytes
 
     def decode_only(engine: Any, prompts: Any, new_tokens: int) -> float:
         who = "plain" if engine.name == "plain" else "ours"
-        if engine.runner.fused is None:
-            who = "modules" if engine.runner.decode_kernel else "gather"
+        if engine.executor.runner.fused is None:
+            who = "modules" if engine.executor.runner.decode_kernel else "gather"
         times.append(clock.take(who, base[who]))
         return times[-1]
 

@@ -12,6 +12,8 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from workers.engine.requests.request import GenerationRequest
+
 SYSTEM = "You are a careful assistant. " * 12  # long enough to span several 16-token blocks
 
 
@@ -188,9 +190,10 @@ class _RefusingEngine:
 
     def __init__(self, refusals: list[Exception]) -> None:
         self.refusals = refusals
+        self.served = self  # the tokenizer above stands in for ServedModel's
 
-    def add_request(self, request_id: str, ids: list[int], params: object) -> None:
-        raise self.refusals[int(request_id.split("-")[1])]  # batch-<line>-<prompt>-<choice>
+    def add_request(self, request: GenerationRequest) -> None:
+        raise self.refusals[int(request.request_id.split("-")[1])]  # batch-<line>-<prompt>-<choice>
 
     def has_unfinished(self) -> bool:
         return False

@@ -12,10 +12,12 @@ from transformers import PreTrainedModel
 from broker.sampling import SamplingParams
 from ops.bench.engine.hf_baseline import hf_greedy
 from workers.engine.config import EngineConfig
+from workers.engine.factory import build_engine, bytes_per_block
 from workers.engine.llm_engine import LLMEngine
 from workers.engine.model.loader import LoadedModel
 from workers.engine.model.precision import Precision
 from workers.engine.requests.output import RequestOutput
+from workers.engine.requests.request import GenerationRequest
 
 VOCAB = 49152  # SmolLM2's tokenizer; the tiny models use the same vocabulary
 # Random models have no meaningful EOS: the reference never stops early, so neither may the engine.
@@ -59,8 +61,8 @@ def make_engine(loaded: LoadedModel, num_blocks: int, **config: Any) -> LLMEngin
     (the exactness tests compare against HF fp32)."""
     config.setdefault("dtype", "float32")
     kv = Precision.resolve(config["dtype"], config.get("kv_cache_dtype", "auto"), "cpu").kv_torch
-    per_block = LLMEngine.bytes_per_block(loaded, config.get("block_size", 16), kv)
-    engine = LLMEngine(
+    per_block = bytes_per_block(loaded, config.get("block_size", 16), kv)
+    engine = build_engine(
         EngineConfig(model=loaded.model_id, cache_size_bytes=num_blocks * per_block, **config), loaded
     )
     assert engine.pool.num_blocks == num_blocks
@@ -75,7 +77,7 @@ def run_checked(
     """Add `requests`, then step by hand until nothing is unfinished, checking the engine's and the
     pool's invariants after every step. Returns each request's final output; asserts none leaked."""
     for request_id, (prompt, params) in (requests or {}).items():
-        engine.add_request(request_id, list(prompt), params)
+        engine.add_request(GenerationRequest(request_id, list(prompt), params))
     engine.check_integrity()
     done: dict[str, RequestOutput] = {}
     for _ in range(max_steps):

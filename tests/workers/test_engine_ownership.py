@@ -53,7 +53,7 @@ def test_no_task_thread_reaches_into_the_engine(path: Path) -> None:
 
 
 def test_the_scan_finds_what_it_forbids() -> None:
-    sample = "n = loop.engine.block_manager.tails\nm = engine.pool.block_size\nt = self.loop.engine\n"
+    sample = "n = loop.engine.scheduler.blocks.tails\nm = engine.pool.block_size\nt = self.loop.engine\n"
     assert len(_reaches_in(ast.parse(sample))) == 4
 
 
@@ -70,10 +70,10 @@ def test_one_function_roots_every_chain() -> None:
 def test_blocks_on_their_way_to_the_warm_tier_count_as_held() -> None:
     """A prefetch's blocks wait in the loop's inbox until the step ends: meanwhile a second
     prefetch (the job's own, after a hint's) must not fetch them from Redis again."""
-    from workers.engine.held_blocks import HeldBlocks
+    from workers.engine.tiers.resident import ResidentBlocks
 
     warm = WarmTier(1 << 20)
-    held = HeldBlocks(warm)
+    held = ResidentBlocks(warm)
     a, b, c = b"a" * 32, b"b" * 32, b"c" * 32
     held.on_pool_event(BlockStored(a, b"r" * 32, (1,), 0))
     assert held.first_missing([a, b, c]) == 1

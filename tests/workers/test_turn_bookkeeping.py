@@ -150,7 +150,7 @@ def _settled(worker: Worker, session: str) -> bool:
     return full and tier.contains_run(named) == len(named) and set(pins) == set(named)
 
 
-@pytest.mark.parametrize("step", ["remember", "settle"])
+@pytest.mark.parametrize("step", ["remember", "after_write"])
 def test_a_bookkeeping_failure_never_fails_the_answered_job(
     worker: Worker, monkeypatch: pytest.MonkeyPatch, step: str
 ) -> None:

@@ -9,8 +9,8 @@ from kvstore.chain import BlockHash, chain_root, hash_block, hash_blocks
 from kvstore.pool.block import Block
 from kvstore.pool.block_pool import BlockPool
 from kvstore.tiers.stored_block import StoredBlock
-from workers.engine.kept_tails import KeptTails
 from workers.engine.requests.sequence import EngineRequest
+from workers.engine.tiers.kept_tails import KeptTails
 
 
 def cdiv(a: int, b: int) -> int:
@@ -87,7 +87,7 @@ class BlockManager:
         hits = self.pool.match_prefix(hashes, seq.token_slice(0, len(hashes) * self.block_size))
         return hits, hashes
 
-    def held_tokens(
+    def reused_tokens(
         self, seq: EngineRequest, hashes: list[BlockHash], known: int, donors: Sequence[EngineRequest]
     ) -> int:
         """Tokens after seq's `known` full blocks that allocate would give it uncomputed: a kept
@@ -95,9 +95,11 @@ class BlockManager:
         if not self.pool.enable_caching or seq.needs_prompt_logits:
             return 0
         parent, bs = self._parent(seq, hashes, known), self.block_size
-        held = self.tails.held(parent, seq.token_slice(known * bs, seq.num_tokens - 1)) if self.tails else 0
-        fork = None if held else self._donor(seq, hashes, known, donors)
-        return fork[1] if fork else held
+        reused = (
+            self.tails.matched(parent, seq.token_slice(known * bs, seq.num_tokens - 1)) if self.tails else 0
+        )
+        fork = None if reused else self._donor(seq, hashes, known, donors)
+        return fork[1] if fork else reused
 
     def allocate(
         self,
@@ -118,8 +120,8 @@ class BlockManager:
         known = len(hits) + len(loaded)
         tail = self._take_tail(seq, hit_hashes, known)
         fork = None if tail or copies is None else self._donor(seq, hit_hashes, known, donors)
-        held = tail[1] if tail else fork[1] if fork else 0  # tokens this seq does not compute
-        cover = min(known * bs + held + num_new, seq.num_tokens)  # the caller schedules past the tail
+        reused = tail[1] if tail else fork[1] if fork else 0  # tokens this seq does not compute
+        cover = min(known * bs + reused + num_new, seq.num_tokens)  # the caller schedules past the tail
         need = cdiv(cover, bs) - len(hits) - (1 if tail else 0)
         revived = sum(1 for b in hits if b.ref_cnt == 0)  # cached-but-free hits leave the free queue
         self.tails.make_room(need + revived)
@@ -128,7 +130,7 @@ class BlockManager:
                 self.tails.keep(
                     self._parent(seq, hit_hashes, known),
                     tail[0],
-                    tuple(seq.token_ids[known * bs : known * bs + held]),
+                    tuple(seq.token_ids[known * bs : known * bs + reused]),
                 )
             return None
         self.pool.touch(hits)
@@ -151,9 +153,9 @@ class BlockManager:
             loads.append(BlockLoad(block.block_id, stored))
         if fork is not None and copies is not None:  # the block after the known ones: the fork's
             target = self.pool.blocks[seq.block_ids[known]]
-            target.num_tokens = held
+            target.num_tokens = reused
             copies.append(BlockCopy(fork[0], target.block_id))
-        seq.num_computed_tokens = known * bs + held
+        seq.num_computed_tokens = known * bs + reused
         return loads
 
     def _parent(self, seq: EngineRequest, hashes: list[BlockHash], index: int) -> BlockHash:
@@ -187,9 +189,9 @@ class BlockManager:
             if len(other.block_hashes) < known or not same_chain:
                 continue
             theirs = other.token_slice(known * bs, min(other.num_computed_tokens, known * bs + len(want)))
-            held = _common_prefix(want, theirs)
-            if held and (best is None or held > best[1]):
-                best = (other.block_ids[known], held)
+            reused = _common_prefix(want, theirs)
+            if reused and (best is None or reused > best[1]):
+                best = (other.block_ids[known], reused)
         return best
 
     def _keep_tail(self, seq: EngineRequest) -> int | None:
@@ -197,12 +199,12 @@ class BlockManager:
         if seq.finish_reason not in ("stop", "length") or not self.tails.wants(seq.request_id):
             return None
         bs = self.block_size
-        full, held = divmod(seq.num_computed_tokens, bs)
-        if not held or full != len(seq.block_hashes) or full >= len(seq.block_ids):
+        full, reused = divmod(seq.num_computed_tokens, bs)
+        if not reused or full != len(seq.block_hashes) or full >= len(seq.block_ids):
             return None
         block = self.pool.blocks[seq.block_ids[full]]
         parent = seq.block_hashes[-1] if full else self.root(seq.cache_salt)
-        kept = self.tails.keep(parent, block, tuple(seq.token_ids[full * bs : full * bs + held]))
+        kept = self.tails.keep(parent, block, tuple(seq.token_ids[full * bs : full * bs + reused]))
         return full if kept else None
 
     def blocks_to_append(self, seq: EngineRequest, num_new: int) -> int:

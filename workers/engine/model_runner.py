@@ -18,7 +18,7 @@ from workers.engine.kernels.paged_attention import (
     DecodeTable,
     PrefillSegment,
 )
-from workers.engine.scheduler import ScheduledSeq
+from workers.engine.scheduling.scheduler import ScheduledSeq
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,15 +31,16 @@ from broker.messages import (
 )
 from workers.engine.errors import EngineFailedError
 from workers.engine.requests.output import RequestOutput
+from workers.engine.requests.request import GenerationRequest
 from workers.jobs.engine_service import EngineService
-from workers.jobs.lease_keeper import HeldLease
+from workers.jobs.lease_keeper import OwnedLease
 from workers.jobs.logprob_text import LogprobText
 from workers.jobs.prompt import prompt_token_ids
 from workers.loop.handle import RequestHandle
-from workers.sessions.keeper import Settle
+from workers.sessions.keeper import AfterWrite
 
 if TYPE_CHECKING:
-    from workers.loop.engine_loop import EngineLoop
+    from workers.loop.protocol import Loop
 
 log = logging.getLogger(__name__)
 STREAM_FLUSH_S = 0.03
@@ -55,7 +56,7 @@ class JobTimeLimitError(KvferryError, TimeoutError):
     """The job ran past KVFERRY_JOB_TIME_LIMIT_S and was stopped (its blocks freed)."""
 
 
-def wait_healthy(loop: EngineLoop, timeout_s: float = HEALTHY_WAIT_S) -> None:
+def wait_healthy(loop: Loop, timeout_s: float = HEALTHY_WAIT_S) -> None:
     deadline = time.monotonic() + timeout_s
     while not loop.healthy:
         if time.monotonic() > deadline:
@@ -70,7 +71,7 @@ class JobAttempt:
         stream: FencedStream,
         job_id: str,
         job: GenerateJob,
-        held: HeldLease,
+        owned: OwnedLease,
         time_limit_s: float,
         stages: dict[str, float] | None = None,
     ) -> None:
@@ -78,8 +79,8 @@ class JobAttempt:
         self.stream = stream
         self.job_id = job_id
         self.job = job
-        self.held = held
-        self.epoch = held.epoch
+        self.owned = owned
+        self.epoch = owned.epoch
         self.time_limit_s = time_limit_s
         self.started = time.time()
         self.timed_out = threading.Event()
@@ -114,20 +115,21 @@ class JobAttempt:
         if job.echo:
             self.prompt_text = job.prompt or loop.tokenizer.decode(ids, skip_special_tokens=False)
         texts = LogprobText(loop.tokenizer)
-        handle = loop.submit(
+        request = GenerationRequest(
+            job_id,
             ids,
             job.params,
-            request_id=job_id,
             cache_salt=job.kv_salt,
             output_token_ids=before.token_ids,
             streamed_chars=before.text_chars,
-            # _stream publishes an interactive job's first token before the next step runs
-            reports_first_out=job.job_class != "batch",
             keep_tail=bool(job.session_id),  # its next turn starts with this one's partial last block
             grammar=grammar,
             job_class=job.job_class,
             priority=job.priority,
+            # _stream publishes an interactive job's first token before the next step runs
+            reports_first_out=job.job_class != "batch",
         )
+        handle = loop.submit(request)
         self.stages["submitted"] = time.time()
 
         def time_up() -> None:
@@ -190,13 +192,13 @@ class JobAttempt:
             prompt_logprobs=self.prompt_logprobs,
             prompt_text=self.prompt_text,
         )
-        settle: Settle | None = None
+        after: AfterWrite | None = None
         if final.finish_reason in ("stop", "length"):
-            settle = self._bookkeeping(lambda: service.sessions.remember(job, loop, ids, final, stored))
+            after = self._bookkeeping(lambda: service.sessions.remember(job, loop, ids, final, stored))
         # The last delta and the result in one round trip: a 1-token job writes its stream once.
         self.stream.publish_many(job_id, job.tenant, [*last, JobDone(result, epoch=self.epoch)], self.stages)
-        if settle is not None:
-            self._bookkeeping(lambda: service.sessions.settle(settle))
+        if after is not None:
+            self._bookkeeping(lambda: service.sessions.after_write(after))
         return result
 
     def _bookkeeping(self, work: Callable[[], T]) -> T | None:
@@ -205,10 +207,10 @@ class JobAttempt:
         try:
             return work()
         except redis.RedisError as exc:  # a full or absent Redis: expected now and then
-            self.service.sessions.settler.count_failure()
+            self.service.sessions.after_writes.count_failure()
             log.warning("job %s: the session/tier update failed: %s", self.job_id, exc)
         except Exception:
-            self.service.sessions.settler.count_failure()
+            self.service.sessions.after_writes.count_failure()
             log.exception("job %s: the session/tier update failed", self.job_id)
         return None
 
@@ -228,7 +230,7 @@ class JobAttempt:
         last_publish = time.monotonic() if batch else 0.0  # an interactive first token goes at once
         last: list[StreamEvent] = []
         for out in handle:
-            if self.held.lost.is_set():
+            if self.owned.lost.is_set():
                 handle.cancel()
                 raise StaleLeaseError(f"job {self.job_id}: lease epoch {self.epoch} lost")
             if out.delta_token_ids and first_token_at is None:

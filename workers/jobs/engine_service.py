@@ -14,21 +14,24 @@ import logging
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
 from broker import keys
 from broker.redis import client as redis_client
 from kvstore.redis.client import KV_ERRORS, KVClient, kv_client
 from workers.engine.config import EngineConfig
 from workers.engine.errors import EngineFailedError
+from workers.loop.protocol import Loop
 from workers.loop.simulated import SimulatedEngine, SimulatedLoop
 from workers.sessions.keeper import SessionKeeper
 from workers.tiers.config import TierConfig
 
 if TYPE_CHECKING:  # torch's: imported where they are built, never in the simulated mode
+    import torch
+
+    from kvstore.layout import KVFormat
     from kvstore.redis.tier import RedisTier
     from workers.engine.llm_engine import LLMEngine
-    from workers.loop.engine_loop import EngineLoop
     from workers.tiers.writer import KVWriter
 
 log = logging.getLogger(__name__)
@@ -75,7 +78,8 @@ class EngineService:
         self.kv_redis: KVClient = kv_client(kv_redis_url) if kv_redis_url else self.redis
         self._lock = threading.Lock()  # held through the model load: never taken by the heartbeat
         self._counts_lock = threading.Lock()
-        self._loop: EngineLoop | None = None
+        self._loop: Loop | None = None
+        self._handed_back = False  # a drain past its timeout stopped the engine: never rebuilt
         self.load_error: Exception | None = None  # the last failed engine build, if any
         self._counts = JobCounts(0, 0, 0)
         self.sessions = SessionKeeper(
@@ -83,53 +87,67 @@ class EngineService:
         )
 
     @property
-    def current_loop(self) -> EngineLoop | None:
+    def current_loop(self) -> Loop | None:
         """The loop if it is built, without waiting for a model load in progress."""
         return self._loop
 
-    def loop(self) -> EngineLoop:
+    def loop(self) -> Loop:
         """The engine loop, built on first use. A build that fails is the worker's failure, not
         the job's: EngineFailedError (the job is redelivered), and the supervisor sees load_error."""
         with self._lock:
+            if self._handed_back:
+                raise EngineFailedError("the worker is draining: the job is handed back")
             if self._loop is None and self.simulated is not None:
-                sim = SimulatedLoop(self.simulated.token_delay_s, self.simulated.default_max_tokens)
-                self._loop = cast("EngineLoop", sim)  # the part of EngineLoop the job path uses
+                self._loop = SimulatedLoop(self.simulated.token_delay_s, self.simulated.default_max_tokens)
             if self._loop is None:
                 from workers.loop.engine_loop import EngineLoop
 
                 try:
-                    self._loop = EngineLoop.build(self._build_engine)
+                    self._loop = loop = EngineLoop.build(self._build_engine)
                 except Exception as exc:
                     self.load_error = exc
                     raise EngineFailedError(f"the engine could not be built: {exc}") from exc
                 if self.writer is not None:
-                    self.writer.yielding.idle = self._loop.idle
+                    self.writer.yielding.idle = loop.idle
             return self._loop
 
     def _build_engine(self) -> LLMEngine:
         """On the loop's own thread: the engine, with the Redis tier's writer attached."""
+        from workers.engine.factory import build_engine
+
+        return build_engine(self.config, cache_dir=self.cache_dir, cold_writer=self._cold_writer)
+
+    def _cold_writer(self, fmt: KVFormat, device: torch.device) -> KVWriter | None:
+        """Asked by build_engine when blocks leaving the pool spill: the Redis tier's writer."""
         from kvstore.redis.tier import RedisTier
-        from workers.engine.llm_engine import LLMEngine
         from workers.tiers.writer import KVWriter
 
-        engine = LLMEngine(self.config, cache_dir=self.cache_dir)
-        if self.tier_config.redis_capacity_bytes > 0 and engine.spills:
-            self.redis_tier = RedisTier(
-                self.kv_redis,
-                engine.kv_format,
-                self.tier_config.redis_capacity_bytes,
-                tenant_quota_bytes=self.tier_config.tenant_kv_quota_bytes,
-                tier_dtype=self.tier_config.tier_dtype,
-            )
-            self.writer = KVWriter(
-                self.redis_tier,
-                max_queued_bytes=self.tier_config.kv_write_queue_bytes,
-                pinned_memory=engine.device.type == "cuda",
-                defer_s=self.tier_config.kv_write_defer_s,
-            )
-            engine.attach_cold_writer(self.writer)
-            self.sessions.attach(self.redis_tier, self.writer)
-        return engine
+        if self.tier_config.redis_capacity_bytes <= 0:
+            return None
+        self.redis_tier = RedisTier(
+            self.kv_redis,
+            fmt,
+            self.tier_config.redis_capacity_bytes,
+            tenant_quota_bytes=self.tier_config.tenant_kv_quota_bytes,
+            tier_dtype=self.tier_config.tier_dtype,
+        )
+        self.writer = KVWriter(
+            self.redis_tier,
+            max_queued_bytes=self.tier_config.kv_write_queue_bytes,
+            pinned_memory=device.type == "cuda",
+            defer_s=self.tier_config.kv_write_defer_s,
+        )
+        self.sessions.attach(self.redis_tier, self.writer)
+        return self.writer
+
+    def stop_engine(self) -> None:
+        """A drain past its timeout: stop the loop (its requests fail with EngineFailedError, so
+        their tasks hand the messages back) and never build another; the writer keeps writing."""
+        with self._lock:
+            self._handed_back = True
+            if self._loop is not None:
+                self._loop.stop()
+                self._loop = None
 
     def shutdown(self) -> None:
         with self._lock:

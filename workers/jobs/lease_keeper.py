@@ -12,11 +12,12 @@ import redis
 
 from broker import keys
 from broker.jobs.lease import JobLeases, Lease, LeaseHolder, Started, make_owner
+from workers.background import BackgroundThread
 
 log = logging.getLogger(__name__)
 
 
-class HeldLease:
+class OwnedLease:
     """A lease this process holds; `lost` is set once renewing it finds another epoch began."""
 
     def __init__(self, lease: Lease) -> None:
@@ -34,20 +35,19 @@ class LeaseKeeper:
         self.worker_name = worker_name
         self.owner = make_owner(worker_name, uuid.uuid4().hex[:12])  # this process, this life
         self.renew_s = renew_s
-        self._held: dict[str, HeldLease] = {}
+        self._owned: dict[str, OwnedLease] = {}
         self._starting: set[str] = set()  # jobs a start() is in flight for (one at a time)
         self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="kvferry-leases", daemon=True)
-        self._thread.start()
+        self._thread = BackgroundThread("kvferry-leases", self._run)
+        self._thread.start()  # assigned first: its body reads it
 
-    def try_take(self, job_id: str) -> tuple[HeldLease, Started] | LeaseHolder:
+    def try_take(self, job_id: str) -> tuple[OwnedLease, Started] | LeaseHolder:
         """The job's lease and what its stream held (JobLeases.start), or who holds the lease."""
         with self._lock:
             # a second copy in this very process: never run it twice (nor take it meanwhile: the
             # start script takes this owner's lease as its own)
-            if job_id in self._held:
-                return LeaseHolder(self.owner, self._held[job_id].epoch, int(self.leases.ttl_ms))
+            if job_id in self._owned:
+                return LeaseHolder(self.owner, self._owned[job_id].epoch, int(self.leases.ttl_ms))
             if job_id in self._starting:
                 return LeaseHolder(self.owner, 0, int(self.leases.ttl_ms))
             self._starting.add(job_id)
@@ -55,31 +55,30 @@ class LeaseKeeper:
             got = self.leases.start(job_id, self.owner, keys.worker_jobs(self.worker_name))
             if isinstance(got, LeaseHolder):
                 return got
-            held = HeldLease(got.lease)
+            owned = OwnedLease(got.lease)
             with self._lock:
-                self._held[job_id] = held
-            return held, got
+                self._owned[job_id] = owned
+            return owned, got
         finally:
             with self._lock:
                 self._starting.discard(job_id)
 
-    def release(self, held: HeldLease) -> None:
+    def release(self, owned: OwnedLease) -> None:
         with self._lock:
-            if self._held.get(held.lease.job_id) is held:
-                del self._held[held.lease.job_id]
+            if self._owned.get(owned.lease.job_id) is owned:
+                del self._owned[owned.lease.job_id]
         try:
-            self.leases.release(held.lease)
+            self.leases.release(owned.lease)
         except redis.RedisError as exc:  # it expires on its own
-            log.warning("releasing the lease of job %s failed: %s", held.lease.job_id, exc)
+            log.warning("releasing the lease of job %s failed: %s", owned.lease.job_id, exc)
 
     def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(5)
+        self._thread.stop()
 
     def renew_all(self) -> None:
         with self._lock:
-            held = list(self._held.values())
-        for h in held:
+            owned = list(self._owned.values())
+        for h in owned:
             if h.lost.is_set():
                 continue
             try:
@@ -90,8 +89,8 @@ class LeaseKeeper:
                 log.warning("renewing the lease of job %s failed: %s", h.lease.job_id, exc)
 
     def _run(self) -> None:
-        while not self._stop.wait(self.renew_s):
+        while not self._thread.wait(self.renew_s):
             started = time.monotonic()
             self.renew_all()
             if time.monotonic() - started > self.renew_s:
-                log.warning("renewing %d lease(s) took %.1fs", len(self._held), time.monotonic() - started)
+                log.warning("renewing %d lease(s) took %.1fs", len(self._owned), time.monotonic() - started)

@@ -20,7 +20,6 @@ import collections
 import dataclasses
 import json
 import logging
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -28,6 +27,7 @@ from dataclasses import dataclass
 import redis
 from celery import Celery
 
+from workers.background import BackgroundThread
 from workers.jobs import lost_messages, reaper
 from workers.jobs.engine_service import EngineService
 from workers.jobs.sweeper_lease import SweeperLease
@@ -70,16 +70,13 @@ class Maintenance:
         self.lease = SweeperLease(service.redis, service.identity.name, ttl)
         self.counts: collections.Counter[str] = collections.Counter()  # failures, by step or kind
         self.figures = MaintenanceFigures()  # an immutable snapshot: read without a lock
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="kvferry-maintenance", daemon=True)
+        self._thread = BackgroundThread("kvferry-maintenance", self._run)
 
     def start(self) -> None:
         self._thread.start()
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(10)
+        self._thread.stop(join_s=10)
         self.lease.release()
 
     def steps(self) -> list[tuple[str, Callable[[], object]]]:
@@ -101,7 +98,7 @@ class Maintenance:
         started, cpu_started = time.perf_counter(), time.thread_time()
         # the holder renews every pass; the others try every other pass (the TTL covers both)
         sweeper = False
-        if self.lease.held or self.figures.passes % 2 == 0:
+        if self.lease.owned or self.figures.passes % 2 == 0:
             sweeper = self._step("lease", self.lease.hold) is True
         if sweeper:
             for name, step in self.steps():
@@ -128,6 +125,6 @@ class Maintenance:
         return None
 
     def _run(self) -> None:
-        while not self._stop.is_set():
+        while not self._thread.stopped:
             self.run_once()
-            self._stop.wait(self.interval_s)
+            self._thread.wait(self.interval_s)

@@ -57,12 +57,20 @@ def _release(client: redis.Redis, name: str) -> tuple[list[str], int]:
     moved = _restore_jobs(client, ready, dead_queue)
     if ready:
         client.srem(keys.worker_jobs(name), *ready)
-    # Jobs still waiting on the dead worker's own queue go to the shared one, each in its band.
-    for band in priority.PRIORITY_STEPS:
-        source, target = priority.queue_key(dead_queue, band), priority.queue_key(keys.SHARED_QUEUE, band)
-        while client.lmove(source, target, "RIGHT", "RIGHT") is not None:
-            moved.append("(queued)")
+    moved.extend(["(queued)"] * move_queued(client, name))
     return moved, len(job_ids - ready)
+
+
+def move_queued(client: redis.Redis, name: str) -> int:
+    """Move the jobs still waiting on worker `name`'s own queue to the shared one, each in its band
+    and in order (a dead worker's, or a draining one's: workers/process/drain.py); how many moved."""
+    moved = 0
+    for band in priority.PRIORITY_STEPS:
+        source = priority.queue_key(keys.worker_queue(name), band)
+        target = priority.queue_key(keys.SHARED_QUEUE, band)
+        while client.lmove(source, target, "RIGHT", "RIGHT") is not None:
+            moved += 1
+    return moved
 
 
 def release_own(client: redis.Redis, name: str, owner: str) -> list[str]:

@@ -32,7 +32,7 @@ from broker.messages import GenerateJob, GenerateResult, JobFailed
 from workers.engine.errors import EngineFailedError
 from workers.jobs.attempt import JobAttempt, JobTimeLimitError
 from workers.jobs.engine_service import EngineService
-from workers.jobs.lease_keeper import HeldLease, LeaseKeeper
+from workers.jobs.lease_keeper import LeaseKeeper, OwnedLease
 from workers.jobs.lost_messages import forget_message
 
 log = logging.getLogger(__name__)
@@ -75,12 +75,12 @@ class JobRunner:
             got = self._take(job_id)
             if isinstance(got, StreamProgress):
                 return self._replay(job_id, got)
-            held, before, cancelled = got
+            owned, before, cancelled = got
             stages["leased"] = time.time()
             try:
-                return self._run_leased(job_id, job, held, before, cancelled, stages)
+                return self._run_leased(job_id, job, owned, before, cancelled, stages)
             finally:
-                self.leases.release(held)  # a requeued copy must not wait for it
+                self.leases.release(owned)  # a requeued copy must not wait for it
         finally:
             self._leave(job_id)
 
@@ -108,7 +108,7 @@ class JobRunner:
         if last:
             self.redis.srem(keys.worker_jobs(self.service.identity.name), job_id)
 
-    def _take(self, job_id: str) -> tuple[HeldLease, StreamProgress, bool] | StreamProgress:
+    def _take(self, job_id: str) -> tuple[OwnedLease, StreamProgress, bool] | StreamProgress:
         """The job's lease, what its stream held and whether it is cancelled, or (when it ended
         meanwhile) what its stream says. While another holds the lease this copy waits: its holder
         renews it while alive, and it lapses soon after a death, so a wait ends in the job's final
@@ -121,18 +121,18 @@ class JobRunner:
                 return job_events.progress(self.redis, job_id)
             got = self.leases.try_take(job_id)
             if isinstance(got, tuple):
-                held, started = got
+                owned, started = got
                 try:
                     before = job_events.progress_of(started.entries)
                 except BaseException:
-                    self.leases.release(held)
+                    self.leases.release(owned)
                     raise
                 if before.final:
-                    self.leases.release(held)
+                    self.leases.release(owned)
                     return before
                 if waited:
-                    log.info("job %s: lease taken (epoch %d) after waiting", job_id, held.epoch)
-                return held, before, started.cancelled
+                    log.info("job %s: lease taken (epoch %d) after waiting", job_id, owned.epoch)
+                return owned, before, started.cancelled
             if not waited:
                 log.info("job %s is leased by %s (epoch %d); waiting", job_id, got.owner, got.epoch)
                 waited = True
@@ -165,13 +165,13 @@ class JobRunner:
         self,
         job_id: str,
         job: GenerateJob,
-        held: HeldLease,
+        owned: OwnedLease,
         before: StreamProgress,
         cancelled: bool,
         stages: dict[str, float],
     ) -> GenerateResult:
         service = self.service
-        attempt = JobAttempt(service, self.stream, job_id, job, held, self.time_limit_s, stages)
+        attempt = JobAttempt(service, self.stream, job_id, job, owned, self.time_limit_s, stages)
         service.count(running=1)
         try:
             try:

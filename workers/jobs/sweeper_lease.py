@@ -30,26 +30,26 @@ class SweeperLease:
         self.worker = worker
         self.ttl_s = ttl_s
         self._lock: Lock = client.lock(keys.SWEEPER_LEASE, timeout=ttl_s, blocking=False, thread_local=False)
-        self.held = False
+        self.owned = False
 
     def hold(self) -> bool:
         """Renew the lease if this worker holds it, else try to take it; True while it is ours."""
-        if self.held:
+        if self.owned:
             try:
                 self._lock.reacquire()
                 return True
             except LockError:
-                self.held = False
+                self.owned = False
                 log.warning("%s lost the sweeper lease", self.worker)
-        self.held = bool(self._lock.acquire(blocking=False, token=f"{self.worker}|{uuid.uuid4().hex}"))
-        if self.held:
+        self.owned = bool(self._lock.acquire(blocking=False, token=f"{self.worker}|{uuid.uuid4().hex}"))
+        if self.owned:
             log.info("%s is the fleet's sweeper now", self.worker)
-        return self.held
+        return self.owned
 
     def release(self) -> None:
         """At a clean stop: another worker takes over at its next pass, not a TTL later."""
-        if self.held:
-            self.held = False
+        if self.owned:
+            self.owned = False
             with contextlib.suppress(LockError, redis.RedisError):
                 self._lock.release()
 

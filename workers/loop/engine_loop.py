@@ -2,24 +2,20 @@
 
 from __future__ import annotations
 
-import itertools
 import logging
 import queue
 import threading
-import uuid
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import TypeVar
 
-from broker.priority import JobClass
-from broker.sampling import SamplingParams
 from kvstore.tiers.stored_block import StoredBlock
 from workers.engine.errors import EngineFailedError
-from workers.engine.grammar.matcher import CompiledGrammar
-from workers.engine.held_blocks import HeldBlocks
 from workers.engine.llm_engine import LLMEngine
-from workers.engine.stats import EngineStats
-from workers.loop.dispatcher import Dispatcher
+from workers.engine.requests.request import GenerationRequest
+from workers.engine.stats.snapshot import EngineStats
+from workers.engine.tiers.resident import ResidentBlocks
+from workers.loop.driver import Driver
 from workers.loop.handle import RequestHandle
 from workers.loop.idle_event import IdleEvent
 from workers.loop.messages import Abort, Call, LoopMessage, Submit, WarmBlocks
@@ -43,14 +39,13 @@ class EngineLoop:
         self.engine = engine  # the loop thread's alone: other threads use the facts below
         # Fixed once the engine is built, so any thread may read them: what a task thread needs to
         # tokenise a prompt and hash its blocks, and the view of what blocks this worker holds.
-        self.tokenizer = engine.tokenizer
+        self.tokenizer = engine.served.tokenizer
         self.block_size = engine.pool.block_size
-        self.fingerprint = engine.loaded.fingerprint
-        self.held: HeldBlocks | None = engine.tiers.held if engine.tiers is not None else None
-        self.grammars = engine.grammars  # thread-safe: task threads compile before they submit
+        self.fingerprint = engine.served.fingerprint
+        self.resident: ResidentBlocks | None = engine.tiers.resident if engine.tiers is not None else None
+        self.grammars = engine.served.grammars  # thread-safe: task threads compile before they submit
         self._inbox: queue.Queue[LoopMessage | None] = queue.Queue()
-        self._work = Dispatcher(engine)  # the loop thread's: messages, steps, recovery
-        self._ids = itertools.count()
+        self._work = Driver(engine)  # the loop thread's: messages, steps, recovery
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._stopped = threading.Event()
         # Held only around "is it stopped? then queue" and the final "stop, then drain", so that
@@ -109,39 +104,10 @@ class EngineLoop:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    def submit(
-        self,
-        prompt_token_ids: list[int],
-        params: SamplingParams,
-        request_id: str | None = None,
-        cache_salt: str = "",
-        output_token_ids: tuple[int, ...] = (),
-        streamed_chars: int = 0,
-        reports_first_out: bool = False,
-        keep_tail: bool = False,
-        grammar: CompiledGrammar | None = None,
-        job_class: JobClass = "interactive",
-        priority: int = 0,
-    ) -> RequestHandle:
-        """Queue a request (see LLMEngine.add_request); errors arrive through the handle.
-        ``reports_first_out``: the caller calls handle.first_out() once its first token is out
-        (RequestHandle: the loop holds its next step for that). ``keep_tail``: a session turn.
-        ``grammar``: params.structured_outputs compiled by self.grammars (else the loop's thread
-        compiles it). ``job_class``, ``priority``: its place in the engine's waiting order."""
-        rid = request_id or f"req-{uuid.uuid4().hex[:12]}-{next(self._ids)}"
-        handle = RequestHandle(rid, self.abort, reports_first_out)
-        msg = Submit(
-            handle,
-            list(prompt_token_ids),
-            params,
-            cache_salt,
-            list(output_token_ids),
-            streamed_chars,
-            keep_tail,
-            grammar,
-            job_class,
-            priority,
-        )
+    def submit(self, request: GenerationRequest) -> RequestHandle:
+        """Queue a request (see LLMEngine.add_request); errors arrive through the handle."""
+        handle = RequestHandle(request.request_id, self.abort, request.reports_first_out)
+        msg = Submit(handle, request)
         self.idle.clear()
         if not self._put(msg):
             self.idle.set_long_ago()  # a stopped loop never holds the KV writer back
@@ -155,8 +121,8 @@ class EngineLoop:
         """Hand blocks fetched from Redis to the engine's warm tier (a request submitted after
         this finds them there)."""
         if blocks:
-            if self.held is not None:  # held until they land: no second fetch of them meanwhile
-                self.held.expect([b.block_hash for b in blocks])
+            if self.resident is not None:  # resident once they land: no second fetch of them meanwhile
+                self.resident.expect([b.block_hash for b in blocks])
             self._put(WarmBlocks(blocks))
 
     def check_integrity(self, timeout: float | None = 30.0) -> None:

@@ -25,7 +25,7 @@ class RequestHandle:
         self._deltas: queue.Queue[Any] = queue.Queue()
         self._future: Future[RequestOutput] = Future()
         # A consumer that calls first_out() once it has passed the first token on: the loop then
-        # holds its next step for it (hold_for_first_out).
+        # holds its next step for it (wait_for_first_out).
         self.reports_first_out = reports_first_out
         self._first_out = threading.Event()
         self._gave_tokens = False
@@ -73,12 +73,12 @@ class RequestHandle:
         self._abort(self.request_id)
 
 
-def hold_for_first_out(handles: Sequence[RequestHandle], hold_s: float) -> None:
+def wait_for_first_out(handles: Sequence[RequestHandle], wait_s: float) -> None:
     """After a step that gave these reporting handles their first tokens: wait until each consumer
-    has passed its token on, ``hold_s`` at most in all (EngineConfig.first_token_hold_s). The next
+    has passed its token on, ``wait_s`` at most in all (EngineConfig.first_token_hold_s). The next
     step would otherwise fill the cores while the token crosses the task thread, Redis and the api
     (docs/benchmarks.md has the A/B)."""
-    deadline = time.monotonic() + hold_s
+    deadline = time.monotonic() + wait_s
     for handle in handles:
         left = deadline - time.monotonic()
         if left <= 0:

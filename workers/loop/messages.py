@@ -7,28 +7,18 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from broker.priority import JobClass
-from broker.sampling import SamplingParams
 from kvstore.tiers.stored_block import StoredBlock
+from workers.engine.requests.request import GenerationRequest
 from workers.loop.handle import RequestHandle
 
 if TYPE_CHECKING:
-    from workers.engine.grammar.matcher import CompiledGrammar
     from workers.engine.llm_engine import LLMEngine
 
 
 @dataclass(frozen=True, slots=True)
 class Submit:
     handle: RequestHandle
-    prompt_token_ids: list[int]
-    params: SamplingParams
-    cache_salt: str
-    output_token_ids: list[int]
-    streamed_chars: int
-    keep_tail: bool = False  # a session turn: keep its partial last block for the next turn
-    grammar: CompiledGrammar | None = None  # params.structured_outputs, compiled by the sender
-    job_class: JobClass = "interactive"  # its place in the engine's waiting order
-    priority: int = 0
+    request: GenerationRequest
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,9 +5,9 @@ imported, so dozens of worker processes fit on one machine (`kvferry bench fleet
 It is asked for by name only: KVFERRY_ENGINE=simulated (or `kvferry worker --engine simulated`)
 together with the model name "simulated"; either alone is refused (workers/jobs/engine_service.py).
 
-SimulatedLoop stands in for EngineLoop at its seam, EngineService.loop(): what the job path uses of
-it (tokenizer, grammars, submit -> RequestHandle, healthy, idle, latest_stats, block_size,
-fingerprint). One thread steps every running request by one token each `token_delay_s`, as a
+SimulatedLoop implements the Loop protocol (workers/loop/protocol.py), as EngineLoop does: what the
+job path uses of a loop (tokenizer, grammars, submit -> RequestHandle, healthy, idle, latest_stats,
+block_size, fingerprint). One thread steps every running request by one token each `token_delay_s`, as a
 batched engine would. Tokens are deterministic: the i-th output token of a prompt is a lowercase
 letter fixed by the prompt and i, so a resumed request continues exactly. The tokenizer is a byte
 tokenizer (one id per UTF-8 byte).
@@ -21,11 +21,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from broker.errors import InvalidRequestError, KvferryError
-from broker.sampling import SamplingParams
 from kvstore.pool.stats import PoolStats
+from workers.background import BackgroundThread
 from workers.engine.errors import EngineFailedError
 from workers.engine.requests.output import RequestOutput
-from workers.engine.stats import EngineStats, MemoryBreakdown
+from workers.engine.requests.request import GenerationRequest
+from workers.engine.stats.snapshot import EngineStats, MemoryBreakdown
 from workers.loop.handle import RequestHandle
 from workers.loop.idle_event import IdleEvent
 
@@ -109,7 +110,7 @@ class SimulatedLoop:
         self.grammars = NoGrammars()
         self.block_size = block_size
         self.fingerprint = MODEL
-        self.held = None
+        self.resident = None
         self.idle = IdleEvent()
         self.idle.set()
         self.restarts = 0
@@ -118,13 +119,12 @@ class SimulatedLoop:
         self._running: dict[str, _Running] = {}
         self._lock = threading.Lock()
         self._wake = threading.Event()
-        self._stopped = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="kvferry-simulated-engine", daemon=True)
-        self._thread.start()
+        self._thread = BackgroundThread("kvferry-simulated-engine", self._run)
+        self._thread.start()  # assigned first: its body reads it
 
     @property
     def healthy(self) -> bool:
-        return self._thread.is_alive() and not self._stopped.is_set()
+        return self._thread.alive and not self._thread.stopped
 
     @property
     def latest_stats(self) -> EngineStats:
@@ -135,26 +135,20 @@ class SimulatedLoop:
             MODEL, 0, pool, MemoryBreakdown(0, 0, 0, 0, 0), 0, 0, running, 0, running, 0, 0, self.generated
         )
 
-    def submit(
-        self,
-        prompt_token_ids: list[int],
-        params: SamplingParams,
-        request_id: str | None = None,
-        output_token_ids: tuple[int, ...] = (),
-        streamed_chars: int = 0,
-        reports_first_out: bool = False,
-        **_: Any,
-    ) -> RequestHandle:
-        rid = request_id or f"sim-{id(params)}"
+    def submit(self, request: GenerationRequest) -> RequestHandle:
+        rid, prompt, max_tokens = request.request_id, request.prompt_token_ids, request.params.max_tokens
         handle = RequestHandle(rid, self.abort, reports_first_out=False)
-        seed = zlib.crc32(bytes(int(t) % 256 for t in prompt_token_ids))
-        run = _Running(handle, seed, len(prompt_token_ids), params.max_tokens or self.default_max_tokens)
-        run.tokens, run.chars = list(output_token_ids), streamed_chars
+        seed = zlib.crc32(bytes(int(t) % 256 for t in prompt))
+        run = _Running(handle, seed, len(prompt), max_tokens or self.default_max_tokens)
+        run.tokens, run.chars = list(request.output_token_ids), request.streamed_chars
         with self._lock:
             self._running[rid] = run
         self.idle.clear()
         self._wake.set()
         return handle
+
+    def warm(self, blocks: list[Any]) -> None:
+        return None  # no tiers: a prefetch never runs here
 
     def abort(self, request_id: str) -> None:
         with self._lock:
@@ -163,9 +157,9 @@ class SimulatedLoop:
             run.handle._publish(self._output(run, (), "abort"))
 
     def stop(self, timeout: float = 10.0) -> None:
-        self._stopped.set()
-        self._wake.set()
-        self._thread.join(timeout)
+        self._thread.stopping.set()
+        self._wake.set()  # the thread may be waiting for work, not for the stop
+        self._thread.stop(join_s=timeout)
 
     def check_integrity(self, timeout: float | None = None) -> None:
         return None
@@ -208,13 +202,13 @@ class SimulatedLoop:
         self.generated += len(runs)
 
     def _run(self) -> None:
-        while not self._stopped.is_set():
+        while not self._thread.stopped:
             if not self._running:
                 self.idle.set()
                 self._wake.wait(0.5)
                 self._wake.clear()
                 continue
-            self._stopped.wait(self.token_delay_s)
+            self._thread.wait(self.token_delay_s)
             self._step()
         with self._lock:
             runs, self._running = list(self._running.values()), {}

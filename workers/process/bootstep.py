@@ -1,5 +1,5 @@
 """A worker bootstep: starts the heartbeat, maintenance and supervisor threads with the worker, and puts
-the KV figures into the worker's info (Flower's worker page, `celery inspect stats`)."""
+the KV figures into the worker's info (Flower's worker page, `celery inspect stats`) as flat fields."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from typing import Any, ClassVar
 
 from celery import bootsteps
 
-from broker.codec import to_wire
 from workers.jobs.maintenance import Maintenance
+from workers.process.flower_fields import flat_fields
 from workers.process.heartbeat import Heartbeat
 from workers.process.supervisor import Supervisor
 
@@ -29,9 +29,4 @@ class KVFiguresStep(bootsteps.StartStopStep):
         self.heartbeat.stop()
 
     def info(self, parent: Any) -> dict[str, Any]:
-        status = self.heartbeat.status.read()
-        figures = to_wire(status)
-        if status.engine is not None:
-            figures["kv_usage"] = status.engine.kv_usage
-            figures["prefix_hit_rate"] = status.engine.prefix_hit_rate
-        return {"kvferry": figures}
+        return flat_fields(self.heartbeat.status.read())  # `kvferry.*` rows of Flower's worker page

@@ -7,12 +7,12 @@ model load (workers/process/status.py), and reaping and session sweeps run on th
 from __future__ import annotations
 
 import logging
-import threading
 
 import redis
 
 from broker import keys
 from broker.worker_registry import HEARTBEAT_FIELD, MAINTENANCE_FIELD, encode_status
+from workers.background import BackgroundThread
 from workers.jobs.maintenance import encode_maintenance
 from workers.process.status import StatusReader
 
@@ -28,17 +28,18 @@ class Heartbeat:
         self.interval_s = interval_s
         self.ttl_s = ttl_s
         self._since_announce = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="kvferry-heartbeat", daemon=True)
+        self._thread = BackgroundThread("kvferry-heartbeat", self._run)
 
     def start(self) -> None:
         self._thread.start()
 
     def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(5)
-        self.redis.delete(keys.worker_heartbeat(self.name))  # a clean exit is not a death
-        self.redis.srem(keys.WORKERS, self.name)
+        """No more beats, and the heartbeat goes at once: routing stops sending work here. The
+        worker stays in keys.WORKERS until it has left (workers/process/drain.py): meanwhile the
+        sweeper's reaper moves what still lands in its own queue to the shared one, and hands
+        back any job whose lease lapses (its leases are renewed until it exits)."""
+        self._thread.stop()
+        self.redis.delete(keys.worker_heartbeat(self.name))
 
     def beat(self) -> None:
         """Two commands; the announcement (SADD to keys.WORKERS, which only the reaper undoes, once
@@ -59,11 +60,11 @@ class Heartbeat:
         self._since_announce = (self._since_announce + 1) % ANNOUNCE_EVERY
 
     def _run(self) -> None:
-        while not self._stop.is_set():
+        while not self._thread.stopped:
             try:
                 self.beat()
             except (redis.RedisError, OSError) as exc:
                 log.warning("heartbeat failed: %s", exc)
             except Exception:  # the beat thread must outlive any one bad status
                 log.exception("heartbeat failed")
-            self._stop.wait(self.interval_s)
+            self._thread.wait(self.interval_s)

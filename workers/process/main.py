@@ -5,6 +5,8 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
+from celery.signals import worker_shutting_down
+
 from broker import keys
 from broker.celery_app import BrokerConfig, make_celery, queue
 from workers.engine.config import EngineConfig
@@ -16,6 +18,7 @@ from workers.jobs.runner import JobRunner
 from workers.loop.simulated import SimulatedEngine
 from workers.process.bootstep import KVFiguresStep
 from workers.process.control import register_control
+from workers.process.drain import Drain
 from workers.process.heartbeat import Heartbeat
 from workers.process.host_heap import keep_freed_memory
 from workers.process.status import StatusReader
@@ -38,8 +41,10 @@ def run_worker(
     tiers: TierConfig | None = None,
     kv_redis_url: str | None = None,
     simulated: SimulatedEngine | None = None,
+    drain_timeout_s: float = 60.0,
 ) -> None:
-    """Blocks until the worker shuts down. Concurrency = how many jobs share the engine's batch."""
+    """Blocks until the worker shuts down. Concurrency = how many jobs share the engine's batch.
+    Told to stop (SIGTERM, `kvferry worker --drain`), it drains: workers/process/drain.py."""
     identity = WorkerIdentity(node_name(name))
     # before the model load: the packs a Redis read receives land in faulted-in memory
     keep_freed_memory((tiers or TierConfig()).host_heap_reserve_bytes)
@@ -48,12 +53,18 @@ def run_worker(
     service = EngineService(engine, cache_dir, broker.redis_url, identity, tiers, kv_redis_url, simulated)
     leases = LeaseKeeper(service.redis, identity.name, broker.lease_ttl_s, broker.heartbeat_interval_s)
     register_tasks(app, JobRunner(service, leases, broker.job_time_limit_s, broker.result_ttl_s))
-    register_control(service)  # `kvferry_integrity`, for `kvferry chaos`
     maintenance = Maintenance(
         service, broker.heartbeat_interval_s, orphan_grace_s=3 * broker.lease_ttl_s, app=app
     )
     status = StatusReader(service, maintenance, concurrency, engine.max_num_seqs)
     heartbeat = Heartbeat(status, broker.heartbeat_interval_s, broker.heartbeat_ttl_s)
+    drain = Drain(service, heartbeat, drain_timeout_s)
+    register_control(service, drain)  # `kvferry_integrity` (chaos), `kvferry_drain`
+
+    def on_shutdown(sig: str = "", how: str = "", **_: object) -> None:
+        drain.begin(f"{how or 'warm'} shutdown, {sig or 'asked'}")
+
+    worker_shutting_down.connect(on_shutdown, weak=False)
     parts = {"heartbeat": heartbeat, "maintenance": maintenance, "supervisor": Supervisor(service)}
     step = type("KVFigures", (KVFiguresStep,), parts)
     app.steps["worker"].add(step)
@@ -75,5 +86,7 @@ def run_worker(
     try:
         worker.start()
     finally:
-        service.shutdown()
+        drain.finished.set()  # the pool is done: no job left to hand back
+        service.shutdown()  # the KV writer writes through what it holds
         leases.stop()
+        drain.leave()

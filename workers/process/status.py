@@ -7,12 +7,12 @@ import time
 from typing import TYPE_CHECKING
 
 from broker.messages import EngineFigures, WorkerStatus
-from workers.engine.stats import EngineStats
+from workers.engine.stats.snapshot import EngineStats
 from workers.jobs.engine_service import EngineService
 from workers.jobs.maintenance import Maintenance, MaintenanceFigures
 
 if TYPE_CHECKING:
-    from workers.loop.engine_loop import EngineLoop
+    from workers.loop.protocol import Loop
 
 
 def figures_of(stats: EngineStats) -> EngineFigures:
@@ -42,7 +42,7 @@ def figures_of(stats: EngineStats) -> EngineFigures:
     )
 
 
-def loop_healthy(loop: EngineLoop | None) -> bool:
+def loop_healthy(loop: Loop | None) -> bool:
     return loop.healthy if loop is not None else True
 
 
@@ -63,7 +63,7 @@ class StatusReader:
         self.seats = seats  # (api/jobs/admission.py)
 
     @staticmethod
-    def _stats(loop: EngineLoop | None) -> EngineStats | None:
+    def _stats(loop: Loop | None) -> EngineStats | None:
         return loop.latest_stats if loop is not None else None
 
     def read(self) -> WorkerStatus:

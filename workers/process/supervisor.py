@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 import time
 from collections.abc import Callable
 
+from workers.background import BackgroundThread
 from workers.jobs.engine_service import EngineService
 
 log = logging.getLogger(__name__)
@@ -31,15 +31,13 @@ class Supervisor:
         self.check_s = check_s
         self.exit_fn = exit_fn
         self._unhealthy_since: float | None = None
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="kvferry-supervisor", daemon=True)
+        self._thread = BackgroundThread("kvferry-supervisor", self._run)
 
     def start(self) -> None:
         self._thread.start()
 
     def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(5)
+        self._thread.stop()
 
     def check(self, now: float | None = None) -> bool:
         """One look; True when it decided to exit."""
@@ -63,6 +61,6 @@ class Supervisor:
         return True
 
     def _run(self) -> None:
-        while not self._stop.wait(self.check_s):
+        while not self._thread.wait(self.check_s):
             if self.check():
                 return

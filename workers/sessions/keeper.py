@@ -11,11 +11,11 @@ A turn's bookkeeping comes in two parts, so its answer never waits for the KV wr
 - remember(), before the answer is published: the routing digests, and the record with the turn's
   exact tokens (a client's next turn, sent the moment it has the answer, reuses them: token-exact),
   naming only the chain's blocks that are in Redis already (none of the writes still queued);
-- settle(), after the answer: once the writer has written the turn's blocks (and those queued
-  before them), the record names the whole chain and the pins follow it, on the Settler's thread;
+- after_write(), after the answer: once the writer has written the turn's blocks (and those queued
+  before them), the record names the whole chain and the pins follow it, on the AfterWriteQueue's thread;
   then, at a forced move's turn K, the worker turn K+1 moves to (job.prefetch_to, kept in the
   record as next_worker) gets a prefetch hint: it loads the history while the client thinks.
-  Newer wins as ever: a later turn's record is never overwritten by an earlier turn's settle."""
+  Newer wins as ever: a later turn's record is never overwritten by an earlier turn's after-write work."""
 
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ from kvstore.redis import pins as tier_pins
 from kvstore.redis.client import KV_ERRORS, KVClient
 from kvstore.redis.keys import TierKeys
 from workers.engine.requests.output import RequestOutput
-from workers.sessions.settle import Settle, Settler
+from workers.sessions.after_write import AfterWrite, AfterWriteQueue
 from workers.tiers.config import TierConfig
 
 if TYPE_CHECKING:  # torch's: a worker in the simulated mode never loads them
@@ -82,7 +82,7 @@ class SessionKeeper:
         self.redis_tier: RedisTier | None = None
         self.writer: KVWriter | None = None
         self._reconciled_at = 0.0
-        self.settler = Settler()
+        self.after_writes = AfterWriteQueue()
         self._advertised: collections.OrderedDict[str, float] = collections.OrderedDict()
         self._advertised_lock = threading.Lock()
 
@@ -100,10 +100,10 @@ class SessionKeeper:
         ids: list[int],
         final: RequestOutput,
         stored: SessionTokens | None = None,
-    ) -> Settle | None:
+    ) -> AfterWrite | None:
         """Before a turn's answer: the prefix digests that route the next turn here and the session
         record (any worker can resume it) with the turn's exact tokens, naming the blocks in Redis
-        already. Returns what settle() does after the answer (the rest of the record, the pins), if
+        already. Returns what after_write() does after the answer (the rest of the record, the pins), if
         anything. `final`: the turn's last output, with the block hashes the engine computed (only
         the blocks after them are hashed here). `stored`: the session's exact tokens as the turn
         found them (their earlier checkpoints carry on)."""
@@ -154,7 +154,7 @@ class SessionKeeper:
         if tier is None:
             return None
 
-        def settle() -> None:
+        def finish_record() -> None:
             if ready < len(hashes) and not session_store.save(self.redis, record, ttl_s, began, exact):
                 return  # a newer turn saved its record meanwhile, or the session was deleted
             assert tier is not None and job.session_id
@@ -165,19 +165,19 @@ class SessionKeeper:
             if job.prefetch_to and job.prefetch_to != self.worker:  # turn K+1 moves there: warm it
                 prefetch_hint.send(self.redis, job.prefetch_to, prefetch_hint.for_job(job))
 
-        return Settle(mark, settle)
+        return AfterWrite(mark, finish_record)
 
-    def settle(self, pending: Settle) -> None:
-        """After the turn's answer: its settle work, once the KV writer has written up to its mark
-        (the turn's blocks), on the Settler's thread (never on the caller's or the writer's)."""
+    def after_write(self, pending: AfterWrite) -> None:
+        """After the turn's answer: its after-write work, once the KV writer has written up to its mark
+        (the turn's blocks), on the AfterWriteQueue's thread (never on the caller's or the writer's)."""
         writer = self.writer
         if writer is None:  # detached meanwhile: nothing of it was written here
             return
-        writer.after_written(pending.mark, lambda: self.settler.submit(pending.work))
+        writer.after_written(pending.mark, lambda: self.after_writes.submit(pending.work))
 
     @property
     def bookkeeping_failures(self) -> int:
-        return self.settler.failures
+        return self.after_writes.failures
 
     def stored_tokens(self, job: GenerateJob) -> SessionTokens | None:
         """The exact tokens the session's last turn ended with, for workers/jobs/prompt.py to reuse."""

@@ -3,13 +3,12 @@ the engine, on the submitting thread, so the engine thread never waits on Redis;
 the job, on a hint from the router (HintListener).
 
 The submitting thread never reads the engine: it hashes the prompt (kvstore.chain), asks the
-loop's `held` view which blocks this worker already holds, fetches the rest from Redis and hands
+loop's `resident` view which blocks this worker already holds, fetches the rest from Redis and hands
 them to the engine thread as a message (EngineLoop.warm), which lands before the job's Submit."""
 
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -23,7 +22,9 @@ from kvstore.chain import chain
 if TYPE_CHECKING:  # torch's: a worker in the simulated mode never loads them
     from kvstore.redis.tier import RedisTier
     from kvstore.tiers.stored_block import StoredBlock
-    from workers.engine.held_blocks import HeldBlocks
+    from workers.engine.tiers.resident import ResidentBlocks
+
+from workers.background import BackgroundThread
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +35,9 @@ class PrefetchTarget(Protocol):
 
     block_size: int
     fingerprint: str
-    held: HeldBlocks | None
+
+    @property
+    def resident(self) -> ResidentBlocks | None: ...
 
     def warm(self, blocks: list[StoredBlock]) -> None: ...
 
@@ -42,14 +45,14 @@ class PrefetchTarget(Protocol):
 def prefetch(target: PrefetchTarget, tier: RedisTier, ids: list[int], tenant: str) -> int:
     """Fetch the blocks of `ids` that this worker holds neither in its pool nor warm; returns how
     many came from Redis."""
-    if target.held is None:
+    if target.resident is None:
         return 0
     bs = target.block_size
     n_blocks = (len(ids) - 1) // bs  # the last prompt token is always computed
     if n_blocks == 0:
         return 0
     hashes = chain(ids[: n_blocks * bs], bs, target.fingerprint, tenant)
-    first = target.held.first_missing(hashes)
+    first = target.resident.first_missing(hashes)
     if first == n_blocks:
         return 0
     run = tier.get_run(hashes[first:], [ids[i * bs : (i + 1) * bs] for i in range(first, n_blocks)])
@@ -79,24 +82,23 @@ class HintListener:
         self.key = keys.worker_prefetch(worker)
         self.loaded_blocks = self.hints = 0
         self._confined = False
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="kvferry-prefetch-hints", daemon=True)
+        self._thread = BackgroundThread("kvferry-prefetch-hints", self._run)
 
     def start(self) -> None:
         self._thread.start()
 
     def stop(self) -> None:
-        self._stop.set()
+        self._thread.stop(join_s=None)  # a blocked BLPOP ends within block_s
 
     def _run(self) -> None:
-        while not self._stop.is_set():
+        while not self._thread.stopped:
             try:
                 got: Any = self.redis.blpop([self.key], timeout=self.block_s)
                 if got is not None:
                     self.handle(got[1])
             except redis.RedisError as exc:  # Redis away: hints wait (or expire); jobs fetch alone
                 log.debug("prefetch hints: %s", exc)
-                self._stop.wait(self.block_s)
+                self._thread.wait(self.block_s)
             except Exception:  # a hint must never take the thread down
                 log.exception("prefetch hint failed")
 

@@ -13,7 +13,7 @@ from collections import deque
 from collections.abc import Callable
 
 from kvstore.chain import BlockHash
-from workers.engine.pending_write import PendingWrite
+from workers.engine.tiers.pending_write import PendingWrite
 from workers.tiers.staging import StagingArena
 
 
@@ -77,7 +77,7 @@ class WriteQueue:
         self._in_flight = []
 
     @property
-    def held_bytes(self) -> int:
+    def outstanding_bytes(self) -> int:
         """Bytes queued or being written: what the queue's bound and the staging arena hold."""
         return self.queued_bytes + sum(item.nbytes for _, item in self._in_flight)
 

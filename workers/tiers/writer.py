@@ -30,8 +30,9 @@ from kvstore.redis.client import KV_ERRORS
 from kvstore.redis.tier import RedisTier
 from kvstore.redis.write import PacksNotWritten
 from kvstore.tiers.stored_block import StoredBlock
+from workers.background import BackgroundThread
 from workers.engine.kernels.omp_team import confine_to_this_thread
-from workers.engine.pending_write import BlockMeta, PendingWrite
+from workers.engine.tiers.pending_write import BlockMeta, PendingWrite
 from workers.tiers.staging import StagingArena
 from workers.tiers.write_queue import WriteQueue
 from workers.tiers.writer_yield import EngineYield
@@ -79,14 +80,13 @@ class KVWriter:
         self._cond = threading.Condition()
         self._queue = WriteQueue(self._arena, max_queued_bytes)
         self._pending_drops: list[BlockHash] = []  # dropped under the lock, reported after it
-        self._stopping = False
         self._reported_drops = 0  # writes_dropped already added to the tier's shared counter
         self._counts = dict.fromkeys(
             ("blocks_staged", "blocks_written", "batches", "writes_dropped", "blocks_dropped", "put_errors"),
             0,
         )
-        self._thread = threading.Thread(target=self._run, name="kvferry-kv-writer", daemon=True)
-        self._thread.start()
+        self._thread = BackgroundThread("kvferry-kv-writer", self._run)
+        self._thread.start()  # assigned first: its body reads it
 
     @property
     def blocks_written(self) -> int:
@@ -199,9 +199,9 @@ class KVWriter:
     def stop(self) -> None:
         """Write what is queued, then end the thread."""
         with self._cond:
-            self._stopping = True
+            self._thread.stopping.set()
             self._cond.notify_all()
-        self._thread.join(30)
+        self._thread.stop(join_s=30)
 
     def stats(self) -> WriterStats:
         with self._cond:
@@ -226,7 +226,7 @@ class KVWriter:
         self._arena.touch()  # page faults here, not in the engine thread's first copy
         while True:
             with self._cond:
-                self._cond.wait_for(lambda: bool(self._queue) or self._stopping)
+                self._cond.wait_for(lambda: bool(self._queue) or self._thread.stopped)
                 if not self._queue:
                     return
                 batch = self._queue.take(self.max_batch_bytes)
@@ -271,8 +271,8 @@ class KVWriter:
     def _hurried(self) -> bool:
         """No yielding: the queue holds over half its bound, someone flushes or waits, or it stops."""
         with self._cond:
-            full = self._queue.held_bytes * 2 > self.max_queued_bytes
-            return full or bool(self._flushing) or self._queue.waiting or self._stopping
+            full = self._queue.outstanding_bytes * 2 > self.max_queued_bytes
+            return full or bool(self._flushing) or self._queue.waiting or self._thread.stopped
 
     def _report_drops(self) -> None:
         """Raise the tier's shared writes_dropped counter (for /metrics) by the drops since the

@@ -6,7 +6,7 @@ line again on its next pass; finalize keeps one copy of each.
 
 A line whose jobs stay silent is looked at more closely now and then: a job never sent (the
 runner died between recording and sending it) is sent; a job that ended without a final event
-(revoked, say) is settled from Celery's state, as the online endpoints do."""
+(revoked, say) is read from Celery's state, as the online endpoints do."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from api.batches.records import BatchRecord
 from api.batches.run.feeder import Running, parse, send, sent
 from api.context import ApiContext
 from api.jobs.view import failed_body
-from api.jobs.wait import settled_silently
+from api.jobs.wait import silent_outcome
 from api.schema.answer.bodies import error_body, fanned_body
 from broker import keys
 from broker.codec import decode_event
@@ -89,7 +89,7 @@ class Collector:
             event = (
                 decode_event(got[0][1][EVENT_FIELD])
                 if got
-                else await settled_silently(self.ctx.jobs, job_id, end, "0-0")
+                else await silent_outcome(self.ctx.jobs, job_id, end, "0-0")
             )
             if event is None:
                 return None

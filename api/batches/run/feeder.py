@@ -154,7 +154,9 @@ async def send(
         route = Route(keys.worker_queue(running.worker), f"batch seats: {running.worker}", running.worker)
     elif len(running.jobs) > 1 and config.routing != "shared":  # a line's jobs on one worker
         first = await _route(ctx, groups[0][0].to_job(rec.tenant))
-        route = await together(ctx.jobs.redis, first, config.route_max_waiting, ctx.jobs.fleet)
+        route = await together(
+            ctx.jobs.redis, first, config.route_max_waiting, ctx.jobs.fleet, memory=ctx.routing
+        )
     requests = [r for group in groups for r in group]
     for job_id, request_i, was_sent in zip(running.jobs, requests, done, strict=True):
         if was_sent:
@@ -180,4 +182,5 @@ async def _route(ctx: ApiContext, job: Any) -> Route:
         config.route_max_waiting,
         prefetch_hints=config.prefetch_hints,
         cache=ctx.jobs.fleet,
+        memory=ctx.routing,
     )

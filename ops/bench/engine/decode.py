@@ -16,16 +16,18 @@ from broker.sampling import SamplingParams
 from ops.bench.engine.hf_baseline import hf_generate, prompt
 from ops.bench.paired import Pairs, alternate
 from ops.settings import Settings
+from workers.engine.factory import build_engine
 from workers.engine.kernels import packed_linear
 from workers.engine.llm_engine import LLMEngine
 from workers.engine.model.loader import LoadedModel, load_model
+from workers.engine.requests.request import GenerationRequest
 
 
 def _decode_only(engine: LLMEngine, prompts: list[list[int]], new_tokens: int) -> float:
     """Seconds of the steps after every request's first token: decode alone, no prefill in it."""
     params = SamplingParams(max_tokens=new_tokens, ignore_eos=True)
     for i, p in enumerate(prompts):
-        engine.add_request(f"decode-{i}", p, params)
+        engine.add_request(GenerationRequest(f"decode-{i}", p, params))
     while any(not s.output_token_ids for s in engine.scheduler.running) or engine.scheduler.waiting:
         engine.step()
     started = time.perf_counter()
@@ -39,14 +41,14 @@ def _runner_set(
 ) -> float:
     """_decode_only with the model runner's attributes set as `changes` says for the run (paths
     turned off)."""
-    kept = {attr: getattr(engine.runner, attr) for attr in changes}
+    kept = {attr: getattr(engine.executor.runner, attr) for attr in changes}
     for attr, value in changes.items():
-        setattr(engine.runner, attr, value)
+        setattr(engine.executor.runner, attr, value)
     try:
         return _decode_only(engine, prompts, new_tokens)
     finally:
         for attr, value in kept.items():
-            setattr(engine.runner, attr, value)
+            setattr(engine.executor.runner, attr, value)
 
 
 def linear_baselines(settings: Settings, loaded: LoadedModel) -> dict[str, LLMEngine]:
@@ -57,11 +59,11 @@ def linear_baselines(settings: Settings, loaded: LoadedModel) -> dict[str, LLMEn
         return load_model(settings.model, settings.dtype, settings.device, settings.cache_dir)
 
     config = replace(settings.engine_config(), packed_linear=False)
-    out = {"plain_linear": LLMEngine(config, copy())}
+    out = {"plain_linear": build_engine(config, copy())}
     if any(isinstance(m, packed_linear.SkinnyLinear) for m in loaded.model.modules()):
         onednn = copy()
         if packed_linear.pack_linears(onednn.model, (packed_linear.ONEDNN,)):
-            out["onednn"] = LLMEngine(config, onednn)
+            out["onednn"] = build_engine(config, onednn)
     return out
 
 
@@ -143,10 +145,10 @@ def bench_decode(
     for name, other in (baselines or {}).items():
         theirs = partial(_decode_only, other, prompts, new_tokens)
         compared[name] = alternate(ours, theirs, pairs, _resetting(engine, other))
-    if engine.runner.fused is not None:
+    if engine.executor.runner.fused is not None:
         modules = partial(_runner_set, engine, {"fused": None}, prompts, new_tokens)
         compared["modules"] = alternate(ours, modules, pairs, _resetting(engine))
-    if engine.runner.decode_kernel:
+    if engine.executor.runner.decode_kernel:
         gathered = partial(_runner_set, engine, {"decode_kernel": False, "fused": None}, prompts, new_tokens)
         compared["gather_sdpa"] = alternate(ours, gathered, pairs, _resetting(engine))
     hf_full: list[float] = []

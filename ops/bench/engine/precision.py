@@ -10,6 +10,7 @@ from typing import Any
 
 from ops.bench.engine.decode import _decode_only
 from ops.settings import Settings
+from workers.engine.factory import build_engine
 from workers.engine.llm_engine import LLMEngine
 from workers.engine.model.loader import load_model
 
@@ -34,14 +35,14 @@ def decode_tpot_16(engines: dict[str, LLMEngine], rounds: int, new_tokens: int =
     return {
         "decode_tpot_ms_16": {k: 1e3 * v for k, v in best.items()},
         "decode_tpot_ratio_vs_fp32_16": {k: v / best[first] for k, v in best.items()},
-        "kv_bytes_per_token": {k: e.layout.bytes_per_token for k, e in engines.items()},
+        "kv_bytes_per_token": {k: e.served.layout.bytes_per_token for k, e in engines.items()},
     }
 
 
 def precision_engines(settings: Settings, rounds: int) -> dict[str, Any]:
     """decode_tpot_16 over one engine of each of MODES, each on its own copy of the weights."""
     engines = {
-        mode_name(dtype, kv): LLMEngine(
+        mode_name(dtype, kv): build_engine(
             replace(settings.engine_config(), dtype=dtype, kv_cache_dtype=kv),
             load_model(settings.model, "float32", settings.device, settings.cache_dir),
         )

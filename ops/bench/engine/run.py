@@ -23,8 +23,10 @@ from ops.bench.engine.decode import bench_decode, linear_baselines
 from ops.bench.engine.hf_baseline import hf_generate, hf_model, prompt
 from ops.bench.paired import alternate
 from ops.settings import Settings, parse_size
+from workers.engine.factory import build_engine, bytes_per_block
 from workers.engine.llm_engine import LLMEngine
 from workers.engine.model.loader import LoadedModel, load_model
+from workers.engine.requests.request import GenerationRequest
 
 # bench_decode's alternated baselines at 16 sequences: (row label, the baseline's TPOT key, ratio key)
 _DECODE_BASELINE_ROWS = (
@@ -53,7 +55,7 @@ _DECODE_BASELINE_ROWS = (
 
 def _ttft(engine: LLMEngine, prompt: list[int], rid: str) -> float:
     started = time.perf_counter()
-    engine.add_request(rid, prompt, SamplingParams(max_tokens=1, ignore_eos=True))
+    engine.add_request(GenerationRequest(rid, prompt, SamplingParams(max_tokens=1, ignore_eos=True)))
     while engine.has_unfinished():
         for out in engine.step():
             if out.request_id == rid and out.delta_token_ids:
@@ -124,7 +126,7 @@ def bench_throughput(
 def _peak_pool_bytes(
     settings: Settings, loaded: LoadedModel, prompts: list[list[int]], sharing: bool
 ) -> dict[str, Any]:
-    per_block = LLMEngine.bytes_per_block(loaded, settings.block_size)
+    per_block = bytes_per_block(loaded, settings.block_size)
     blocks_unshared = len(prompts) * (max(len(p) for p in prompts) // settings.block_size + 2)
     config = replace(
         settings.engine_config(),
@@ -133,7 +135,7 @@ def _peak_pool_bytes(
         max_num_batched_tokens=8192,
         enable_prefix_caching=sharing,
     )
-    engine = LLMEngine(config, loaded)
+    engine = build_engine(config, loaded)
     started = time.perf_counter()
     # 16 new tokens keep every session resident until the last one is admitted (the peak).
     outs = engine.generate(prompts, SamplingParams(max_tokens=16, ignore_eos=True))
@@ -181,7 +183,7 @@ def run_engine_bench(settings: Settings, quick: bool = False, skip: set[str] | N
     }
     rows = [("measure", "ours", "baseline", "ratio")]
     if "ttft" not in skip:
-        engine = LLMEngine(settings.engine_config(), loaded)
+        engine = build_engine(settings.engine_config(), loaded)
         t = bench_ttft(engine, ref, vocab, repeats=1 if quick else 3)
         results.update(t)
         rows.append(
@@ -203,7 +205,7 @@ def run_engine_bench(settings: Settings, quick: bool = False, skip: set[str] | N
         del engine
         gc.collect()
     if "throughput" not in skip:
-        engine = LLMEngine(settings.engine_config(), loaded)
+        engine = build_engine(settings.engine_config(), loaded)
         pairs, new_tokens = (1, 16) if quick else (3, 64)
         t = bench_throughput(engine, ref, vocab, new_tokens, sequential=4 if quick else 32, pairs=pairs)
         results.update(t)

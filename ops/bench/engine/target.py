@@ -9,6 +9,6 @@ from workers.engine.llm_engine import LLMEngine
 class EngineTarget:
     def __init__(self, engine: LLMEngine) -> None:
         self.block_size = engine.pool.block_size
-        self.fingerprint = engine.loaded.fingerprint
-        self.held = engine.tiers.held if engine.tiers is not None else None
+        self.fingerprint = engine.served.loaded.fingerprint
+        self.resident = engine.tiers.resident if engine.tiers is not None else None
         self.warm = engine.admit_prefetched

@@ -19,6 +19,7 @@ from broker.structured import StructuredOutputs
 from ops.bench.grammar.schemas import SCHEMAS
 from workers.engine.grammar.compiler import GrammarCompiler
 from workers.engine.llm_engine import LLMEngine
+from workers.engine.requests.request import GenerationRequest
 
 _ids = itertools.count()
 
@@ -53,7 +54,7 @@ def batch_timing(
     """The requests added together, then stepped until all are done."""
     rids = [f"feature-{next(_ids)}" for _ in prompts]
     for rid, prompt, p in zip(rids, prompts, params, strict=True):
-        engine.add_request(rid, prompt, p)
+        engine.add_request(GenerationRequest(rid, prompt, p))
     arrivals: dict[str, list[float]] = {rid: [] for rid in rids}  # one time per token
     while engine.has_unfinished():
         outs = engine.step()

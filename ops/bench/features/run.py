@@ -27,6 +27,7 @@ from ops.bench.grammar.schemas import SCHEMAS
 from ops.bench.machine import cpu_model
 from ops.bench.paired import Pairs, alternate
 from ops.settings import Settings
+from workers.engine.factory import build_engine
 from workers.engine.llm_engine import LLMEngine
 from workers.engine.model.loader import load_model
 
@@ -166,9 +167,9 @@ def run_api_features_bench(
     }
     total = 2 + 4 * (sizes.pairs + 1) + 2  # compiles, validity, two paired parts with warm-ups, n
     with tqdm(total=total, desc="api-features", unit="run", leave=False) as bar:
-        engine = LLMEngine(config, loaded)
-        results["grammar_tokenizer_build_ms"] = fc.tokenizer_build_ms(engine.grammars)
-        results.update(fc.compile_times(engine.grammars, [s for _, s, _ in SCHEMAS]))
+        engine = build_engine(config, loaded)
+        results["grammar_tokenizer_build_ms"] = fc.tokenizer_build_ms(engine.served.grammars)
+        results.update(fc.compile_times(engine.served.grammars, [s for _, s, _ in SCHEMAS]))
         bar.update()
         rng = torch.Generator().manual_seed(12)
         prompts = [prompt(rng, 32, vocab) for _ in range(sizes.per_schema * len(SCHEMAS))]
@@ -177,7 +178,7 @@ def run_api_features_bench(
         results.update(tpot_ratios(engine, sizes, vocab, bar))
         del engine
         gc.collect()
-        results.update(n_choices(lambda: LLMEngine(config, loaded), sizes, vocab, bar))
+        results.update(n_choices(lambda: build_engine(config, loaded), sizes, vocab, bar))
     results["torch_threads"] = torch.get_num_threads()  # an engine may have set it (--torch-threads)
     print(table(results), flush=True)
     return results

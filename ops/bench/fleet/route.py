@@ -15,6 +15,7 @@ import redis
 import redis.asyncio as aioredis
 
 from api.routing.fleet import FleetCache
+from api.routing.memory import RoutingMemory
 from api.routing.router import choose_queue
 from broker import keys
 from broker.messages import ChatMessage, EngineFigures, GenerateJob, WorkerStatus
@@ -56,7 +57,7 @@ def populate(client: redis.Redis, workers: int, digests: int) -> int:
 
 async def _decisions(url: str, pool: int, lookups: int) -> list[float]:
     client = aioredis.Redis.from_url(url)
-    cache = FleetCache()
+    cache, memory = FleetCache(), RoutingMemory()
     took = []
     try:
         for n in range(lookups):
@@ -64,7 +65,7 @@ async def _decisions(url: str, pool: int, lookups: int) -> list[float]:
             job = GenerateJob(MODEL, endpoint="chat", messages=(_system(i), ChatMessage("user", f"q{n}")))
             started = time.perf_counter()
             route = await choose_queue(
-                client, job, "cache-aware", max_waiting=8, prefetch_hints=False, cache=cache
+                client, job, "cache-aware", max_waiting=8, prefetch_hints=False, cache=cache, memory=memory
             )
             took.append(time.perf_counter() - started)
             assert route.reason.startswith(("prefix match", "load balance")), route

@@ -30,6 +30,7 @@ from tqdm import tqdm
 
 from api.jobs.client import JobClient
 from api.jobs.meta import JobMeta
+from api.routing.memory import RoutingMemory
 from api.routing.router import choose_queue
 from broker import keys
 from broker.celery_app import BrokerConfig
@@ -49,6 +50,7 @@ POLL_S = 0.25
 async def _submit_all(url: str, jobs: int, max_tokens: int) -> list[str]:
     """Route and queue `jobs` chat turns as the api does; returns their ids."""
     client = JobClient(BrokerConfig(redis_url=url), job_ttl_s=3600)
+    memory = RoutingMemory()  # the api's (api/context.py)
     ids = []
     try:
         for i in range(jobs):
@@ -61,7 +63,7 @@ async def _submit_all(url: str, jobs: int, max_tokens: int) -> list[str]:
                 submitted_at=time.time(),
             )
             route = await choose_queue(
-                client.redis, job, "cache-aware", 8, prefetch_hints=True, cache=client.fleet
+                client.redis, job, "cache-aware", 8, prefetch_hints=True, cache=client.fleet, memory=memory
             )
             meta = JobMeta(
                 str(uuid.uuid4()),

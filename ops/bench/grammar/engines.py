@@ -1,5 +1,5 @@
 """xgrammar vs llguidance on the served tokenizer (SmolLM2's): what choosing the structured-output
-engine rests on (docs/benchmarks.md, "Design measurements").
+engine rests on (docs/benchmarks.md, the EPYC with AVX-512 table).
 
 For each engine: building its tokenizer view, compiling the ten schemas of
 ops/bench/grammar/schemas.py plus a regex and a choice (cold: no cache), the first mask of each

@@ -21,10 +21,12 @@ import torch
 
 from broker.sampling import SamplingParams
 from ops.bench.engine.hf_baseline import hf_greedy, hf_model
-from ops.bench.engine.precision import MODES, decode_tpot_16, mode_name
+from ops.bench.engine.served.precision import MODES, decode_tpot_16, mode_name
 from ops.settings import Settings
+from workers.engine.factory import build_engine
 from workers.engine.llm_engine import LLMEngine
 from workers.engine.model.loader import load_model
+from workers.engine.requests.request import GenerationRequest
 
 _QUESTIONS = (
     "Explain in two sentences why the sky is blue.",
@@ -43,7 +45,9 @@ def _hf_nll(ref: Any, ids: list[int]) -> float:
 
 
 def _engine_nll(engine: LLMEngine, ids: list[int]) -> float:
-    engine.add_request("ppl", ids, SamplingParams(max_tokens=1, prompt_logprobs=0, ignore_eos=True))
+    engine.add_request(
+        GenerationRequest("ppl", ids, SamplingParams(max_tokens=1, prompt_logprobs=0, ignore_eos=True))
+    )
     out = None
     while engine.has_unfinished():
         for o in engine.step():
@@ -57,7 +61,7 @@ def _engine_nll(engine: LLMEngine, ids: list[int]) -> float:
 def _greedy(engine: LLMEngine, prompts: list[list[int]], n: int) -> list[list[int]]:
     params = SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
     for i, p in enumerate(prompts):
-        engine.add_request(f"g{i}", p, params)
+        engine.add_request(GenerationRequest(f"g{i}", p, params))
     outs: dict[str, list[int]] = {}
     while engine.has_unfinished():
         for o in engine.step():
@@ -106,19 +110,19 @@ def run_quality_bench(settings: Settings, quick: bool = False) -> dict[str, Any]
         loaded = (
             base if dtype == "float32" else load_model(settings.model, "float32", "cpu", settings.cache_dir)
         )
-        engine = engines[mode_name(dtype, kv)] = LLMEngine(config, loaded)
+        engine = engines[mode_name(dtype, kv)] = build_engine(config, loaded)
         nll = _engine_nll(engine, ids)
         got = _greedy(engine, prompts, new)
         results["modes"][mode_name(dtype, kv)] = {
-            "dtype": engine.precision.weights,
-            "kv_cache_dtype": engine.precision.kv,
+            "dtype": engine.served.precision.weights,
+            "kv_cache_dtype": engine.served.precision.kv,
             "ppl": math.exp(nll),
             "ppl_ratio_vs_hf_fp32": math.exp(nll - hf_nll),
             "greedy_agree_tokens": _agree(got, hf_tokens["float32"]),
-            "greedy_agree_tokens_vs_hf_same_dtype": _agree(got, hf_tokens[engine.precision.weights]),
+            "greedy_agree_tokens_vs_hf_same_dtype": _agree(got, hf_tokens[engine.served.precision.weights]),
             "greedy_tokens": new,
-            "kv_bytes_per_token": engine.layout.bytes_per_token,
-            "weights_bytes": engine.weights_bytes,
+            "kv_bytes_per_token": engine.served.layout.bytes_per_token,
+            "weights_bytes": engine.served.weights_bytes,
         }
     results.update(decode_tpot_16(engines, rounds=1 if quick else 3))
     return results

@@ -27,7 +27,7 @@ from ops.bench.served.serve import run_load, summarize
 from ops.redis.server import free_port
 from ops.settings import Settings
 from ops.stack.stack import Stack
-from workers.engine.llm_engine import LLMEngine
+from workers.engine.factory import build_engine
 
 PROMPT = "The capital of France is"
 WARMUP = 5
@@ -42,8 +42,8 @@ def bench_overhead(settings: Settings, requests: int, run_dir: Path) -> dict[str
     # deployment would give them their own; the direct call gets the same compute. Direct and
     # queued calls alternate, so both see the same load from whatever else runs on the machine.
     settings = settings.with_overrides(torch_threads=1)
-    engine = LLMEngine(settings.engine_config(), cache_dir=settings.cache_dir)
-    ids = engine.tokenizer(PROMPT)["input_ids"]
+    engine = build_engine(settings.engine_config(), cache_dir=settings.cache_dir)
+    ids = engine.served.tokenizer(PROMPT)["input_ids"]
     params = SamplingParams(max_tokens=1, temperature=0.0)
     direct: list[float] = []
     queued: list[float] = []

@@ -1,5 +1,5 @@
 """`kvferry bench served-decode`: the served TPOT against the engine's own decode-only step, with
-the admission hold (prefill_batch_hold, workers/engine/admission_hold.py) on and off in one run.
+the admission hold (prefill_batch_hold, workers/engine/scheduling/admission_hold.py) on and off in one run.
 
 Each run starts a 1-worker stack with the hold on or off (alternated, `rounds` of each), drives
 vLLM `bench serve`'s random workload through the API (ops/bench/served/client.py), reads from
@@ -28,6 +28,7 @@ from ops.bench.served.client import random_prompts, run_load, served_figures
 from ops.redis.server import free_port
 from ops.settings import Settings
 from ops.stack.stack import Stack
+from workers.engine.factory import build_engine
 from workers.engine.llm_engine import LLMEngine
 from workers.engine.model.loader import load_model
 
@@ -80,7 +81,7 @@ def run_served_decode(
     threads = settings.torch_threads or max(1, os.cpu_count() or 1)  # what a lone worker gets
     settings = settings.with_overrides(torch_threads=threads)
     loaded = load_model(settings.model, settings.dtype, settings.device, settings.cache_dir)
-    engine = LLMEngine(settings.engine_config(), loaded)
+    engine = build_engine(settings.engine_config(), loaded)
     engine.generate([[7, 8, 9]], SamplingParams(max_tokens=2))  # first-forward warm-up
     sides = {"hold_on": budget_s, "hold_off": 0.0}
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in sides}

@@ -26,6 +26,7 @@ from ops.bench.paired import Pairs
 from ops.redis.server import free_port
 from ops.settings import Settings
 from ops.stack.stack import Stack
+from workers.engine.factory import build_engine
 from workers.engine.llm_engine import LLMEngine
 from workers.engine.model.loader import load_model
 
@@ -89,7 +90,7 @@ def bench_api_ttft(settings: Settings, run_dir: Path, reps: int = 2) -> dict[str
     settings = settings.with_overrides(api_port=free_port(), torch_threads=threads)
     loaded = load_model(settings.model, settings.dtype, settings.device, settings.cache_dir)
     cases = _cases(int(loaded.model.config.vocab_size), reps, seed=11)
-    engine = LLMEngine(settings.engine_config(), loaded)
+    engine = build_engine(settings.engine_config(), loaded)
     engine.generate([[7, 8, 9]], SamplingParams(max_tokens=1))  # first-forward warm-up
     cached_s, cold_s, hits, engine_s = [], [], [], []
     with Stack(settings, 1, run_dir=run_dir, with_flower=False) as stack:

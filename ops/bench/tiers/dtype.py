@@ -22,6 +22,7 @@ from kvstore.tiers.stored_block import StoredBlock
 from ops.bench.engine.target import EngineTarget
 from ops.redis.server import RedisServer
 from ops.settings import Settings
+from workers.engine.factory import build_engine
 from workers.engine.llm_engine import LLMEngine
 from workers.engine.model.loader import LoadedModel, load_model
 from workers.tiers.prefetch import prefetch
@@ -37,20 +38,20 @@ def _engine(settings: Settings, loaded: LoadedModel, batch: int, prompt_len: int
         cache_size_bytes=max(config.cache_size_bytes, 2 * batch * per_seq),
         warm_cache_size_bytes=max(config.warm_cache_size_bytes, 2 * batch * per_seq),
     )
-    return LLMEngine(config, loaded)
+    return build_engine(config, loaded)
 
 
 def _first_logprobs(engine: LLMEngine) -> dict[str, torch.Tensor]:
     """Log-probabilities of each request's first sampled position, recorded as the engine samples."""
     seen: dict[str, torch.Tensor] = {}
-    inner = engine.sampler.sample_isolated
+    inner = engine.executor.sampler.sample_isolated
 
     def record(logits: torch.Tensor, seqs: list[Any]) -> Any:
         for row, seq in zip(logits, seqs, strict=True):
             seen.setdefault(seq.request_id, row.float().log_softmax(-1).cpu())
         return inner(logits, seqs)
 
-    engine.sampler.sample_isolated = record  # type: ignore[method-assign]
+    engine.executor.sampler.sample_isolated = record  # type: ignore[method-assign]
     return seen
 
 
@@ -79,7 +80,7 @@ def run_tier_dtype_bench(settings: Settings, quick: bool) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="kvferry-tierdtype-") as tmp, RedisServer(Path(tmp)) as server:
         client = redis.Redis.from_url(server.url)
         source = _engine(settings, loaded, BATCH, prompt_len, gen)  # computes every prefix once
-        fmt = source.kv_format
+        fmt = source.served.kv_format
         tiers = {d: RedisTier(client, fmt, 16 * 1024**3, tier_dtype=d) for d in TIER_DTYPES}
         bs = source.pool.block_size
         for batch in batches:
@@ -130,8 +131,8 @@ def _stored(engine: LLMEngine, hashes: list[bytes], prompt: list[int], i: int) -
     bs = engine.pool.block_size
     cached = engine.pool.get_cached_block(hashes[i], prompt[i * bs : (i + 1) * bs])
     assert cached is not None, "a prefix block left both the pool and the warm tier"
-    parent = hashes[i - 1] if i else chain_root(engine.loaded.fingerprint, "")
-    kv = engine.kv_cache.read_block(cached.block_id)
+    parent = hashes[i - 1] if i else chain_root(engine.served.loaded.fingerprint, "")
+    kv = engine.executor.kv_cache.read_block(cached.block_id)
     return StoredBlock(hashes[i], parent, tuple(prompt[i * bs : (i + 1) * bs]), kv)
 
 

@@ -25,6 +25,7 @@ from ops.bench.tiers.resume_figures import FULL_LENGTH, summary
 from ops.redis.server import RedisServer
 from ops.settings import Settings
 from workers.engine.config import EngineConfig
+from workers.engine.factory import build_engine
 from workers.engine.llm_engine import LLMEngine
 from workers.engine.model.loader import LoadedModel
 from workers.tiers.prefetch import prefetch
@@ -34,7 +35,7 @@ TAIL = 16  # new tokens of the resumed turn
 
 
 def _engine(config: EngineConfig, loaded: LoadedModel) -> LLMEngine:
-    return LLMEngine(config, loaded)
+    return build_engine(config, loaded)
 
 
 def _ttft(engine: LLMEngine, prompt: list[int]) -> float:
@@ -46,14 +47,14 @@ def _ttft(engine: LLMEngine, prompt: list[int]) -> float:
 def _timed_writes(engine: LLMEngine) -> list[float]:
     """Seconds the engine spends copying loaded blocks into its pool (Redis -> pool's last stage)."""
     spent = [0.0]
-    inner: Callable[[Any], None] = engine.kv_cache.write_blocks
+    inner: Callable[[Any], None] = engine.executor.kv_cache.write_blocks
 
     def write_blocks(loads: Any) -> None:
         started = time.perf_counter()
         inner(loads)
         spent[0] += time.perf_counter() - started
 
-    engine.kv_cache.write_blocks = write_blocks  # type: ignore[method-assign]
+    engine.executor.kv_cache.write_blocks = write_blocks  # type: ignore[method-assign]
     return spent
 
 
@@ -125,7 +126,7 @@ def _resume_once(
     stages when asked."""
     history = turn[:-TAIL]
     writer_engine = _engine(config, loaded)  # the worker that served the session so far
-    tier = RedisTier(client, writer_engine.kv_format, 8 * 1024**3, tier_dtype=tier_dtype)
+    tier = RedisTier(client, writer_engine.served.kv_format, 8 * 1024**3, tier_dtype=tier_dtype)
     writer = KVWriter(tier)
     assert writer_engine.tiers is not None
     writer_engine.tiers.attach(writer)
@@ -147,13 +148,13 @@ def _resume_once(
     loaded_s = fetch_s + out_ttft
     # end to end, Redis -> pool tensor: the prefetch (MGETs, checksums, decode, into the warm
     # tier) and the engine's copies of those blocks into its pool
-    fetch_mb_s = fetched * fresh.kv_format.nbytes / (fetch_s + writes[0]) / 1e6 if fetched else 0.0
+    fetch_mb_s = fetched * fresh.served.kv_format.nbytes / (fetch_s + writes[0]) / 1e6 if fetched else 0.0
     measured: dict[str, float] = {}
     if stages:
         bs = fresh.pool.block_size
         hashes = chain(turn[: fetched * bs], bs, loaded.fingerprint, "")
-        pool = KVCache(fresh.layout, max(1, fetched), "cpu")
-        pool.block_writer = fresh.kv_cache.block_writer  # the engine's own copier
+        pool = KVCache(fresh.served.layout, max(1, fetched), "cpu")
+        pool.block_writer = fresh.executor.kv_cache.block_writer  # the engine's own copier
         measured = _stages(tier, hashes, pool)
     del fresh
     gc.collect()

@@ -22,9 +22,10 @@ from tests.workers._helpers import TinyModel, assert_tokens, make_engine, random
 from workers.engine.config import EngineConfig
 from workers.engine.llm_engine import LLMEngine
 from workers.engine.requests.output import RequestOutput
+from workers.engine.requests.request import GenerationRequest
 from workers.engine.requests.sequence import EngineRequest
-from workers.engine.scheduler import SchedulerOutput
-from workers.engine.step_cost import StepCost
+from workers.engine.scheduling.scheduler import SchedulerOutput
+from workers.engine.scheduling.step_cost import StepCost
 
 DECODE_S, ROW_S = 0.01, 0.001  # the pinned cost model: a decode step, one prefill row
 
@@ -81,12 +82,12 @@ def test_held_arrivals_are_prefilled_together_and_outputs_exact(tiny: TinyModel)
     engine, clock, steps = _engine(tiny, hold=5.0)
     outs: dict[str, list[int]] = {}
     for rid, prompt in running.items():
-        engine.add_request(rid, prompt, params)
+        engine.add_request(GenerationRequest(rid, prompt, params))
     _step(engine, outs)  # their prefill: nothing decodes yet, so nothing is held
-    engine.add_request("n0", late["n0"], params)
+    engine.add_request(GenerationRequest("n0", late["n0"], params))
     for _ in range(5):
         _step(engine, outs)
-    engine.add_request("n1", late["n1"], params)
+    engine.add_request(GenerationRequest("n1", late["n1"], params))
     for _ in range(5):
         _step(engine, outs)
     held = steps[1:]
@@ -111,10 +112,12 @@ def test_held_prompts_go_in_once_nothing_decodes(tiny: TinyModel) -> None:
     engine, _, steps = _engine(tiny, hold=10.0)
     outs: dict[str, list[int]] = {}
     for i in range(2):
-        engine.add_request(f"r{i}", random_prompt(rng, 8), SamplingParams(max_tokens=4, ignore_eos=True))
+        engine.add_request(
+            GenerationRequest(f"r{i}", random_prompt(rng, 8), SamplingParams(max_tokens=4, ignore_eos=True))
+        )
     _step(engine, outs)
     late = random_prompt(rng, 9)
-    engine.add_request("n0", late, SamplingParams(max_tokens=6, ignore_eos=True))
+    engine.add_request(GenerationRequest("n0", late, SamplingParams(max_tokens=6, ignore_eos=True)))
     _drain(engine, outs)
     assert engine.scheduler.num_held_steps == 3  # r0 and r1's three decode steps
     assert [s.num_prefill_tokens for s in steps] == [16, 0, 0, 0, 9, 0, 0, 0, 0, 0]
@@ -130,9 +133,9 @@ def test_off_or_unmeasured_admits_at_once(tiny: TinyModel, hold: float) -> None:
         engine.scheduler.cost = StepCost()  # nothing timed yet: no hold
     outs: dict[str, list[int]] = {}
     for i in range(3):
-        engine.add_request(f"r{i}", random_prompt(rng, 8), params)
+        engine.add_request(GenerationRequest(f"r{i}", random_prompt(rng, 8), params))
     _step(engine, outs)
-    engine.add_request("n0", random_prompt(rng, 9), params)
+    engine.add_request(GenerationRequest("n0", random_prompt(rng, 9), params))
     _step(engine, outs)
     assert steps[-1].num_prefill_tokens == 9 and engine.scheduler.num_held_steps == 0
 
@@ -176,12 +179,12 @@ def test_a_prompt_whose_prefix_is_cached_is_not_held_like_a_cold_one(
     assert engine.tiers is not None
     finals: dict[str, RequestOutput] = {}
     once = SamplingParams(max_tokens=1, ignore_eos=True)
-    engine.add_request("history", HISTORY, once)
+    engine.add_request(GenerationRequest("history", HISTORY, once))
     _finals(engine, finals)
     if source == "warm":  # a 12-block filler evicts the history's blocks into the warm tier
-        engine.add_request("filler", random_prompt(random.Random(33), 180), once)
+        engine.add_request(GenerationRequest("filler", random_prompt(random.Random(33), 180), once))
         _finals(engine, finals)
-        root = engine.block_manager.root("")
+        root = engine.scheduler.blocks.root("")
         assert (
             engine.pool.get_cached_block(
                 block_manager.hash_blocks(HISTORY[:16], 16, (), root)[0], HISTORY[:16]
@@ -190,7 +193,7 @@ def test_a_prompt_whose_prefix_is_cached_is_not_held_like_a_cold_one(
         )
     params = SamplingParams(max_tokens=12, ignore_eos=True)
     running = random_prompt(random.Random(34), 6)
-    engine.add_request("r0", running, params)
+    engine.add_request(GenerationRequest("r0", running, params))
     _finals(engine, finals, steps=1)  # its prefill: nothing decodes yet, so nothing is held
 
     hashed: list[int] = []
@@ -202,7 +205,7 @@ def test_a_prompt_whose_prefix_is_cached_is_not_held_like_a_cold_one(
 
     monkeypatch.setattr(block_manager, "hash_blocks", counting)
     prompt = random_prompt(random.Random(35), 70) if source == "cold" else [*HISTORY, *NEW]
-    engine.add_request("turn", prompt, params)
+    engine.add_request(GenerationRequest("turn", prompt, params))
     _finals(engine, finals, steps=3)
     held = source == "cold"
     assert engine.scheduler.num_held_steps == (3 if held else 0)
@@ -227,7 +230,7 @@ def test_counting_uncached_tokens_changes_nothing(tiny: TinyModel) -> None:
     # filler takes the 4 never-used blocks and the history's last 2, which go warm.
     run_checked(engine, {"history": (HISTORY, once)})
     run_checked(engine, {"filler": (random_prompt(random.Random(36), 90), once)})
-    hashes = block_manager.hash_blocks(HISTORY, 16, (), engine.block_manager.root(""))
+    hashes = block_manager.hash_blocks(HISTORY, 16, (), engine.scheduler.blocks.root(""))
     assert [h in engine.tiers.warm for h in hashes] == [False, False, True, True]
     seq = EngineRequest("turn", [*HISTORY, *NEW], SamplingParams(max_tokens=4, ignore_eos=True), 4)
     pool, warm = engine.pool, engine.tiers.warm
@@ -239,7 +242,7 @@ def test_counting_uncached_tokens_changes_nothing(tiny: TinyModel) -> None:
             pool.stats(),
             list(warm._blocks),
             warm.stats(),
-            len(engine.block_manager.tails),
+            len(engine.scheduler.blocks.tails),
         )
 
     before = state()
@@ -247,7 +250,7 @@ def test_counting_uncached_tokens_changes_nothing(tiny: TinyModel) -> None:
     assert engine.scheduler.hold.uncached_tokens(seq) == len(NEW)
     assert state() == before
 
-    engine.add_request("turn", seq.prompt_token_ids, seq.params)
+    engine.add_request(GenerationRequest("turn", seq.prompt_token_ids, seq.params))
     outs = run_checked(engine)
     assert engine.stats().prompt_tokens_computed == 64 + 90 + len(NEW)
     assert (outs["turn"].pool_tokens, outs["turn"].warm_tokens) == (32, 32)
@@ -261,20 +264,20 @@ def test_the_count_leaves_out_a_kept_tail_and_a_running_neighbours_partial_block
     engine = make_engine(tiny.loaded, num_blocks=32)
     hold, params = engine.scheduler.hold, SamplingParams(max_tokens=7, ignore_eos=True)
     turn1 = random_prompt(rng, 40)
-    engine.add_request("t1", turn1, params, keep_tail=True)
+    engine.add_request(GenerationRequest("t1", turn1, params, keep_tail=True))
     finals: dict[str, RequestOutput] = {}
     _finals(engine, finals)  # 46 tokens computed: 2 full blocks and a tail of 14, kept
     turn2 = [*turn1, *finals["t1"].token_ids, *random_prompt(rng, 10)]
     assert hold.uncached_tokens(EngineRequest("t2", turn2, params, 7)) == len(turn2) - 46
-    assert len(engine.block_manager.tails) == 1 and engine.block_manager.tails.taken == 0
+    assert len(engine.scheduler.blocks.tails) == 1 and engine.scheduler.blocks.tails.taken == 0
     before = engine.stats().prompt_tokens_computed
-    engine.add_request("t2", turn2, params)
+    engine.add_request(GenerationRequest("t2", turn2, params))
     _finals(engine, finals)
     assert_tokens(list(finals["t2"].token_ids), tiny.expected(turn2, 7), "t2")
     assert engine.stats().prompt_tokens_computed - before == len(turn2) - 46  # what admission computed
 
     prompt = random_prompt(rng, 37)  # 2 full blocks and 5 tokens, 4 of which a neighbour holds
-    engine.add_request("first", prompt, params)
+    engine.add_request(GenerationRequest("first", prompt, params))
     for _ in range(2):
         engine.step()
     later = EngineRequest("later", prompt, params, 7)

@@ -1,4 +1,4 @@
-"""Batch sizing (interactive_batch_step, workers/engine/batch_budget.py): while interactive
+"""Batch sizing (interactive_batch_step, workers/engine/scheduling/batch_budget.py): while interactive
 requests flow, a step's batch rows are held to a predicted share of the step, the oldest batch
 sequences first, at least one; with the interactive side quiet past the linger, batch sequences
 fill the step again; outputs stay token-exact with HF generate. The row fit of the step cost
@@ -13,9 +13,10 @@ import pytest
 from broker.sampling import SamplingParams
 from tests.workers._helpers import TinyModel, assert_tokens, make_engine, random_prompt
 from tests.workers.engine.test_admission_hold import Clock, PinnedCost
-from workers.engine.batch_budget import INTERACTIVE_LINGER_S
-from workers.engine.scheduler import SchedulerOutput
-from workers.engine.step_cost import StepCost
+from workers.engine.requests.request import GenerationRequest
+from workers.engine.scheduling.batch_budget import INTERACTIVE_LINGER_S
+from workers.engine.scheduling.scheduler import SchedulerOutput
+from workers.engine.scheduling.step_cost import StepCost
 
 BASE_S, ROW_S, PREFILL_S = 0.010, 0.002, 0.001  # the pinned model: t = base + row * d + prefill * p
 PARAMS = SamplingParams(max_tokens=10, ignore_eos=True)
@@ -71,10 +72,10 @@ def test_steps_carry_a_share_of_batch_rows_while_interactive_requests_flow(
         return plans[-1]
 
     for rid, prompt in batch.items():
-        engine.add_request(rid, prompt, PARAMS, job_class="batch")
+        engine.add_request(GenerationRequest(rid, prompt, PARAMS, job_class="batch"))
     step()  # the batch's prefill
     assert _batch_decodes(step()) == 10  # no interactive request: every batch sequence
-    engine.add_request("i", late, PARAMS)
+    engine.add_request(GenerationRequest("i", late, PARAMS))
     first = step()
     assert [s.seq.request_id for s in first.scheduled] == ["i"]  # its prefill runs alone
     sized = step()

@@ -11,12 +11,13 @@ from kvstore.chain import chain
 from tests.workers._helpers import TinyModel, make_engine, random_prompt
 from workers.engine.llm_engine import LLMEngine
 from workers.engine.requests.output import RequestOutput
+from workers.engine.requests.request import GenerationRequest
 
 
 def _finish(
     engine: LLMEngine, rid: str, prompt: list[int], params: SamplingParams, **kw: object
 ) -> RequestOutput:
-    engine.add_request(rid, prompt, params, **kw)  # type: ignore[arg-type]
+    engine.add_request(GenerationRequest(rid, prompt, params, **kw))  # type: ignore[arg-type]
     final = None
     while engine.has_unfinished():
         for out in engine.step():
@@ -27,7 +28,7 @@ def _finish(
 
 
 def _check(engine: LLMEngine, prompt: list[int], final: RequestOutput, salt: str = "") -> None:
-    bs, fp = engine.pool.block_size, engine.loaded.fingerprint
+    bs, fp = engine.pool.block_size, engine.served.loaded.fingerprint
     tokens = [*prompt, *final.token_ids]
     scratch = chain(tokens, bs, fp, salt)
     assert list(final.block_hashes) == scratch[: len(final.block_hashes)]

@@ -11,6 +11,7 @@ import pytest
 from broker.sampling import SamplingParams
 from tests.workers._helpers import NO_EOS, TinyModel, assert_tokens, make_engine, random_prompt, run_checked
 from workers.engine.kernels import paged_decode as kernel
+from workers.engine.requests.request import GenerationRequest
 
 
 def test_32_concurrent_prompts_are_batched_and_exact(tiny: TinyModel) -> None:
@@ -70,7 +71,7 @@ def test_chunked_prefill_shares_steps_with_decodes(tiny: TinyModel) -> None:
     short, long = random_prompt(rng, 10), random_prompt(rng, 90)
     engine = make_engine(tiny.loaded, num_blocks=32, max_num_batched_tokens=21)
     params = SamplingParams(max_tokens=30, **NO_EOS)
-    engine.add_request("short", short, params)
+    engine.add_request(GenerationRequest("short", short, params))
     engine.step()  # prefill of the short prompt alone
     engine.check_integrity()
 
@@ -184,7 +185,7 @@ def test_decode_batch_of_mixed_lengths_crossing_block_edges_is_exact(
     prompts = {f"m{i}": random_prompt(rng, n) for i, n in enumerate(lengths)}
     params = SamplingParams(max_tokens=6, **NO_EOS)
     engine = make_engine(tiny.loaded, num_blocks=64, decode_kernel=decode_kernel)
-    assert engine.runner.decode_kernel is (decode_kernel and kernel.available())
+    assert engine.executor.runner.decode_kernel is (decode_kernel and kernel.available())
 
     outs = run_checked(engine, {rid: (p, params) for rid, p in prompts.items()})
 
@@ -203,14 +204,14 @@ def test_decode_buckets_of_short_and_long_contexts_are_exact(tiny: TinyModel) ->
     params = SamplingParams(max_tokens=8, **NO_EOS)
     engine = make_engine(tiny.loaded, num_blocks=128, decode_kernel=False)  # the gather + SDPA path
     buckets: list[list[int]] = []
-    build = engine.runner._decode_buckets
+    build = engine.executor.runner._decode_buckets
 
     def spy(singles: list[Any], first_row: int) -> Any:
         out = build(singles, first_row)
-        buckets.append([b.blocks.shape[1] * engine.runner.block_size for b in out])
+        buckets.append([b.blocks.shape[1] * engine.executor.runner.block_size for b in out])
         return out
 
-    engine.runner._decode_buckets = spy  # type: ignore[method-assign]
+    engine.executor.runner._decode_buckets = spy  # type: ignore[method-assign]
     outs = run_checked(engine, {rid: (p, params) for rid, p in prompts.items()})
 
     for rid, prompt in prompts.items():

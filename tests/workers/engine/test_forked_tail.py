@@ -8,6 +8,7 @@ import random
 
 from broker.sampling import SamplingParams
 from tests.workers._helpers import NO_EOS, TinyModel, assert_tokens, make_engine, random_prompt, run_checked
+from workers.engine.requests.request import GenerationRequest
 
 GREEDY = SamplingParams(max_tokens=6, **NO_EOS)
 
@@ -28,7 +29,7 @@ def test_a_choice_admitted_later_copies_a_block_its_donor_wrote_on_into(tiny: Ti
     rest is the later choice's to overwrite."""
     prompt = random_prompt(random.Random(12), 37)
     engine = make_engine(tiny.loaded, num_blocks=32)
-    engine.add_request("first", prompt, SamplingParams(max_tokens=10, **NO_EOS))
+    engine.add_request(GenerationRequest("first", prompt, SamplingParams(max_tokens=10, **NO_EOS)))
     for _ in range(4):
         engine.step()
         engine.check_integrity()
@@ -41,8 +42,8 @@ def test_a_choice_admitted_later_copies_a_block_its_donor_wrote_on_into(tiny: Ti
     sampled = SamplingParams(max_tokens=5, temperature=1.0, seed=3, **NO_EOS)
     fresh = make_engine(tiny.loaded, num_blocks=32)
     alone = run_checked(fresh, {"alone": (prompt, sampled)})["alone"]
-    engine.add_request("seeded", prompt, sampled)
-    engine.add_request("other", random_prompt(random.Random(13), 20), GREEDY)
+    engine.add_request(GenerationRequest("seeded", prompt, sampled))
+    engine.add_request(GenerationRequest("other", random_prompt(random.Random(13), 20), GREEDY))
     got = run_checked(engine)
     assert got["seeded"].token_ids == alone.token_ids, "a copied block gives the draws a computed one does"
 
@@ -51,9 +52,9 @@ def test_another_prompt_or_salt_takes_nothing(tiny: TinyModel) -> None:
     prompt = random_prompt(random.Random(14), 40)
     other = prompt[:36] + random_prompt(random.Random(15), 4)  # the same full blocks, 4 tokens differ
     engine = make_engine(tiny.loaded, num_blocks=32)
-    engine.add_request("a", prompt, GREEDY)
-    engine.add_request("b", other, GREEDY)
-    engine.add_request("c", prompt, GREEDY, cache_salt="tenant-2")
+    engine.add_request(GenerationRequest("a", prompt, GREEDY))
+    engine.add_request(GenerationRequest("b", other, GREEDY))
+    engine.add_request(GenerationRequest("c", prompt, GREEDY, cache_salt="tenant-2"))
 
     outs = run_checked(engine)
 

@@ -1,4 +1,4 @@
-"""Job classes in the engine (workers/engine/scheduler.py, wait_queue.py): interactive requests
+"""Job classes in the engine (workers/engine/scheduling/scheduler.py, wait_queue.py): interactive requests
 are admitted before batch ones, lower priority first; a waiting interactive request takes a seat
 or pool room from the newest running batch sequence; a step that prefills an interactive prompt
 carries no batch work; and every output stays token-exact with HF generate."""
@@ -12,17 +12,16 @@ from broker.sampling import SamplingParams
 from tests.workers._helpers import NO_EOS, TinyModel, assert_tokens, make_engine, random_prompt, run_checked
 from workers.engine.llm_engine import LLMEngine
 from workers.engine.requests.output import RequestOutput
+from workers.engine.requests.request import GenerationRequest
 from workers.engine.requests.sequence import EngineRequest
-from workers.engine.scheduler import SchedulerOutput
-from workers.engine.wait_queue import WaitQueue
+from workers.engine.scheduling.scheduler import SchedulerOutput
+from workers.engine.scheduling.wait_queue import WaitQueue
 
 PARAMS = SamplingParams(max_tokens=12, **NO_EOS)
 
 
 def _seq(rid: str, job_class: JobClass = "interactive", priority: int = 0) -> EngineRequest:
-    seq = EngineRequest(rid, [1, 2], PARAMS, 12)
-    seq.job_class, seq.priority = job_class, priority
-    return seq
+    return EngineRequest(rid, [1, 2], PARAMS, 12, job_class=job_class, priority=priority)
 
 
 def test_the_waiting_order() -> None:
@@ -68,7 +67,7 @@ def _record(engine: LLMEngine) -> list[SchedulerOutput]:
 
 
 def _add(engine: LLMEngine, rid: str, prompt: list[int], job_class: JobClass, priority: int = 0) -> None:
-    engine.add_request(rid, prompt, PARAMS, job_class=job_class, priority=priority)
+    engine.add_request(GenerationRequest(rid, prompt, PARAMS, job_class=job_class, priority=priority))
 
 
 def _collect(outs: list[RequestOutput], done: dict[str, list[int]]) -> None:

@@ -13,6 +13,7 @@ from broker.sampling import SamplingParams
 from tests.workers._helpers import NO_EOS, TinyModel, assert_tokens, make_engine, random_prompt, run_checked
 from workers.engine.requests.logprob import Logprob
 from workers.engine.requests.output import RequestOutput
+from workers.engine.requests.request import GenerationRequest
 
 TOL = 1e-4
 
@@ -59,8 +60,8 @@ def test_prompt_and_output_logprobs_equal_an_hf_forward(tiny: TinyModel, budget:
     computed = engine.stats().prompt_tokens_computed
 
     asks = SamplingParams(max_tokens=6, logprobs=3, prompt_logprobs=2, **NO_EOS)
-    engine.add_request("asks", prompt, asks)
-    engine.add_request("plain", other, SamplingParams(max_tokens=6, **NO_EOS))
+    engine.add_request(GenerationRequest("asks", prompt, asks))
+    engine.add_request(GenerationRequest("plain", other, SamplingParams(max_tokens=6, **NO_EOS)))
     outs: dict[str, list[RequestOutput]] = {"asks": [], "plain": []}
     while engine.has_unfinished():
         for out in engine.step():
@@ -99,7 +100,7 @@ def test_logprobs_of_a_sampled_token_are_of_the_raw_logits(tiny: TinyModel) -> N
     params = SamplingParams(max_tokens=4, temperature=0.7, seed=3, logprobs=1, **NO_EOS)
 
     outs: list[RequestOutput] = []
-    engine.add_request("t", prompt, params)
+    engine.add_request(GenerationRequest("t", prompt, params))
     while engine.has_unfinished():
         outs.extend(engine.step())
 
@@ -114,14 +115,14 @@ def test_a_resumed_request_gives_the_logprobs_an_uninterrupted_one_gives(tiny: T
     params = SamplingParams(max_tokens=8, logprobs=2, prompt_logprobs=1, **NO_EOS)
     whole_engine = make_engine(tiny.loaded, num_blocks=16)
     whole: list[RequestOutput] = []
-    whole_engine.add_request("w", prompt, params)
+    whole_engine.add_request(GenerationRequest("w", prompt, params))
     while whole_engine.has_unfinished():
         whole.extend(whole_engine.step())
     output_lps, prompt_lps = _streamed(whole)
 
     engine = make_engine(tiny.loaded, num_blocks=16)
     resumed: list[RequestOutput] = []
-    engine.add_request("r", prompt, params, output_token_ids=list(whole[-1].token_ids[:3]))
+    engine.add_request(GenerationRequest("r", prompt, params, output_token_ids=list(whole[-1].token_ids[:3])))
     while engine.has_unfinished():
         resumed.extend(engine.step())
     again, prompt_again = _streamed(resumed)

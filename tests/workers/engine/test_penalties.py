@@ -17,9 +17,9 @@ from transformers import (
 )
 
 from broker.sampling import SamplingParams
-from workers.engine import processors
 from workers.engine.requests.sequence import EngineRequest
-from workers.engine.sampler import Sampler, min_p_filter
+from workers.engine.sampling import processors
+from workers.engine.sampling.sampler import Sampler, min_p_filter
 
 V = 300
 EOS = (2, 11)

@@ -22,6 +22,7 @@ from tests.workers._helpers import (
     random_prompt,
     run_checked,
 )
+from workers.engine.requests.request import GenerationRequest
 
 N = 16
 
@@ -140,7 +141,7 @@ def test_a_resumed_request_is_processed_over_its_restored_output(tiny: TinyModel
     assert at > 0
     engine = make_engine(tiny.loaded, 32)
 
-    engine.add_request("r", prompt, params, output_token_ids=whole[:at])
+    engine.add_request(GenerationRequest("r", prompt, params, output_token_ids=whole[:at]))
     out = run_checked(engine)["r"]
 
     assert_tokens(out.token_ids, whole, f"{name}, resumed after {at} tokens")
@@ -160,5 +161,5 @@ def test_token_ids_outside_the_vocabulary_are_refused(
 ) -> None:
     engine = make_engine(tiny.loaded, num_blocks=8)
     with pytest.raises(InvalidRequestError) as info:
-        engine.add_request("r", [1, 2, 3], SamplingParams(max_tokens=4, **fields))
+        engine.add_request(GenerationRequest("r", [1, 2, 3], SamplingParams(max_tokens=4, **fields)))
     assert info.value.param == param and not engine.has_unfinished()

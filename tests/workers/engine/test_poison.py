@@ -16,6 +16,7 @@ from broker.sampling import SEED_MAX, SamplingParams
 from tests.workers._helpers import TinyModel, assert_tokens, make_engine, random_prompt, run_checked
 from workers.engine.errors import RequestFailedError
 from workers.engine.llm_engine import LLMEngine
+from workers.engine.requests.request import GenerationRequest
 from workers.loop.engine_loop import EngineLoop
 from workers.loop.handle import RequestHandle
 
@@ -46,10 +47,16 @@ def _run_with_poison(
     if patch is not None:
         patch(engine)
     loop = EngineLoop(engine)
-    handles = [loop.submit(p, SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True)) for p in prompts[:3]]
-    bad = loop.submit(prompts[0][:5], poison, request_id="poison")
-    handles += [loop.submit(p, SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True)) for p in prompts[3:]]
-    seeded = loop.submit(prompts[2], SEEDED)
+    handles = [
+        loop.submit(GenerationRequest.new(p, SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True)))
+        for p in prompts[:3]
+    ]
+    bad = loop.submit(GenerationRequest.new(prompts[0][:5], poison, request_id="poison"))
+    handles += [
+        loop.submit(GenerationRequest.new(p, SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True)))
+        for p in prompts[3:]
+    ]
+    seeded = loop.submit(GenerationRequest.new(prompts[2], SEEDED))
     with loop:
         streams = [[t for out in h for t in out.delta_token_ids] for h in handles]
         finals = [h.result(timeout=60) for h in handles]
@@ -104,14 +111,14 @@ def test_poison_reaching_the_step_fails_alone(
 
 def test_detokenizer_failure_fails_only_its_request(tiny: TinyModel) -> None:
     def patch(engine: LLMEngine) -> None:
-        update = engine.detokenizer.update
+        update = engine.post.detokenizer.update
 
         def flaky(seq: Any, stop_token: bool = False) -> str | None:
             if seq.request_id == "poison" and len(seq.output_token_ids) == 3:
                 raise UnicodeDecodeError("utf-8", b"\xff", 0, 1, "injected")
             return update(seq, stop_token)
 
-        engine.detokenizer.update = flaky  # type: ignore[method-assign]
+        engine.post.detokenizer.update = flaky  # type: ignore[method-assign]
 
     bad, _, _ = _run_with_poison(tiny, SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True), patch)
     with pytest.raises(RequestFailedError) as info:
@@ -126,14 +133,14 @@ def test_batched_sampling_failure_falls_back_row_by_row(
     """If the batched part of sampling raises, rows are sampled one by one: seeds stay exact."""
 
     def patch(engine: LLMEngine) -> None:
-        sample = engine.sampler.sample
+        sample = engine.executor.sampler.sample
 
         def batch_breaks(logits: torch.Tensor, requests: list[Any]) -> list[Any]:
             if len(requests) > 1:
                 raise RuntimeError("injected batch failure")
             return sample(logits, requests)
 
-        engine.sampler.sample = batch_breaks  # type: ignore[method-assign]
+        engine.executor.sampler.sample = batch_breaks  # type: ignore[method-assign]
 
     monkeypatch.setattr(SamplingParams, "check", lambda self: None)
     bad, prompts, seeded = _run_with_poison(tiny, _unchecked(seed=2**64), patch)

@@ -60,9 +60,9 @@ def test_an_fp32_engine_refuses_a_model_converted_to_bf16(bf16_tiny: Callable[[s
         pytest.skip("oneDNN's bf16 GEMM does not run here")
     tiny = bf16_tiny("llama")
     engine = make_engine(tiny.loaded, num_blocks=16, **BF16)
-    assert engine.precision == Precision("bfloat16", "bfloat16")
-    assert engine.kv_cache.tensor.dtype == torch.bfloat16
-    assert engine.loaded.fingerprint.endswith("+w-bf16+kv-bf16")
+    assert engine.served.precision == Precision("bfloat16", "bfloat16")
+    assert engine.executor.kv_cache.tensor.dtype == torch.bfloat16
+    assert engine.served.fingerprint.endswith("+w-bf16+kv-bf16")
     assert engine.stats().dtype == "bfloat16" and engine.stats().kv_cache_dtype == "bfloat16"
     with pytest.raises(ValueError, match="converted to bf16"):
         make_engine(tiny.loaded, num_blocks=16)
@@ -85,7 +85,7 @@ def test_bf16_history_from_the_warm_tier_gives_the_tokens_of_a_kept_one(
     evicting = make_engine(tiny.loaded, num_blocks=8, warm_cache_size_bytes=1 << 20, **BF16)
     keeping = make_engine(tiny.loaded, num_blocks=64, **BF16)
     # where the kernels build, both run the fused stack over the bf16 pool
-    assert (evicting.runner.fused is not None) == paged_decode.available()
+    assert (evicting.executor.runner.fused is not None) == paged_decode.available()
     for engine in (evicting, keeping):
         run_checked(engine, {"first": (first, params)})
     for i, prompt in enumerate(filler):
@@ -108,24 +108,28 @@ def test_bf16_blocks_moved_through_a_pack_give_the_tokens_of_the_engine_that_mad
     params = SamplingParams(max_tokens=8, **NO_EOS)
     source = make_engine(tiny.loaded, num_blocks=32, **BF16)
     target = make_engine(tiny.loaded, num_blocks=32, warm_cache_size_bytes=1 << 20, **BF16)
-    assert target.tiers is not None and source.kv_format.dtype == "bfloat16"
+    assert target.tiers is not None and source.served.kv_format.dtype == "bfloat16"
     run_checked(source, {"history": (history, SamplingParams(max_tokens=1, **NO_EOS))})
-    hashes = hash_blocks(history, 16, (), parent=source.block_manager.root(""))
+    hashes = hash_blocks(history, 16, (), parent=source.scheduler.blocks.root(""))
     blocks = []
-    parent = source.block_manager.root("")
+    parent = source.scheduler.blocks.root("")
     for i, h in enumerate(hashes):
         tokens = history[i * 16 : (i + 1) * 16]
         cached = source.pool.get_cached_block(h, tokens)
         assert cached is not None
-        blocks.append(StoredBlock(h, parent, tuple(tokens), source.kv_cache.read_block(cached.block_id)))
+        blocks.append(
+            StoredBlock(h, parent, tuple(tokens), source.executor.kv_cache.read_block(cached.block_id))
+        )
         parent = h
-    pack = encode_pack(source.kv_format, blocks)
-    decoded = decode_pack(target.kv_format, pack)
+    pack = encode_pack(source.served.kv_format, blocks)
+    decoded = decode_pack(target.served.kv_format, pack)
     assert decoded.reason is None and len(decoded.blocks) == len(blocks)
     for block in decoded.blocks:
         target.tiers.warm.put(block)
     # an fp32 engine of the same weights refuses the pack: another fingerprint (the chain's root)
-    fp32 = dataclasses.replace(source.kv_format, model_fingerprint=tiny.loaded.fingerprint, dtype="float32")
+    fp32 = dataclasses.replace(
+        source.served.kv_format, model_fingerprint=tiny.loaded.fingerprint, dtype="float32"
+    )
     refused = decode_pack(fp32, pack)
     assert not refused.blocks and refused.reason is not None
     got = run_checked(target, {"turn": (turn, params)})["turn"]

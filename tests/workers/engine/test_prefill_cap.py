@@ -12,7 +12,8 @@ from ops.settings import Settings
 from tests.workers._helpers import TinyModel, assert_tokens, make_engine, random_prompt, run_checked
 from workers.engine.config import EngineConfig
 from workers.engine.llm_engine import LLMEngine
-from workers.engine.scheduler import SchedulerOutput, is_decoding
+from workers.engine.requests.request import GenerationRequest
+from workers.engine.scheduling.scheduler import SchedulerOutput, is_decoding
 
 
 def _record(engine: LLMEngine) -> list[SchedulerOutput]:
@@ -44,7 +45,7 @@ def test_prefill_tokens_beside_decodes_are_capped_and_outputs_exact(tiny: TinyMo
     )
     steps = _record(engine)
     for rid, prompt in shorts.items():
-        engine.add_request(rid, prompt, params)
+        engine.add_request(GenerationRequest(rid, prompt, params))
     engine.step()  # the short prompts' prefill, alone: no decodes yet, so no cap
     assert steps[0].num_decodes == 0 and steps[0].num_prefill_tokens == sum(map(len, shorts.values()))
 
@@ -64,7 +65,7 @@ def test_without_a_cap_only_the_step_budget_applies(tiny: TinyModel) -> None:
     params = SamplingParams(max_tokens=12, ignore_eos=True)
     engine = make_engine(tiny.loaded, num_blocks=32, max_num_batched_tokens=33)
     steps = _record(engine)
-    engine.add_request("short", short, params)
+    engine.add_request(GenerationRequest("short", short, params))
     engine.step()
 
     outs = run_checked(engine, {"long": (long, params)})

@@ -9,6 +9,7 @@ import pytest
 from broker.sampling import SamplingParams
 from kvstore.pool.events import BlockEvent, BlockStored
 from tests.workers._helpers import NO_EOS, TinyModel, assert_tokens, make_engine, random_prompt, run_checked
+from workers.engine.requests.request import GenerationRequest
 
 PARAMS = SamplingParams(max_tokens=12, **NO_EOS)
 
@@ -44,7 +45,7 @@ def test_concurrent_requests_share_the_same_prefix_blocks(tiny: TinyModel) -> No
     run_checked(engine, {"warm": ([*system, 7], SamplingParams(max_tokens=1, **NO_EOS))})
 
     for rid, prompt in prompts.items():
-        engine.add_request(rid, prompt, PARAMS)
+        engine.add_request(GenerationRequest(rid, prompt, PARAMS))
     engine.step()
     engine.check_integrity()
     tables = [seq.block_ids[:3] for seq in engine.scheduler.running]

@@ -21,6 +21,7 @@ from tests.workers._helpers import (
 )
 from workers.engine.llm_engine import LLMEngine
 from workers.engine.model.loader import load_model, wrap_model
+from workers.engine.requests.request import GenerationRequest
 
 PARAMS = SamplingParams(max_tokens=8, **NO_EOS)
 
@@ -52,7 +53,7 @@ def test_bad_request_raises_and_leaves_nothing(
     engine = make_engine(tiny.loaded, num_blocks=3, max_model_len=64)
 
     with pytest.raises(error) as raised:
-        engine.add_request("bad", prompt, SamplingParams(max_tokens=max_tokens, **NO_EOS))
+        engine.add_request(GenerationRequest("bad", prompt, SamplingParams(max_tokens=max_tokens, **NO_EOS)))
 
     assert type(raised.value) is error and raised.value.param == param  # type: ignore[attr-defined]
     _assert_clean(engine)
@@ -73,11 +74,11 @@ def test_non_positive_max_tokens_is_rejected(max_tokens: int) -> None:
 def test_duplicate_request_id_is_rejected_without_harming_the_first(tiny: TinyModel) -> None:
     prompt = random_prompt(random.Random(41), 20)
     engine = make_engine(tiny.loaded, num_blocks=8)
-    engine.add_request("same", prompt, PARAMS)
+    engine.add_request(GenerationRequest("same", prompt, PARAMS))
     engine.step()
 
     with pytest.raises(InvalidRequestError):
-        engine.add_request("same", random_prompt(random.Random(42), 5), PARAMS)
+        engine.add_request(GenerationRequest("same", random_prompt(random.Random(42), 5), PARAMS))
 
     out = run_checked(engine)["same"]
     assert_tokens(out.token_ids, tiny.expected(prompt, 8), "the first 'same' request")
@@ -100,7 +101,7 @@ def test_abort_mid_generation_frees_every_block(tiny: TinyModel) -> None:
     engine = make_engine(tiny.loaded, num_blocks=16, max_num_seqs=2)
     params = SamplingParams(max_tokens=50, **NO_EOS)
     for rid, prompt in prompts.items():
-        engine.add_request(rid, prompt, params)
+        engine.add_request(GenerationRequest(rid, prompt, params))
     for _ in range(5):
         engine.step()
         engine.check_integrity()
@@ -124,9 +125,9 @@ def test_abort_during_chunked_prefill_then_resubmit(tiny: TinyModel) -> None:
     rng = random.Random(44)
     long, short = random_prompt(rng, 90), random_prompt(rng, 5)
     engine = make_engine(tiny.loaded, num_blocks=16, max_num_batched_tokens=33)
-    engine.add_request("short", short, SamplingParams(max_tokens=40, **NO_EOS))
+    engine.add_request(GenerationRequest("short", short, SamplingParams(max_tokens=40, **NO_EOS)))
     engine.step()
-    engine.add_request("long", long, PARAMS)
+    engine.add_request(GenerationRequest("long", long, PARAMS))
     engine.step()  # short's decode + 32 tokens of long
     engine.step()  # short's decode + 32 more
     engine.check_integrity()

@@ -7,13 +7,14 @@ import random
 
 from broker.sampling import SamplingParams
 from tests.workers._helpers import NO_EOS, TinyModel, make_engine, random_prompt, run_checked
+from workers.engine.requests.request import GenerationRequest
 
 
 def _resume(
     tiny: TinyModel, prompt: list[int], params: SamplingParams, done: list[int]
 ) -> tuple[list[int], str]:
     engine = make_engine(tiny.loaded, 32)
-    engine.add_request("r", prompt, params, output_token_ids=list(done))
+    engine.add_request(GenerationRequest("r", prompt, params, output_token_ids=list(done)))
     out = run_checked(engine)["r"]
     return list(out.token_ids), out.finish_reason or ""
 
@@ -29,10 +30,12 @@ def test_resume_of_a_complete_output_finishes_without_a_step(tiny: TinyModel) ->
     prompt = random_prompt(random.Random(2), 40)
     expected = tiny.expected(prompt, 8)
     engine = make_engine(tiny.loaded, 32)
-    engine.add_request("r", prompt, SamplingParams(max_tokens=8, **NO_EOS), output_token_ids=expected)
+    engine.add_request(
+        GenerationRequest("r", prompt, SamplingParams(max_tokens=8, **NO_EOS), output_token_ids=expected)
+    )
     outs = run_checked(engine)
     assert list(outs["r"].token_ids) == expected and outs["r"].finish_reason == "length"
-    assert engine.counters.num_steps == 0
+    assert engine.report.counters.num_steps == 0
 
 
 def test_resume_after_an_eos_token_stops_there(tiny: TinyModel) -> None:
@@ -46,16 +49,18 @@ def test_resume_after_an_eos_token_stops_there(tiny: TinyModel) -> None:
         params = SamplingParams(max_tokens=20, stop=(text[-2:],), **NO_EOS) if len(text) >= 2 else params
     else:
         expected = [*expected, eos]
-    engine.add_request("r", prompt, params, output_token_ids=expected)
+    engine.add_request(GenerationRequest("r", prompt, params, output_token_ids=expected))
     outs = run_checked(engine)
-    assert outs["r"].finish_reason == "stop" and engine.counters.num_steps == 0
+    assert outs["r"].finish_reason == "stop" and engine.report.counters.num_steps == 0
 
 
 def test_aborting_a_complete_resume_returns_it(tiny: TinyModel) -> None:
     prompt = random_prompt(random.Random(4), 20)
     expected = tiny.expected(prompt, 4)
     engine = make_engine(tiny.loaded, 32)
-    engine.add_request("r", prompt, SamplingParams(max_tokens=4, **NO_EOS), output_token_ids=expected)
+    engine.add_request(
+        GenerationRequest("r", prompt, SamplingParams(max_tokens=4, **NO_EOS), output_token_ids=expected)
+    )
     out = engine.abort_request("r")
     assert out is not None and out.finished and not engine.has_unfinished()
 
@@ -69,7 +74,7 @@ def test_resume_whose_cached_prefix_reaches_past_the_prompt_is_exact(tiny: TinyM
     params = SamplingParams(max_tokens=14, **NO_EOS)
     engine = make_engine(tiny.loaded, 32)
     assert list(run_checked(engine, {"first": (prompt, params)})["first"].token_ids) == expected
-    engine.add_request("again", prompt, params, output_token_ids=expected[:10])
+    engine.add_request(GenerationRequest("again", prompt, params, output_token_ids=expected[:10]))
     other = random_prompt(random.Random(6), 30)
     outs = run_checked(engine, {"mate": (other, params)})
     assert list(outs["again"].token_ids) == expected and outs["again"].finish_reason == "length"
@@ -91,7 +96,9 @@ def test_resume_inside_a_character_streams_on_from_where_the_client_is(tiny: Tin
     prompt = random_prompt(random.Random(7), 30)
     engine = make_engine(tiny.loaded, 32)
     params = SamplingParams(max_tokens=len(done) + 6, **NO_EOS)
-    engine.add_request("r", prompt, params, output_token_ids=done, streamed_chars=len(sent))
+    engine.add_request(
+        GenerationRequest("r", prompt, params, output_token_ids=done, streamed_chars=len(sent))
+    )
     streamed = sent
     final = None
     while engine.has_unfinished():

@@ -120,7 +120,7 @@ def test_unseeded_rows_drawn_together_follow_each_rows_distribution() -> None:
 
     from broker.errors import InvalidRequestError
     from workers.engine.requests.sequence import EngineRequest
-    from workers.engine.sampler import Sampler
+    from workers.engine.sampling.sampler import Sampler
 
     vocab, n = 64, 600
     logits = torch.full((n + 3, vocab), -30.0)
@@ -153,7 +153,7 @@ def test_the_batched_draw_follows_each_distribution_and_never_draws_a_zero() -> 
     others at their probability, rows of different distributions in one call."""
     import torch
 
-    from workers.engine.sampler import _inverse_cdf
+    from workers.engine.sampling.sampler import _inverse_cdf
 
     n = 20000
     probs = torch.tensor([[0.0, 0.5, 0.0, 0.2, 0.3, 0.0], [0.0, 0.0, 0.0, 0.0, 0.0, 1.0]]).repeat(n, 1)

@@ -7,9 +7,9 @@ from __future__ import annotations
 from typing import Any
 
 from broker.sampling import SamplingParams
-from workers.engine.postprocess import Postprocessor
 from workers.engine.requests.detokenizer import Detokenizer
 from workers.engine.requests.sequence import EngineRequest
+from workers.engine.sampling.postprocess import Postprocessor
 
 EOS = 0
 

@@ -18,6 +18,7 @@ from ops.bench.grammar.schemas import CHOICES, REGEX, SCHEMAS
 from tests.workers._helpers import NO_EOS, TinyModel, assert_tokens, make_engine, random_prompt, run_checked
 from workers.engine.grammar.compiler import GrammarCompiler
 from workers.engine.requests.output import RequestOutput
+from workers.engine.requests.request import GenerationRequest
 from workers.loop.engine_loop import EngineLoop
 
 PER_SCHEMA = 20
@@ -59,7 +60,7 @@ def test_sampled_json_follows_every_schema(tiny: TinyModel) -> None:
         except (AssertionError, ValueError, jsonschema.ValidationError) as exc:
             failures.append(f"{name}: {out.text!r}: {exc}")
     assert not failures, f"{len(failures)} of {len(outs)} failed:\n" + "\n".join(failures[:10])
-    assert engine.grammars.compiles == len(SCHEMAS)
+    assert engine.served.grammars.compiles == len(SCHEMAS)
 
 
 def test_regex_and_choice_outputs_match(tiny: TinyModel) -> None:
@@ -94,7 +95,7 @@ def test_unconstrained_batch_mates_stay_token_exact(tiny: TinyModel) -> None:
 def _run(
     engine: object, request_id: str, prompt: list[int], params: SamplingParams, **kw: object
 ) -> RequestOutput:
-    engine.add_request(request_id, prompt, params, **kw)  # type: ignore[attr-defined]
+    engine.add_request(GenerationRequest(request_id, prompt, params, **kw))  # type: ignore[attr-defined]
     return run_checked(engine)[request_id]  # type: ignore[arg-type]
 
 
@@ -132,10 +133,10 @@ def test_bad_spec_is_refused_before_anything_is_queued(
 ) -> None:
     engine = make_engine(tiny.loaded, num_blocks=16)
     with pytest.raises(InvalidRequestError) as caught:
-        engine.grammars.compile(spec)  # what a job's task thread does first
+        engine.served.grammars.compile(spec)  # what a job's task thread does first
     assert caught.value.param == param
     with pytest.raises(InvalidRequestError) as caught:
-        engine.add_request("r", [1, 2, 3], SamplingParams(structured_outputs=spec))
+        engine.add_request(GenerationRequest("r", [1, 2, 3], SamplingParams(structured_outputs=spec)))
     assert caught.value.param == param
     assert not engine.has_unfinished()
     engine.check_integrity()
@@ -180,7 +181,7 @@ def test_loop_takes_a_grammar_compiled_by_the_submitter(tiny: TinyModel) -> None
         spec = _schema(SCHEMAS[1][1])
         params = SamplingParams(max_tokens=MAX_TOKENS, temperature=1.0, structured_outputs=spec)
         grammar = loop.grammars.compile(spec)
-        final = list(loop.submit([5, 6, 7], params, grammar=grammar))[-1]
+        final = list(loop.submit(GenerationRequest.new([5, 6, 7], params, grammar=grammar)))[-1]
         assert final.finish_reason == "stop"
         jsonschema.validate(json.loads(final.text), SCHEMAS[1][1])
         assert loop.grammars.compiles == 1 and loop.grammars.hits == 0  # the loop did not compile again
@@ -192,9 +193,15 @@ def test_a_broken_matcher_fails_its_request_alone(tiny: TinyModel) -> None:
     engine = make_engine(tiny.loaded, num_blocks=64)
     spec = _schema(SCHEMAS[1][1])
     prompts = _prompts(5, 3)
-    engine.add_request("broken", prompts[0], SamplingParams(max_tokens=MAX_TOKENS, structured_outputs=spec))
-    engine.add_request("good", prompts[1], SamplingParams(max_tokens=MAX_TOKENS, structured_outputs=spec))
-    engine.add_request("plain", prompts[2], SamplingParams(max_tokens=8, **NO_EOS))
+    engine.add_request(
+        GenerationRequest(
+            "broken", prompts[0], SamplingParams(max_tokens=MAX_TOKENS, structured_outputs=spec)
+        )
+    )
+    engine.add_request(
+        GenerationRequest("good", prompts[1], SamplingParams(max_tokens=MAX_TOKENS, structured_outputs=spec))
+    )
+    engine.add_request(GenerationRequest("plain", prompts[2], SamplingParams(max_tokens=8, **NO_EOS)))
     broken = engine._seqs["broken"].grammar
     assert broken is not None and not broken.ll.consume_token(int(tiny.loaded.tokenizer.encode("x")[0]))
 

@@ -22,14 +22,14 @@ def test_evicted_blocks_come_back_from_the_warm_tier_exactly(tiny: TinyModel) ->
     engine = make_engine(tiny.loaded, num_blocks=8, warm_cache_size_bytes=1 << 20)
     assert engine.tiers is not None
     # where the CPU kernels build, the reload below goes through the streaming loader
-    assert (engine.kv_cache.block_writer is not None) == block_writer.available()
+    assert (engine.executor.kv_cache.block_writer is not None) == block_writer.available()
 
     out = run_checked(engine, {"first": (first, params)})["first"]
     assert_tokens(out.token_ids, tiny.expected(first, 6), "first")
     for i, prompt in enumerate(filler):  # each fills the 8-block pool: the system prompt is evicted
         run_checked(engine, {f"filler{i}": (prompt, params)})
     assert engine.tiers.spilled_blocks >= 4
-    first_hash = hash_blocks(system[:16], 16, (), parent=engine.block_manager.root(""))[0]
+    first_hash = hash_blocks(system[:16], 16, (), parent=engine.scheduler.blocks.root(""))[0]
     assert engine.pool.get_cached_block(first_hash, system[:16]) is None, "the pool still holds the prefix"
 
     out = run_checked(engine, {"again": (again, params)})["again"]
@@ -59,7 +59,7 @@ def test_a_block_back_in_the_pool_leaves_the_warm_tier_and_returns_when_evicted(
     params = SamplingParams(max_tokens=4, **NO_EOS)
     engine = make_engine(tiny.loaded, num_blocks=8, warm_cache_size_bytes=1 << 20)
     assert engine.tiers is not None
-    hashes = hash_blocks(system, 16, (), parent=engine.block_manager.root(""))
+    hashes = hash_blocks(system, 16, (), parent=engine.scheduler.blocks.root(""))
     run_checked(engine, {"first": ([*system, 1, 2], params)})
     assert not any(h in engine.tiers.warm for h in hashes), (
         "computed blocks are warm while the pool holds them"
@@ -109,9 +109,11 @@ def test_a_prefetched_block_the_pool_holds_does_not_go_warm(tiny: TinyModel) -> 
     engine = make_engine(tiny.loaded, num_blocks=8, warm_cache_size_bytes=1 << 20)
     assert engine.tiers is not None
     run_checked(engine, {"first": (prompt, SamplingParams(max_tokens=2, **NO_EOS))})
-    root = engine.block_manager.root("")
+    root = engine.scheduler.blocks.root("")
     first, second = hash_blocks(prompt[:32], 16, (), parent=root)
-    late = StoredBlock(first, root, tuple(prompt[:16]), engine.kv_cache.read_block(0))  # a racing prefetch
+    late = StoredBlock(
+        first, root, tuple(prompt[:16]), engine.executor.kv_cache.read_block(0)
+    )  # a racing prefetch
     fresh = StoredBlock(hash_blocks([7] * 16, 16, (), parent=second)[0], second, (7,) * 16, late.kv)
     engine.admit_prefetched([late, fresh])
     assert first not in engine.tiers.warm, "a block the pool holds was duplicated in the warm tier"

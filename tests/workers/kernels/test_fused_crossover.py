@@ -91,11 +91,11 @@ def test_the_engine_follows_the_measured_plan(
     monkeypatch.setattr(fused_crossover, "_plans", {})
     monkeypatch.setattr(fused_crossover, "best_of", _scripted(aten_ms))
     engine = make_engine(tiny.loaded, num_blocks=96)
-    fused = engine.runner.fused
+    fused = engine.executor.runner.fused
     assert fused is not None
     want = FusedPlan(True, None) if aten_ms[128] > 10 else FusedPlan(False, 128)
     assert fused.plan == want
-    for module in engine.runner.model.modules():  # ATen's or oneDNN's GEMM above 2 rows
+    for module in engine.executor.runner.model.modules():  # ATen's or oneDNN's GEMM above 2 rows
         if isinstance(module, SkinnyLinear):
             monkeypatch.setattr(module, "max_rows", 2)
     rows: list[int] = []

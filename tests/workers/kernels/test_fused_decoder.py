@@ -19,6 +19,7 @@ from workers.engine.kernels.fused_crossover import FusedPlan
 from workers.engine.kernels.fused_decoder import FusedDecoder
 from workers.engine.kernels.packed_linear import SkinnyLinear
 from workers.engine.llm_engine import LLMEngine
+from workers.engine.requests.request import GenerationRequest
 
 pytestmark = pytest.mark.skipif(
     not paged_decode.available(), reason="kvferry's CPU kernels did not build here"
@@ -28,7 +29,7 @@ ARCHS = ["llama", "qwen2", "qwen3", "mistral"]  # biases (qwen2, qwen3), q/k nor
 
 def _count_fused(engine: LLMEngine, monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Each fused forward's number of rows, as they run."""
-    fused = engine.runner.fused
+    fused = engine.executor.runner.fused
     assert fused is not None
     calls: list[int] = []
     forward = fused.forward
@@ -43,7 +44,7 @@ def _count_fused(engine: LLMEngine, monkeypatch: pytest.MonkeyPatch) -> list[int
 
 def _skinny_rows(engine: LLMEngine, rows: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """Where kvferry's GEMM hands over to the large-batch one (measured at start-up), set by hand."""
-    for module in engine.runner.model.modules():
+    for module in engine.executor.runner.model.modules():
         if isinstance(module, SkinnyLinear):
             monkeypatch.setattr(module, "max_rows", rows)
 
@@ -52,11 +53,11 @@ def _mixed_batch(engine: LLMEngine, prompts: list[list[int]], late: list[int] | 
     """A step's batch in which every sequence of `prompts` decodes (prefilled and sampled), and
     `late` (if any) prefills beside them."""
     for i, p in enumerate(prompts):
-        engine.add_request(f"r{i}", p, SamplingParams(max_tokens=8, **NO_EOS))
+        engine.add_request(GenerationRequest(f"r{i}", p, SamplingParams(max_tokens=8, **NO_EOS)))
     while any(not s.output_token_ids for s in engine.scheduler.running) or engine.scheduler.waiting:
         engine.step()
     if late is not None:
-        engine.add_request("late", late, SamplingParams(max_tokens=8, **NO_EOS))
+        engine.add_request(GenerationRequest("late", late, SamplingParams(max_tokens=8, **NO_EOS)))
     step = engine.scheduler.schedule()
     assert sum(s.num_new_tokens > 1 for s in step.scheduled) == (late is not None)
     return list(step.scheduled)
@@ -73,7 +74,7 @@ def test_one_step_matches_the_modules_forward(
     cached prefix) beside the decodes, and the linears on either GEMM."""
     tiny = _build_tiny(arch, tokenizer, seed=5)
     engine = make_engine(tiny.loaded, num_blocks=48, block_size=8)
-    fused = engine.runner.fused
+    fused = engine.executor.runner.fused
     assert fused is not None, f"{arch}: the fused stack should apply"
     if gemm != "kvferry":
         _skinny_rows(engine, 2, monkeypatch)
@@ -82,15 +83,15 @@ def test_one_step_matches_the_modules_forward(
     prompts = [random_prompt(rng, n) for n in (1, 7, 8, 15, 40)]
     late = prompts[4][:19] + random_prompt(rng, 9) if prefill else None  # 16 of it cached, 12 new
     batch = _mixed_batch(engine, prompts, late)
-    pool = engine.kv_cache.tensor
+    pool = engine.executor.kv_cache.tensor
     before = pool.clone()
 
-    engine.runner.fused = None
-    want = engine.runner.run(batch).sample
+    engine.executor.runner.fused = None
+    want = engine.executor.runner.run(batch).sample
     want_pool = pool.clone()
     pool.copy_(before)
-    engine.runner.fused = fused
-    got = engine.runner.run(batch).sample
+    engine.executor.runner.fused = fused
+    got = engine.executor.runner.run(batch).sample
 
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4 * float(want.abs().max()))
     torch.testing.assert_close(pool, want_pool, rtol=1e-4, atol=1e-4)
@@ -104,9 +105,9 @@ def test_engine_is_token_exact_with_the_stack_fused_or_not(
 ) -> None:
     tiny: TinyModel = tiny_model(arch)
     engine = make_engine(tiny.loaded, num_blocks=96, fused_decode=fused)
-    assert (engine.runner.fused is not None) is fused
-    if engine.runner.fused is not None:  # whatever was measured here: every step fused
-        monkeypatch.setattr(engine.runner.fused, "plan", FusedPlan(onednn=False, max_rows=None))
+    assert (engine.executor.runner.fused is not None) is fused
+    if engine.executor.runner.fused is not None:  # whatever was measured here: every step fused
+        monkeypatch.setattr(engine.executor.runner.fused, "plan", FusedPlan(onednn=False, max_rows=None))
     calls = _count_fused(engine, monkeypatch) if fused else []
     rng = random.Random(9)
     prompts = {f"r{i}": random_prompt(rng, n) for i, n in enumerate([2, 16, 17, 33, 64, 5])}
@@ -135,9 +136,9 @@ def test_every_step_runs_fused_prefills_decodes_and_both_gemms(
     long = short["s2"][:32] + random_prompt(rng, 150)  # 2 blocks of it cached
     params = SamplingParams(max_tokens=6, **NO_EOS)
     for rid, p in short.items():
-        engine.add_request(rid, p, params)
+        engine.add_request(GenerationRequest(rid, p, params))
     engine.step()
-    engine.add_request("long", long, params)  # chunked beside 3 decodes
+    engine.add_request(GenerationRequest("long", long, params))  # chunked beside 3 decodes
     done = run_checked(engine)
 
     assert calls[:2] == [56, 64], calls  # the short prompts; then 3 decodes + 61 of the long one
@@ -150,21 +151,21 @@ def test_it_applies_only_with_the_kernels_and_a_model_it_computes(
     tokenizer: object, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     tiny = _build_tiny("llama", tokenizer, seed=2)
-    assert make_engine(tiny.loaded, num_blocks=8, decode_kernel=False).runner.fused is None
-    assert make_engine(tiny.loaded, num_blocks=8, fused_decode=False).runner.fused is None
+    assert make_engine(tiny.loaded, num_blocks=8, decode_kernel=False).executor.runner.fused is None
+    assert make_engine(tiny.loaded, num_blocks=8, fused_decode=False).executor.runner.fused is None
     plain = _build_tiny("llama", tokenizer, seed=3)
-    assert make_engine(plain.loaded, num_blocks=8, packed_linear=False).runner.fused is None
+    assert make_engine(plain.loaded, num_blocks=8, packed_linear=False).executor.runner.fused is None
     monkeypatch.setattr(tiny.loaded.model.config, "hidden_act", "gelu")
-    assert make_engine(tiny.loaded, num_blocks=8).runner.fused is None
+    assert make_engine(tiny.loaded, num_blocks=8).executor.runner.fused is None
     monkeypatch.setattr(tiny.loaded.model.config, "hidden_act", "silu")
-    assert make_engine(tiny.loaded, num_blocks=8).runner.fused is not None
+    assert make_engine(tiny.loaded, num_blocks=8).executor.runner.fused is not None
 
 
 def test_bad_tables_slots_or_weights_raise_before_anything_is_written(tiny: TinyModel) -> None:
     engine = make_engine(tiny.loaded, num_blocks=16, block_size=4)
-    fused = engine.runner.fused
+    fused = engine.executor.runner.fused
     assert isinstance(fused, FusedDecoder)
-    pool = engine.kv_cache.tensor
+    pool = engine.executor.kv_cache.tensor
     pool.normal_()
     before = pool.clone()
     # rows: a 2-token prefill chunk (positions 3, 4 of blocks [3, 7]), then a decode at position 0
@@ -215,9 +216,9 @@ def test_a_pool_without_heads_or_head_dim_raises(tiny: TinyModel, hkv: int, d: i
     """A malformed pool ([layers, 2, slots, Hkv, D] with Hkv or D zero) raises before the shapes
     are divided by them (never a division by zero)."""
     engine = make_engine(tiny.loaded, num_blocks=16, block_size=4)
-    fused = engine.runner.fused
+    fused = engine.executor.runner.fused
     assert isinstance(fused, FusedDecoder)
-    layers = engine.kv_cache.tensor.shape[0]
+    layers = engine.executor.kv_cache.tensor.shape[0]
     pool = torch.zeros(layers, 2, 16 * 4, hkv, d)
     one = torch.zeros(1, dtype=torch.long)
     with pytest.raises(RuntimeError, match="decoder_layers: kv must have"):

@@ -15,6 +15,7 @@ from tests.workers._helpers import NO_EOS, TinyModel, assert_tokens, make_engine
 from workers.engine.kernels import omp_team
 from workers.engine.llm_engine import LLMEngine
 from workers.engine.requests.output import RequestOutput
+from workers.engine.requests.request import GenerationRequest
 from workers.loop.engine_loop import EngineLoop
 
 
@@ -29,7 +30,7 @@ def test_threads_are_batched_and_streams_add_up(tiny: TinyModel) -> None:
 
         def client(i: int) -> None:
             start.wait()
-            handle = loop.submit(prompts[i], SamplingParams(max_tokens=14, **NO_EOS))
+            handle = loop.submit(GenerationRequest.new(prompts[i], SamplingParams(max_tokens=14, **NO_EOS)))
             deltas = list(handle)
             results[i] = (deltas, handle.result(timeout=60))
 
@@ -54,8 +55,8 @@ def test_threads_are_batched_and_streams_add_up(tiny: TinyModel) -> None:
 def test_bad_request_fails_only_its_handle(tiny: TinyModel) -> None:
     engine = make_engine(tiny.loaded, num_blocks=32)
     with EngineLoop(engine) as loop:
-        bad = loop.submit([], SamplingParams(max_tokens=4))
-        good = loop.submit([5, 6, 7], SamplingParams(max_tokens=4, **NO_EOS))
+        bad = loop.submit(GenerationRequest.new([], SamplingParams(max_tokens=4)))
+        good = loop.submit(GenerationRequest.new([5, 6, 7], SamplingParams(max_tokens=4, **NO_EOS)))
         with pytest.raises(InvalidRequestError, match="empty"):
             bad.result(timeout=30)
         with pytest.raises(InvalidRequestError):
@@ -66,7 +67,9 @@ def test_bad_request_fails_only_its_handle(tiny: TinyModel) -> None:
 def test_cancel_frees_blocks(tiny: TinyModel) -> None:
     engine = make_engine(tiny.loaded, num_blocks=64)
     with EngineLoop(engine) as loop:
-        handle = loop.submit(list(range(100, 140)), SamplingParams(max_tokens=400, **NO_EOS))
+        handle = loop.submit(
+            GenerationRequest.new(list(range(100, 140)), SamplingParams(max_tokens=400, **NO_EOS))
+        )
         first = next(iter(handle))
         assert first.delta_token_ids
         handle.cancel()
@@ -80,7 +83,7 @@ def test_stopped_loop_fails_new_submissions(tiny: TinyModel) -> None:
     loop = EngineLoop(make_engine(tiny.loaded, num_blocks=16)).start()
     loop.stop()
     with pytest.raises(RuntimeError, match="stopped"):
-        loop.submit([1, 2, 3], SamplingParams(max_tokens=2)).result(timeout=5)
+        loop.submit(GenerationRequest.new([1, 2, 3], SamplingParams(max_tokens=2))).result(timeout=5)
 
 
 def test_a_built_loop_makes_and_runs_its_engine_on_its_own_thread(tiny: TinyModel) -> None:
@@ -98,7 +101,7 @@ def test_a_built_loop_makes_and_runs_its_engine_on_its_own_thread(tiny: TinyMode
         stepped_on = loop.call(lambda e: threading.current_thread())
         assert stepped_on is ran_on[0] and loop.healthy
         prompt = random_prompt(random.Random(5), 25)
-        out = loop.submit(prompt, SamplingParams(max_tokens=6, **NO_EOS)).result(60)
+        out = loop.submit(GenerationRequest.new(prompt, SamplingParams(max_tokens=6, **NO_EOS))).result(60)
         assert_tokens(out.token_ids, tiny.expected(prompt, 6), "built loop")
     finally:
         loop.stop()
@@ -145,7 +148,9 @@ def test_stats_after_a_job_do_not_walk_the_model(tiny: TinyModel, monkeypatch: p
     monkeypatch.setattr(type(tiny.loaded), "weights_bytes", property(walked))
     with EngineLoop(engine) as loop:
         prompt = [5, 6, 7, 8]
-        final = loop.submit(prompt, SamplingParams(max_tokens=3, **NO_EOS)).result(timeout=60)
+        final = loop.submit(GenerationRequest.new(prompt, SamplingParams(max_tokens=3, **NO_EOS))).result(
+            timeout=60
+        )
         stats = loop.call(lambda e: e.stats())
     assert_tokens(final.token_ids, tiny.expected(prompt, 3), "the job")
     assert stats.num_steps > 0 and stats.memory.weights_bytes == weights
@@ -159,12 +164,14 @@ def test_the_next_step_waits_until_the_first_token_is_out(tiny: TinyModel) -> No
     engine = make_engine(tiny.loaded, num_blocks=32, first_token_hold_s=60.0)  # only first_out() ends it
     prompt = [11, 12, 13, 14, 15]
     with EngineLoop(engine) as loop:
-        handle = loop.submit(prompt, SamplingParams(max_tokens=5, **NO_EOS), reports_first_out=True)
+        handle = loop.submit(
+            GenerationRequest.new(prompt, SamplingParams(max_tokens=5, **NO_EOS), reports_first_out=True)
+        )
         deltas = iter(handle)
         first = next(deltas)
-        steps = engine.counters.num_steps
+        steps = engine.report.counters.num_steps
         time.sleep(0.3)  # a tiny model's steps take ms: without the wait, the request would be done
-        assert engine.counters.num_steps == steps and not handle.done(), "stepped before first_out()"
+        assert engine.report.counters.num_steps == steps and not handle.done(), "stepped before first_out()"
         handle.first_out()
         handle.result(timeout=10)  # first_out() let it go on (the hold is 60 s)
         rest = list(deltas)
@@ -179,11 +186,13 @@ def test_a_consumer_that_never_reports_costs_the_hold_once(tiny: TinyModel) -> N
     engine = make_engine(tiny.loaded, num_blocks=32, first_token_hold_s=hold)
     prompts = {"silent": [21, 22, 23], "mate": [31, 32, 33, 34]}
     with EngineLoop(engine) as loop:
-        mate = loop.submit(prompts["mate"], SamplingParams(max_tokens=40, **NO_EOS))
+        mate = loop.submit(GenerationRequest.new(prompts["mate"], SamplingParams(max_tokens=40, **NO_EOS)))
         next(iter(mate))  # decoding: the silent one's first token comes in a step the mate shares
         started = time.monotonic()
         silent = loop.submit(
-            prompts["silent"], SamplingParams(max_tokens=6, **NO_EOS), reports_first_out=True
+            GenerationRequest.new(
+                prompts["silent"], SamplingParams(max_tokens=6, **NO_EOS), reports_first_out=True
+            )
         )
         assert_tokens(silent.result(timeout=30).token_ids, tiny.expected(prompts["silent"], 6), "silent")
         held = time.monotonic() - started
@@ -191,5 +200,5 @@ def test_a_consumer_that_never_reports_costs_the_hold_once(tiny: TinyModel) -> N
     assert hold <= held < 20 * hold, held
     quiet = make_engine(tiny.loaded, num_blocks=32, first_token_hold_s=60.0)
     with EngineLoop(quiet) as loop:  # no consumer reports: the 60 s hold never applies
-        handle = loop.submit(prompts["mate"], SamplingParams(max_tokens=6, **NO_EOS))
+        handle = loop.submit(GenerationRequest.new(prompts["mate"], SamplingParams(max_tokens=6, **NO_EOS)))
         assert_tokens(handle.result(timeout=10).token_ids, tiny.expected(prompts["mate"], 6), "unheld")

@@ -8,6 +8,7 @@ from click.testing import CliRunner
 
 from broker.sampling import SamplingParams
 from ops.cli.main import main
+from workers.engine.requests.request import GenerationRequest
 from workers.loop.simulated import MODEL, SimulatedEngineRefusedError, SimulatedLoop, choose
 
 
@@ -32,7 +33,9 @@ def test_the_worker_command_refuses_half_a_request(args: list[str], says: str) -
 def _run(
     loop: SimulatedLoop, prompt: list[int], max_tokens: int, before: tuple[int, ...] = ()
 ) -> tuple[int, ...]:
-    handle = loop.submit(prompt, SamplingParams(max_tokens=max_tokens), "r", output_token_ids=before)
+    handle = loop.submit(
+        GenerationRequest.new(prompt, SamplingParams(max_tokens=max_tokens), "r", output_token_ids=before)
+    )
     outputs = list(handle)
     assert outputs[-1].finished and outputs[-1].finish_reason == "length"
     return outputs[-1].token_ids
@@ -45,7 +48,7 @@ def test_deterministic_and_resumes_exactly() -> None:
         assert len(whole) == 8 and whole == _run(loop, [1, 2, 3], 8)
         assert _run(loop, [1, 2, 3], 8, before=whole[:5]) == whole
         assert loop.tokenizer.decode(whole).isalpha()
-        handle = loop.submit([4], SamplingParams(max_tokens=10_000), "long")
+        handle = loop.submit(GenerationRequest.new([4], SamplingParams(max_tokens=10_000), "long"))
         loop.abort("long")
         assert list(handle)[-1].finish_reason == "abort"
     finally:

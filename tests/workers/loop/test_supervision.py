@@ -12,7 +12,8 @@ from broker.errors import KvferryError
 from broker.sampling import SamplingParams
 from tests.workers._helpers import TinyModel, assert_tokens, make_engine, random_prompt
 from workers.engine.errors import EngineFailedError
-from workers.loop.dispatcher import MAX_FAILED_STEPS_IN_ROW
+from workers.engine.requests.request import GenerationRequest
+from workers.loop.driver import MAX_FAILED_STEPS_IN_ROW
 from workers.loop.engine_loop import STATS_IDLE_S, EngineLoop
 
 MAX_TOKENS = 10
@@ -35,7 +36,7 @@ def test_a_crashed_step_fails_in_flight_requests_and_the_loop_goes_on(tiny: Tiny
     prompts = _prompts(80)
     params = SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True)
     loop = EngineLoop(engine)
-    doomed = [loop.submit(p, params) for p in prompts]
+    doomed = [loop.submit(GenerationRequest.new(p, params)) for p in prompts]
     with loop:
         for handle in doomed:
             with pytest.raises(EngineFailedError, match="crashes on purpose") as info:
@@ -47,7 +48,7 @@ def test_a_crashed_step_fails_in_flight_requests_and_the_loop_goes_on(tiny: Tiny
         loop.call(lambda e: e.check_integrity())
 
         # The redelivered copies and fresh requests both run exact on the same loop.
-        again = [loop.submit(p, params) for p in [*prompts, *_prompts(81)]]
+        again = [loop.submit(GenerationRequest.new(p, params)) for p in [*prompts, *_prompts(81)]]
         for handle, prompt in zip(again, [*prompts, *_prompts(81)], strict=True):
             assert_tokens(handle.result(timeout=60).token_ids, tiny.expected(prompt, MAX_TOKENS), "after")
         assert loop.healthy and loop.restarts == 1
@@ -64,14 +65,16 @@ def test_a_dead_loop_thread_is_unhealthy_and_fails_fast(tiny: TinyModel) -> None
     engine.abort_all = broken_recovery  # type: ignore[method-assign]
     loop = EngineLoop(engine).start()
     try:
-        in_flight = loop.submit(_prompts(82)[0], SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True))
+        in_flight = loop.submit(
+            GenerationRequest.new(_prompts(82)[0], SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True))
+        )
         with pytest.raises(EngineFailedError, match="died"):
             in_flight.result(timeout=30)
         _wait(lambda: not loop.healthy)
         assert isinstance(loop.failure, RuntimeError)
         started = time.monotonic()
         with pytest.raises(EngineFailedError, match="recovery is broken"):
-            loop.submit([1, 2, 3], SamplingParams(max_tokens=2)).result(timeout=5)
+            loop.submit(GenerationRequest.new([1, 2, 3], SamplingParams(max_tokens=2))).result(timeout=5)
         with pytest.raises(EngineFailedError):
             loop.call(lambda e: e.stats(), timeout=5)
         assert time.monotonic() - started < 0.5, "a dead loop must refuse work at once"
@@ -86,15 +89,15 @@ def test_a_loop_whose_every_step_fails_gives_up(tiny: TinyModel) -> None:
     def always(scheduled: object) -> None:
         raise RuntimeError("the device is gone")
 
-    engine.faults.on_step = always  # type: ignore[method-assign]
+    engine.report.faults.on_step = always  # type: ignore[method-assign]
     loop = EngineLoop(engine).start()
     try:
         for _ in range(MAX_FAILED_STEPS_IN_ROW):
             with pytest.raises(EngineFailedError, match="device is gone"):
-                loop.submit([1, 2, 3], SamplingParams(max_tokens=2)).result(timeout=30)
+                loop.submit(GenerationRequest.new([1, 2, 3], SamplingParams(max_tokens=2))).result(timeout=30)
         _wait(lambda: not loop.healthy)
         with pytest.raises(EngineFailedError, match="in a row"):
-            loop.submit([1, 2, 3], SamplingParams(max_tokens=2)).result(timeout=5)
+            loop.submit(GenerationRequest.new([1, 2, 3], SamplingParams(max_tokens=2))).result(timeout=5)
         assert engine.pool.stats().blocks_used == 0
     finally:
         loop.stop()
@@ -107,8 +110,10 @@ def test_latest_stats_never_waits_for_a_slow_step(tiny: TinyModel) -> None:
         idle = loop.latest_stats
         _wait(lambda: loop.latest_stats is not idle, timeout=STATS_IDLE_S * 3)  # idle refresh
 
-        handle = loop.submit(_prompts(83)[0], SamplingParams(max_tokens=3, ignore_eos=True))
-        _wait(lambda: engine.faults.num_steps >= 1)  # the slow prefill step has begun
+        handle = loop.submit(
+            GenerationRequest.new(_prompts(83)[0], SamplingParams(max_tokens=3, ignore_eos=True))
+        )
+        _wait(lambda: engine.report.faults.num_steps >= 1)  # the slow prefill step has begun
         started = time.monotonic()
         for _ in range(100):
             snapshot = loop.latest_stats

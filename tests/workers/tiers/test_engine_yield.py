@@ -19,11 +19,12 @@ from tests.kvstore.conftest import MakeBlocks, make_blocks, redis_client, redis_
 from tests.workers._helpers import NO_EOS, TinyModel, assert_tokens, make_engine, random_prompt, run_checked
 from tests.workers.tiers.test_kv_writer import BLOCK, FMT
 from workers.engine.errors import EngineFailedError
+from workers.engine.requests.request import GenerationRequest
 from workers.loop.engine_loop import EngineLoop
 from workers.loop.idle_event import IdleEvent
 from workers.tiers.prefetch import prefetch
 from workers.tiers.writer import KVWriter
-from workers.tiers.writer_yield import SETTLE_S, EngineYield
+from workers.tiers.writer_yield import QUIET_S, EngineYield
 
 
 def _busy_writer(client: redis.Redis, defer_s: float, queue_blocks: int = 64) -> tuple[KVWriter, RedisTier]:
@@ -57,8 +58,8 @@ def test_wait_returns_on_idle_deadline_or_hurry() -> None:
     assert time.monotonic() - started < 0.1
     started = time.monotonic()
     threading.Timer(0.1, idle.set).start()
-    gate.wait(time.monotonic() + 5, lambda: False)  # the engine goes idle, and stays so SETTLE_S
-    assert 0.1 + SETTLE_S <= time.monotonic() - started < 2 and idle.idle_for() >= SETTLE_S
+    gate.wait(time.monotonic() + 5, lambda: False)  # the engine goes idle, and stays so QUIET_S
+    assert 0.1 + QUIET_S <= time.monotonic() - started < 2 and idle.idle_for() >= QUIET_S
     assert gate.yields == 2 and gate.yielded_s > 0.2
     assert EngineYield(1.0).deadline() > time.monotonic()  # no idle event: never waits
     with pytest.raises(ValueError, match="defer_s"):
@@ -71,12 +72,12 @@ def test_a_transaction_waits_until_the_engine_has_settled() -> None:
     idle.set_long_ago()  # idle for long: no wait
     started = time.monotonic()
     gate.wait(gate.deadline(), lambda: False)
-    assert time.monotonic() - started < SETTLE_S / 2 and gate.yields == 0
+    assert time.monotonic() - started < QUIET_S / 2 and gate.yields == 0
     idle.clear()
     started = time.monotonic()
     idle.set()  # a turn just ended: wait out the settling time
     gate.wait(gate.deadline(), lambda: False)
-    assert SETTLE_S <= time.monotonic() - started < SETTLE_S + 1 and idle.idle_for() >= SETTLE_S
+    assert QUIET_S <= time.monotonic() - started < QUIET_S + 1 and idle.idle_for() >= QUIET_S
     idle.clear()
     idle.set()
     asked = []
@@ -90,7 +91,7 @@ def test_a_transaction_waits_until_the_engine_has_settled() -> None:
 
     started = time.monotonic()
     gate.wait(gate.deadline(), next_request_while_settling)
-    assert 0.3 + SETTLE_S <= time.monotonic() - started < 2 and idle.idle_for() >= SETTLE_S
+    assert 0.3 + QUIET_S <= time.monotonic() - started < 2 and idle.idle_for() >= QUIET_S
     assert gate.yields == 2
     idle.clear()
     assert idle.idle_for() == 0.0
@@ -148,16 +149,22 @@ def test_the_loop_is_idle_only_with_nothing_to_run(tiny: TinyModel) -> None:
     engine = make_engine(tiny.loaded, num_blocks=16)
     with EngineLoop(engine) as loop:
         assert loop.idle.wait(5)
-        handle = loop.submit(random_prompt(random.Random(3), 20), SamplingParams(max_tokens=200, **NO_EOS))
+        handle = loop.submit(
+            GenerationRequest.new(
+                random_prompt(random.Random(3), 20), SamplingParams(max_tokens=200, **NO_EOS)
+            )
+        )
         assert not loop.idle.is_set()  # cleared by the submit itself
         handle.result(60)
         assert loop.idle.wait(5)
     assert loop.idle.is_set()  # a stopped loop never holds the writer back
-    assert loop.idle.idle_for() >= SETTLE_S  # as if idle for ever: no settling time either
-    late = loop.submit([1, 2, 3], SamplingParams(max_tokens=1))  # refused: the loop has stopped
+    assert loop.idle.idle_for() >= QUIET_S  # as if idle for ever: no quiet time either
+    late = loop.submit(
+        GenerationRequest.new([1, 2, 3], SamplingParams(max_tokens=1))
+    )  # refused: the loop has stopped
     with pytest.raises(EngineFailedError):
         late.result(5)
-    assert loop.idle.idle_for() >= SETTLE_S  # the refused submit did not clear it for good
+    assert loop.idle.idle_for() >= QUIET_S  # the refused submit did not clear it for good
 
 
 def test_a_turn_written_while_the_engine_is_busy_resumes_exactly(
@@ -170,13 +177,15 @@ def test_a_turn_written_while_the_engine_is_busy_resumes_exactly(
     params = SamplingParams(max_tokens=8, **NO_EOS)
     engine = make_engine(tiny.loaded, num_blocks=32, warm_cache_size_bytes=1 << 20)
     assert engine.tiers is not None
-    tier = RedisTier(redis_client, engine.kv_format, 10**9)
+    tier = RedisTier(redis_client, engine.served.kv_format, 10**9)
     writer = KVWriter(tier, defer_s=30)
     engine.tiers.attach(writer)
     with EngineLoop(engine) as loop:
         writer.yielding.idle = loop.idle
-        slow = loop.submit(random_prompt(rng, 30), SamplingParams(max_tokens=400, **NO_EOS))
-        out = loop.submit(history, params).result(60)
+        slow = loop.submit(
+            GenerationRequest.new(random_prompt(rng, 30), SamplingParams(max_tokens=400, **NO_EOS))
+        )
+        out = loop.submit(GenerationRequest.new(history, params)).result(60)
         assert_tokens(out.token_ids, tiny.expected(history, 8), "turn 1")
         time.sleep(0.1)
         assert not slow.done(), "the slow request must outlast the check"

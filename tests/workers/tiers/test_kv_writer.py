@@ -25,7 +25,7 @@ from kvstore.tiers.stored_block import StoredBlock
 from ops.bench.engine.target import EngineTarget
 from tests.kvstore.conftest import TINY_LAYOUT, MakeBlocks, make_blocks, redis_client, redis_server  # noqa: F401
 from tests.workers._helpers import NO_EOS, TinyModel, assert_tokens, make_engine, random_prompt, run_checked
-from workers.engine.pending_write import BlockMeta
+from workers.engine.tiers.pending_write import BlockMeta
 from workers.tiers.prefetch import prefetch
 from workers.tiers.writer import KVWriter
 
@@ -152,7 +152,7 @@ def test_the_engine_never_waits_for_a_slow_or_unreachable_redis(tiny: TinyModel,
     engine = make_engine(tiny.loaded, num_blocks=12, warm_cache_size_bytes=1 << 20)
     assert engine.tiers is not None
     tier = GatedTier(fail=fail)
-    writer = KVWriter(tier, max_queued_bytes=6 * engine.kv_format.nbytes)  # type: ignore[arg-type]
+    writer = KVWriter(tier, max_queued_bytes=6 * engine.served.kv_format.nbytes)  # type: ignore[arg-type]
     engine.tiers.attach(writer)
     params = SamplingParams(max_tokens=4, **NO_EOS)
     started = time.perf_counter()
@@ -187,7 +187,7 @@ def test_a_turn_written_through_the_writer_resumes_exactly_on_a_fresh_engine(
     params = SamplingParams(max_tokens=10, **NO_EOS)
     first = make_engine(tiny.loaded, num_blocks=8, warm_cache_size_bytes=1 << 20)
     assert first.tiers is not None
-    tier = GatedRedisTier(redis_client, first.kv_format, 10**9)
+    tier = GatedRedisTier(redis_client, first.served.kv_format, 10**9)
     tier.gate = threading.Event()
     writer = KVWriter(tier)
     first.tiers.attach(writer)

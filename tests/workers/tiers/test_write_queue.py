@@ -9,7 +9,7 @@ import torch
 
 from tests.kvstore.conftest import MakeBlocks, make_blocks  # noqa: F401
 from tests.workers.tiers.test_kv_writer import FMT
-from workers.engine.pending_write import PendingWrite
+from workers.engine.tiers.pending_write import PendingWrite
 from workers.tiers.staging import StagingArena
 from workers.tiers.write_queue import WriteQueue
 

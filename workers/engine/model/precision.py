@@ -110,3 +110,6 @@ class Precision:
         log.info("precision: %s", actual.describe())
         marked = replace(cast(Any, loaded), fingerprint=loaded.fingerprint + actual.tag)
         return cast(Loaded, marked), actual
+
+
+FP32 = Precision("float32", "float32")

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from broker.errors import InvalidRequestError
 from kvstore.chain import BlockHash
 from workers.engine.requests.logprob import Logprob
 from workers.engine.requests.sequence import FinishReason
@@ -33,6 +34,8 @@ class RequestOutput:
     delta_logprobs: tuple[Logprob, ...] = ()  # of delta_token_ids, when the request asked
     # The prompt's (from its second token on), once, on the first output after they are complete.
     prompt_logprobs: tuple[Logprob, ...] = ()
+    # Why the request failed alone (finish_reason "error"): the typed error its caller gets.
+    cause: InvalidRequestError | None = field(default=None, compare=False, repr=False)
 
     @property
     def computed_prompt_tokens(self) -> int:

@@ -52,7 +52,7 @@ class EngineRequest:
     prompt_logprobs: list[Logprob] = field(default_factory=list)
     prompt_logprobs_sent: bool = False
     grammar: GrammarMatcher | None = None  # params.structured_outputs' matcher: masks and advances
-    # Its place in the waiting order (workers/engine/wait_queue.py): interactive before batch,
+    # Its place in the waiting order (workers/engine/scheduling/wait_queue.py): interactive before batch,
     # then lower priority first (vLLM's); a running batch sequence yields to a waiting interactive.
     job_class: JobClass = "interactive"
     priority: int = 0

@@ -1,0 +1,90 @@
+"""The scaling policy: how many workers the fleet should have. Pure (no I/O, no clock of its own):
+the api evaluates it at every scrape of /metrics (kvferry_desired_workers), KEDA scales the
+workers' Deployment on that gauge, and `kvferry serve --autoscale` follows the same gauge.
+
+    demand     = jobs running + jobs waiting (every band's messages, parked, admitted-not-started)
+    by_seats   = ceil(demand / (seats_per_worker x target_seat_use))
+    by_wait    = workers + 1   while the queue-wait p95 is over its target and jobs wait
+    raw        = clamp(max(by_seats, by_wait), min_workers, max_workers)   (min_workers when idle)
+
+Hysteresis (Hysteresis.update): a raw figure above the current one is taken at once (a burst
+pays no delay); one below it only once every raw figure for `scale_in_hold_s` was below it, and
+nothing waits or the queue wait is under half its target; then the highest of those figures (never below what
+the recent past needed). Between the two thresholds (target_seat_use for scale-out, the hold and
+the wait for scale-in) the figure stays where it is, so a load at the edge does not flap."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class ScalePolicy:
+    min_workers: int = 1
+    max_workers: int = 8
+    wait_target_s: float = 2.0  # the queue wait p95 the fleet should keep under
+    target_seat_use: float = 0.8  # the share of seats demand should fill at the desired size
+    scale_in_hold_s: float = 30.0  # how long a lower figure must hold before workers go
+    default_seats: int = 8  # per worker, while no live worker says its seats
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.min_workers <= self.max_workers or self.max_workers < 1:
+            raise ValueError("need 0 <= min_workers <= max_workers and max_workers >= 1")
+        if not 0 < self.target_seat_use <= 1:
+            raise ValueError("target_seat_use must be in (0, 1]")
+        if self.wait_target_s <= 0 or self.scale_in_hold_s < 0 or self.default_seats < 1:
+            raise ValueError("wait_target_s and default_seats must be positive, scale_in_hold_s >= 0")
+
+
+@dataclass(frozen=True, slots=True)
+class FleetLoad:
+    """What the policy reads: fleet-wide figures of one moment."""
+
+    workers: int  # live workers (loading ones included: they will take seats soon)
+    seats_total: int  # engine seats of the live workers that say theirs
+    jobs_running: int  # seats in use
+    jobs_waiting: int  # everything a new worker would help with
+    wait_p95_s: float | None  # queue wait p95 of the recent jobs; None: none started lately
+
+
+def raw_desired(policy: ScalePolicy, load: FleetLoad) -> int:
+    """The size this moment alone asks for (no hysteresis)."""
+    demand = load.jobs_running + load.jobs_waiting
+    if demand == 0:
+        return policy.min_workers
+    per_worker = (
+        load.seats_total / load.workers if load.workers and load.seats_total else policy.default_seats
+    )
+    wanted = math.ceil(demand / (per_worker * policy.target_seat_use))
+    late = load.wait_p95_s is not None and load.wait_p95_s > policy.wait_target_s
+    if late and load.jobs_waiting > 0:
+        wanted = max(wanted, load.workers + 1)
+    return min(max(wanted, policy.min_workers), policy.max_workers)
+
+
+@dataclass
+class Hysteresis:
+    """The desired size over time: up at once, down only after a hold (module docstring)."""
+
+    policy: ScalePolicy
+    desired: int | None = None
+    _low_since: float | None = None
+    _low_peak: int = 0  # the highest raw figure seen during the hold
+
+    def update(self, load: FleetLoad, now: float) -> int:
+        raw = raw_desired(self.policy, load)
+        if self.desired is None or raw >= self.desired:
+            if self.desired is None or raw > self.desired:
+                self.desired = raw
+            self._low_since = None
+            return self.desired
+        if self._low_since is None:
+            self._low_since, self._low_peak = now, raw
+        self._low_peak = max(self._low_peak, raw)
+        # nothing waits: the window's p95 (finished jobs of the past minute) is history
+        late = load.wait_p95_s is not None and load.wait_p95_s >= self.policy.wait_target_s / 2
+        calm = load.jobs_waiting == 0 or not late
+        if calm and now - self._low_since >= self.policy.scale_in_hold_s:
+            self.desired, self._low_since = self._low_peak, None
+        return self.desired

@@ -1,0 +1,1 @@
+"""`kvferry bench responses`: the Responses API's previous_response_id turns moved between workers."""

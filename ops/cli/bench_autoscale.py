@@ -1,0 +1,44 @@
+"""`kvferry bench autoscale` (the run itself is ops/bench/autoscale/run.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from ops.cli.engine import _write_json, bench, json_option
+
+
+@bench.command("autoscale")
+@json_option
+@click.option("--autoscale", "bounds", default="1:8", show_default=True, help="MIN:MAX workers")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--duration-s", type=float, default=900.0, show_default=True, help="the trace's length")
+@click.option("--seats", type=int, default=8, show_default=True, help="engine seats per worker")
+@click.option("--worker-start-s", type=float, default=5.0, show_default=True, help="a new worker's start")
+@click.option("--scrape-s", type=float, default=5.0, show_default=True, help="how often the policy is read")
+def bench_autoscale_cmd(
+    json_path: Path | None,
+    bounds: str,
+    seed: int,
+    duration_s: float,
+    seats: int,
+    worker_start_s: float,
+    scrape_s: float,
+) -> None:
+    """The scaling policy on a seeded bursty trace (simulated-engine workers, a fleet model):
+    queue wait p95 and worker-seconds under --autoscale vs static fleets of MAX and MIN."""
+    from api.scale.policy import ScalePolicy
+    from ops.bench.autoscale.run import run_autoscale
+    from ops.bench.autoscale.trace import TraceSpec
+    from ops.scale.autoscaler import parse_bounds
+    from ops.settings import Settings
+
+    low, high = parse_bounds(bounds)
+    s = Settings.from_env()
+    policy = ScalePolicy(low, high, s.scale_wait_target_s, scale_in_hold_s=s.scale_in_hold_s)
+    spec = TraceSpec(seed=seed, duration_s=duration_s)
+    result = run_autoscale(spec, (low, high), seats, policy, worker_start_s, scrape_s)
+    _write_json(result, json_path)
+    click.echo(json.dumps({k: v for k, v in result.items() if not isinstance(v, dict)}, indent=2))

@@ -1,0 +1,1 @@
+"""Scaling operations: `kvferry worker --drain`, the local autoscaler of `kvferry serve --autoscale`."""

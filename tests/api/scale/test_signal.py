@@ -1,0 +1,62 @@
+"""The scaling signal on /metrics against a real redis-server and api: every band's messages,
+the parked jobs and the jobs a worker holds unstarted count in kvferry_jobs_waiting, by class."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import redis
+
+from api.routing.fleet import workers
+from api.scale.signal import read_waiting
+from broker import keys, priority
+from broker.messages import EngineFigures, WorkerStatus
+from broker.worker_registry import HEARTBEAT_FIELD, encode_status
+from tests.api.conftest import Served
+from tests.api.fake_worker import FakeWorker
+from tests.api.test_dispatch import beat
+
+MODEL = "smollm2"
+
+
+def test_parked_jobs_count_in_jobs_waiting(fresh_api: Served, rds: redis.Redis, worker: FakeWorker) -> None:
+    beat(rds, "w1@test", 6)  # window 6 - 4 (the default headroom) = 2: the rest parks
+    time.sleep(1.1)  # past the api's fleet cache
+    body = {"model": MODEL, "prompt": "hi", "max_tokens": 3}
+    worker.pause()
+    with fresh_api.client() as c:
+        for _ in range(6):  # 4 released (the default quota) into band 2, 2 parked
+            assert c.post("/v1/jobs", json={"endpoint": "/v1/completions", "body": body}).status_code == 202
+        text = c.get("/metrics").text
+    worker.resume()
+    assert rds.zcard(keys.PARKED) == 2
+    assert 'kvferry_jobs_waiting{class="interactive"} 6.0' in text, text
+    assert 'kvferry_jobs_waiting{class="batch"} 0.0' in text
+    assert "kvferry_seats_total 6.0" in text  # beat() says concurrency 6 and no seats: its concurrency
+    assert "kvferry_desired_workers 2.0" in text  # 6 waiting / (6 seats x 0.8) -> 2
+
+
+def test_every_band_of_every_queue_and_the_held_jobs(rds: redis.Redis, redis_url: str) -> None:
+    own = keys.worker_queue("w1@test")
+    for band in (0, 4, 5, 9):  # kombu's suffixed lists, interactive and batch
+        rds.lpush(priority.queue_key(keys.SHARED_QUEUE, band), b"m")
+    rds.lpush(priority.queue_key(own, 7), b"m", b"m")
+    engine = EngineFigures(2, 1, 0, 8, 0, 10, 4, 0, 1, 0, 0, 0.0, 0, 0)
+    status = WorkerStatus("w1@test", own, MODEL, 5, 0, 0, time.time(), engine, concurrency=8, seats=8)
+    rds.hset(keys.worker_heartbeat("w1@test"), HEARTBEAT_FIELD, encode_status(status))
+    rds.expire(keys.worker_heartbeat("w1@test"), 60)
+    rds.sadd(keys.WORKERS, "w1@test")
+    rds.zadd(keys.PARKED, {"j1": 1.0})
+
+    async def go() -> dict[str, int]:
+        import redis.asyncio as aioredis
+
+        client = aioredis.Redis.from_url(redis_url)
+        try:
+            return await read_waiting(client, await workers(client))
+        finally:
+            await client.aclose()
+
+    # interactive: bands 0 and 4, one parked, 5 running jobs less 2 in the engine's batch = 3 held
+    assert asyncio.run(go()) == {"interactive": 2 + 1 + 3, "batch": 2 + 2}
