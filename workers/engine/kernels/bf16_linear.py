@@ -20,6 +20,8 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from workers.engine.kernels import packed_linear
+
 log = logging.getLogger(__name__)
 PACKED = "packed"
 PLAIN = "plain"
@@ -28,11 +30,8 @@ _REPEATS = 3
 
 
 def runs() -> bool:
-    return (
-        torch.backends.mkldnn.is_available()
-        and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
-        and hasattr(torch.ops.mkldnn, "_linear_pointwise")
-    )
+    """oneDNN's reorder and linear ops are in this torch (the fp32 packed linears' check)."""
+    return packed_linear._onednn_runs()
 
 
 class Bf16Linear(nn.Module):

@@ -54,12 +54,15 @@ void aten_linear(const float* x, int64_t m, const at::Tensor& w, const at::Tenso
     at::mm_out(ot, xt, w.t());
 }
 
-// aten_linear through oneDNN over the same plain weight: mkldnn::_linear_pointwise, the op the
-// modules' large-batch linears call (packed_linear.py). Boxed: the schema is torch's to change.
-void onednn_linear(const float* x, int64_t m, const at::Tensor& w, const at::Tensor& b, float* out) {
+namespace {
+
+// out[m, n] = x W^T (+ b) by mkldnn::_linear_pointwise over x in `dtype` (x rounded to it where
+// narrower), the output widened into `out`. Boxed: the schema is torch's to change.
+void pointwise_linear(const float* x, int64_t m, const at::Tensor& w, const at::Tensor& b, float* out,
+                      at::ScalarType dtype) {
   static const c10::OperatorHandle op = c10::Dispatcher::singleton().findSchemaOrThrow("mkldnn::_linear_pointwise", "");
   const auto options = at::TensorOptions().dtype(at::kFloat);
-  torch::jit::Stack stack{at::from_blob(const_cast<float*>(x), {m, w.size(1)}, options),
+  torch::jit::Stack stack{at::from_blob(const_cast<float*>(x), {m, w.size(1)}, options).to(dtype),
                           w,
                           b.numel() > 0 ? c10::IValue(b) : c10::IValue(),
                           "none",
@@ -69,19 +72,18 @@ void onednn_linear(const float* x, int64_t m, const at::Tensor& w, const at::Ten
   at::from_blob(out, {m, w.size(0)}, options).copy_(stack[0].toTensor());
 }
 
+}  // namespace
+
+// aten_linear through oneDNN over the same plain weight: mkldnn::_linear_pointwise, the op the
+// modules' large-batch linears call (packed_linear.py).
+void onednn_linear(const float* x, int64_t m, const at::Tensor& w, const at::Tensor& b, float* out) {
+  pointwise_linear(x, m, w, b, out, at::kFloat);
+}
+
 // The same over a bf16 weight: x rounded to bf16, oneDNN's bf16 GEMM (fp32 accumulation), the
 // output widened into `out`.
 void onednn_bf16_linear(const float* x, int64_t m, const at::Tensor& w, const at::Tensor& b, float* out) {
-  static const c10::OperatorHandle op = c10::Dispatcher::singleton().findSchemaOrThrow("mkldnn::_linear_pointwise", "");
-  const auto options = at::TensorOptions().dtype(at::kFloat);
-  torch::jit::Stack stack{at::from_blob(const_cast<float*>(x), {m, w.size(1)}, options).to(at::kBFloat16),
-                          w,
-                          b.numel() > 0 ? c10::IValue(b) : c10::IValue(),
-                          "none",
-                          c10::List<std::optional<at::Scalar>>(),
-                          ""};
-  op.callBoxed(&stack);
-  at::from_blob(out, {m, w.size(0)}, options).copy_(stack[0].toTensor());
+  pointwise_linear(x, m, w, b, out, at::kBFloat16);
 }
 
 }  // namespace kvferry
