@@ -21,7 +21,7 @@ import torch
 
 from broker.sampling import SamplingParams
 from ops.bench.engine.hf_baseline import hf_greedy, hf_model
-from ops.bench.engine.served.precision import MODES, decode_tpot_16, mode_name
+from ops.bench.engine.precision import MODES, decode_tpot_16, mode_name
 from ops.settings import Settings
 from workers.engine.factory import build_engine
 from workers.engine.llm_engine import LLMEngine
