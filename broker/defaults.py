@@ -73,7 +73,8 @@ class SettingsFields(BaseModel):
     max_model_len: int | None = None  # None: the model's own context length
     enable_prefix_caching: bool = True
     warm_cache_size: Size = ByteSize(256 * MiB)  # host-memory tier for evicted blocks; 0 = none
-    dtype: str = "float32"
+    dtype: str = "auto"  # auto (bf16 where the CPU has AVX512-BF16 or AMX, or CUDA) | float32 | bfloat16
+    kv_cache_dtype: str = "auto"  # the hot pool's K/V: auto (as dtype) | float32 | bfloat16
     device: str = "cpu"
     torch_threads: int | None = None  # None: torch's default
     packed_linear: bool = True  # CPU fp32: linears on kvferry's decode-step GEMM (else oneDNN-packed)
