@@ -1,12 +1,12 @@
 """The Responses bench: a kvferry stack of N workers with session_move_after_turns = 2 and
 session_move_every_turns = 3, so each conversation's turns move between workers every other turn
 (turns 3, 5, 7 by previous_response_id go to another worker than the turn before; each moved
-turn is then sent again by the same previous_response_id, on the worker that took the
-conversation and holds it in its pool: the "kept" baseline, which the session counts as a turn,
-hence M = 3). For each moved turn: its TTFT, the kept one's; for each conversation's last moved
-turn, the same history as one chat request with a fresh cache_salt (a cold recompute). Ratios
-are medians over moved turns (recompute: over conversations); then background submissions'
-answer time (p50, ms)."""
+turn is then sent again by the same previous_response_id with another new input of as many
+tokens, on the worker that took the conversation and holds its history in its pool: the "kept"
+baseline, which the session counts as a turn, hence M = 3). For each moved turn: its TTFT, the
+kept one's; for each conversation's last moved turn, the same history as one chat request with a
+fresh cache_salt (a cold recompute). Ratios are medians over moved turns (recompute: over
+conversations); then background submissions' answer time (p50, ms)."""
 
 from __future__ import annotations
 
@@ -51,7 +51,9 @@ def _conversation(http: httpx.Client, model: str, c: int, cfg: Config) -> list[d
         turn = respond(http, model, f"question {t}", previous, cfg.output_tokens)
         if t % 2 == 1:  # a moved turn: the same turn again, now where the conversation is kept
             time.sleep(cfg.think_s)
-            kept = respond(http, model, f"question {t}", previous, cfg.output_tokens)
+            # Another one-digit question (as many tokens): the history is the kept worker's, the new
+            # input is computed, as the moved turn's was; the same text would find itself cached.
+            kept = respond(http, model, f"question {(t + 5) % 10}", previous, cfg.output_tokens)
             rows.append(
                 {
                     "turn": t,
