@@ -26,6 +26,7 @@ class ApiConfig:
     routing: Routing = DEFAULTS.routing  # or "round-robin" / "shared" (baselines for the benchmark)
     prefetch_hints: bool = DEFAULTS.prefetch_hints  # see api/routing/router.py choose_queue
     session_move_after_turns: int = DEFAULTS.session_move_after_turns  # see api/routing/router.py _Choice
+    session_move_every_turns: int = DEFAULTS.session_move_every_turns  # api/routing/hints.py Move
     redis_tier: bool = True  # whether workers run the Redis tier: routing counts a loaded prefix cheap
     route_max_waiting: int = 8  # a worker with more sequences waiting than this is not routed to
     api_keys: tuple[tuple[str, str], ...] = ()  # (key, tenant) pairs; see api/tenants.py
@@ -45,6 +46,7 @@ class ApiConfig:
     files_batch_expiry_s: int = DEFAULTS.files_batch_expiry_s  # docs/files.md#retention; 0: kept
     batch_output_expiry_s: int = DEFAULTS.batch_output_expiry_s
     batch_retention_s: int = DEFAULTS.batch_retention_s
+    response_ttl_s: int = DEFAULTS.response_ttl_s  # stored responses and conversations (docs/api.md)
     files_sweep_interval_s: float = DEFAULTS.files_sweep_interval_s  # api/files/sweeper.py
     files_orphan_grace_s: int = DEFAULTS.files_orphan_grace_s
     tenant_max_files: int = DEFAULTS.tenant_max_files  # quotas (api/files/quota.py); 0: no cap
@@ -71,8 +73,10 @@ class ApiConfig:
             raise ValueError("metrics_token must be None (open /metrics) or a non-empty string")
         if self.tenant_max_jobs < 0:
             raise ValueError("tenant_max_jobs must be >= 0 (0: no cap)")
-        if self.session_move_after_turns < 0:
-            raise ValueError("session_move_after_turns must be >= 0 (0: off)")
+        if self.response_ttl_s <= 0:
+            raise ValueError("response_ttl_s must be positive (every stored response expires)")
+        if self.session_move_after_turns < 0 or self.session_move_every_turns < 0:
+            raise ValueError("session_move_after_turns and session_move_every_turns must be >= 0 (0: off)")
         if self.dispatch_headroom < 0 or self.fair_quota < 0:
             raise ValueError("dispatch_headroom and fair_quota must be >= 0")
         if self.default_max_tokens is not None and self.default_max_tokens < 1:

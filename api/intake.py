@@ -92,6 +92,7 @@ async def submit(
             redis_tier=config.redis_tier,
             job_id=job_id,
             memory=ctx.routing,
+            move_every=config.session_move_every_turns,
         )
         if route.prefetch_to:  # turn K of a forced move: its worker hints turn K+1's (api/routing/hints.py)
             job = msgspec.structs.replace(job, prefetch_to=route.prefetch_to)

@@ -73,7 +73,8 @@ class SettingsFields(BaseModel):
     max_model_len: int | None = None  # None: the model's own context length
     enable_prefix_caching: bool = True
     warm_cache_size: Size = ByteSize(256 * MiB)  # host-memory tier for evicted blocks; 0 = none
-    dtype: str = "float32"
+    dtype: str = "auto"  # auto (bf16 where the CPU has AVX512-BF16 or AMX, or CUDA) | float32 | bfloat16
+    kv_cache_dtype: str = "auto"  # the hot pool's K/V: auto (as dtype) | float32 | bfloat16
     device: str = "cpu"
     torch_threads: int | None = None  # None: torch's default
     packed_linear: bool = True  # CPU fp32: linears on kvferry's decode-step GEMM (else oneDNN-packed)
@@ -130,6 +131,7 @@ class SettingsFields(BaseModel):
     routing: Routing = "cache-aware"  # "round-robin" and "shared" are the benchmark's baselines
     prefetch_hints: bool = True  # a session routed to a new worker: it loads the blocks while queued
     session_move_after_turns: int = 0  # a session's turn K+1 goes to another worker (0 = off)
+    session_move_every_turns: int = 0  # benchmarks: every M-th turn after turn K+1 moves too (0 = once)
     tool_call_parser: ToolCallParser = "hermes"  # the served model's tool-call format (as vLLM's flag)
     files_dir: UserPath | None = None  # /v1/files contents (a volume every api shares); None: cache_dir/files
     files_max_bytes: Size = ByteSize(200 * MiB)  # one uploaded file's size cap (OpenAI's); over it: 413
@@ -138,6 +140,7 @@ class SettingsFields(BaseModel):
     files_batch_expiry_s: int = 30 * 86400  # a purpose "batch" upload with no expires_after (OpenAI's)
     batch_output_expiry_s: int = 30 * 86400  # a batch's output and error files, unless output_expires_after
     batch_retention_s: int = 30 * 86400  # an ended batch's record
+    response_ttl_s: int = 30 * 86400  # a stored response, a conversation: after their last change (OpenAI's)
     files_sweep_interval_s: float = 60.0  # the file sweeper's pass: expired contents and orphans removed
     files_orphan_grace_s: int = 3600  # a content, part or temporary file with no owner this old is orphaned
     # per-tenant quotas (over one: 429 naming it); 0 = no cap

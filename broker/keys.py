@@ -256,3 +256,26 @@ def tenant_open_batches(tenant: str) -> str:
 
 # Which api sweeps the file store (expired contents, orphans): a Lock, as the dispatcher's.
 FILES_SWEEPER_LEASE = f"{PREFIX}:files:sweeper:lease"
+
+
+# The Responses API (api/responses/): a stored response and a conversation, each under its tenant
+# (session_member's length prefix: no (tenant, id) pair spells another's) and ending in a suffix of
+# its family, so an id such as "resp_x:final" names no key at all (a GET of it is a 404).
+def response_record(tenant: str, response_id: str) -> str:
+    """A stored response (JSON of api/responses/record.py's ResponseRecord), TTL response_ttl_s."""
+    return f"{PREFIX}:response:{session_member(tenant, response_id)}:record"
+
+
+def response_final(tenant: str, response_id: str) -> str:
+    """Set (NX) by whoever applies the response's end first: it is applied once."""
+    return f"{PREFIX}:response:{session_member(tenant, response_id)}:final"
+
+
+def conversation_record(tenant: str, conversation_id: str) -> str:
+    """A conversation's metadata (JSON), TTL response_ttl_s from its last append."""
+    return f"{PREFIX}:conversation:{session_member(tenant, conversation_id)}:record"
+
+
+def conversation_items(tenant: str, conversation_id: str) -> str:
+    """LIST of a conversation's items (JSON each), in order; the same TTL as its record."""
+    return f"{PREFIX}:conversation:{session_member(tenant, conversation_id)}:items"

@@ -197,6 +197,9 @@ class EngineFigures(Message, frozen=True):
     prefill_tokens_pending: int = 0
     # Running sequences sent back to wait (their blocks freed) so others could grow: the pool full.
     num_preemptions: int = 0
+    # The precision it computes in (weights and GEMMs) and holds its hot K/V in.
+    dtype: str = "float32"
+    kv_cache_dtype: str = "float32"
 
     @property
     def kv_usage(self) -> float:

@@ -12,6 +12,11 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from workers.engine.kernels import paged_decode
 from workers.engine.model.loader import LoadedModel, load_model
 
+# The suite compares fp32 outputs with HF fp32 token for token: every engine, worker and stack it
+# starts computes in fp32 unless a test asks for another precision (dtype "auto" picks bf16 on a
+# CPU with AVX512-BF16 or AMX). Worker processes inherit it.
+os.environ.setdefault("KVFERRY_DTYPE", "float32")
+
 # Files whose tests start processes (workers, apis, stacks, clusters): under pytest-xdist they go
 # first, so the many quick files fill the gaps at the end instead of one long file running alone.
 _SLOW_FIRST = ("tests/integration/", "tests/ops/", "tests/workers/engine/")

@@ -100,6 +100,11 @@ class _FromRedis(Collector):
             n: CounterMetricFamily(f"kvferry_worker_{n}", h, labels=["worker"])
             for n, (h, _) in _ENGINE_COUNTERS.items()
         }
+        precision = GaugeMetricFamily(
+            "kvferry_worker_precision",
+            "1, labelled with the dtype the worker computes in and its hot KV cache's",
+            labels=["worker", "dtype", "kv_cache_dtype"],
+        )
         for view in s.views:
             live.add_metric([view.name], 1 if view.live else 0)
             if view.status is None:
@@ -110,11 +115,12 @@ class _FromRedis(Collector):
             e: EngineFigures | None = view.status.engine
             if e is None:  # still loading its model
                 continue
+            precision.add_metric([view.name, e.dtype, e.kv_cache_dtype], 1)
             for name, (_, value) in _ENGINE_GAUGES.items():
                 gauges[name].add_metric([view.name], value(e))
             for name, (_, value) in _ENGINE_COUNTERS.items():
                 counters[name].add_metric([view.name], value(e))
-        yield from (depth, jobs, live, running, done, failed, *gauges.values(), *counters.values())
+        yield from (depth, jobs, live, running, done, failed, precision, *gauges.values(), *counters.values())
         if s.tier is not None:
             yield from _tier(s.tier)
 

@@ -52,9 +52,3 @@ def chat_body(body: ResponsesBody, history: list[ChatDict], session_id: str | No
         chat["logprobs"] = True
         chat["top_logprobs"] = body.top_logprobs or 0
     return chat
-
-
-def history_of(body: ResponsesBody, earlier: list[ChatDict]) -> list[ChatDict]:
-    """The chat messages this response's answer follows, without the instructions (they are not
-    carried to a response that continues it, as OpenAI's)."""
-    return [*earlier, *chat_messages(body.input)]

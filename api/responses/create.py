@@ -9,20 +9,20 @@ import asyncio
 import logging
 import uuid
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi.responses import JSONResponse, Response
-from pydantic import TypeAdapter
 
 from api import intake
 from api.answer.completion import gave_up
 from api.context import ApiContext
 from api.errors import failed_response
 from api.jobs.errors import ClientGoneError, JobTimeoutError
-from api.responses import conversations, render
+from api.responses import chain, conversations, render
 from api.responses import record as records
-from api.responses.body import KNOWN_ITEMS, InputItem, ResponsesBody
-from api.responses.build import chat_body, history_of
+from api.responses.body import KNOWN_ITEMS, ResponsesBody
+from api.responses.build import chat_body
 from api.responses.items import ChatDict, chat_messages, input_item_bodies
 from api.responses.record import ResponseRecord
 from api.responses.settle import finish, refresh
@@ -33,7 +33,6 @@ from broker.messages import JobFailed
 from broker.sessions import cache_key
 
 log = logging.getLogger(__name__)
-_items = TypeAdapter(list[InputItem])
 _watchers: set[asyncio.Task[None]] = set()  # background responses' watchers (held: never collected)
 
 
@@ -41,11 +40,18 @@ def _not_found(what: str, ident: str, param: str) -> InvalidRequestError:
     return InvalidRequestError(f"{what} with id {ident!r} not found.", param)
 
 
-async def _earlier(
-    ctx: ApiContext, body: ResponsesBody, tenant: str, response_id: str
-) -> tuple[list[ChatDict], str | None]:
-    """(the conversation so far, the kvferry session it runs on)."""
-    redis = ctx.jobs.redis
+@dataclass(frozen=True, slots=True)
+class _Earlier:
+    """The conversation so far, the kvferry session it runs on, and the link a record keeps."""
+
+    messages: list[ChatDict]
+    session_id: str | None
+    previous_response_id: str | None = None
+    conversation_at: int = 0
+
+
+async def _earlier(ctx: ApiContext, body: ResponsesBody, tenant: str, response_id: str) -> _Earlier:
+    redis, ttl_s = ctx.jobs.redis, ctx.config.response_ttl_s
     if body.previous_response_id and body.conversation_id:
         raise InvalidRequestError("previous_response_id and conversation exclude each other", "conversation")
     if body.previous_response_id:
@@ -58,15 +64,16 @@ async def _earlier(
                 f"previous response {previous.id} is {previous.status}: only an ended one continues",
                 "previous_response_id",
             )
-        return previous.conversation, previous.session_id
+        earlier = await chain.messages(redis, previous, ttl_s)
+        return _Earlier(earlier, previous.session_id, previous_response_id=previous.id)
     if body.conversation_id:
         if await conversations.get(redis, tenant, body.conversation_id) is None:
             raise _not_found("Conversation", body.conversation_id, "conversation")
-        items = await conversations.items(redis, tenant, body.conversation_id)
-        return chat_messages(_items.validate_python(items)), body.conversation_id
+        earlier = await chain.conversation_items(redis, tenant, body.conversation_id)
+        return _Earlier(earlier, body.conversation_id, conversation_at=len(earlier))
     if body.prompt_cache_key:
-        return [], cache_key.session_of(body.prompt_cache_key)
-    return [], response_id if body.stored else None
+        return _Earlier([], cache_key.session_of(body.prompt_cache_key))
+    return _Earlier([], response_id if body.stored else None)
 
 
 def _item_types(raw: Any) -> None:
@@ -97,8 +104,9 @@ async def create(ctx: ApiContext, raw: Any, tenant: str, alive: Callable[[], Awa
     body = validate(ResponsesBody, raw)
     _check(body)
     response_id = f"resp_{uuid.uuid4().hex}"
-    earlier, session_id = await _earlier(ctx, body, tenant, response_id)
-    request = intake.parse(ctx, "/v1/chat/completions", chat_body(body, earlier, session_id), None)
+    earlier = await _earlier(ctx, body, tenant, response_id)
+    chat = chat_body(body, earlier.messages, earlier.session_id)
+    request = intake.parse(ctx, "/v1/chat/completions", chat, None)
     meta = await intake.submit(ctx, request, tenant)
     status = "queued" if body.background else "in_progress"
     calling = request.tool_calling
@@ -107,16 +115,18 @@ async def create(ctx: ApiContext, raw: Any, tenant: str, alive: Callable[[], Awa
         tenant=tenant,
         job_id=meta.job_id,
         body=render.skeleton(body, response_id, status),
-        history=history_of(body, earlier),
+        own_messages=chat_messages(body.input),
         input_items=input_item_bodies(body.input, response_id),
-        session_id=session_id,
+        previous_response_id=earlier.previous_response_id,
+        conversation_id=body.conversation_id,
+        conversation_at=earlier.conversation_at,
+        session_id=earlier.session_id,
         tool_parser=calling.parser if calling is not None else None,
         logprobs=body.wants_logprobs,
-        conversation_id=body.conversation_id,
         stored=body.stored,
         first_status=status,
     )
-    await records.save(ctx.jobs.redis, record)
+    await records.save(ctx.jobs.redis, record, ctx.config.response_ttl_s, new=True)
     if body.background:
         watcher = asyncio.create_task(_watch(ctx, record), name=f"response {response_id}")
         _watchers.add(watcher)

@@ -43,14 +43,14 @@ async def finish(
     """Apply the end (once: a second caller gets the stored record back) and settle the job
     (its tenant seat, its metrics). seen_live: the end came as it happened (metrics of latency)."""
     done = apply(record, event)
-    redis = ctx.jobs.redis
-    if record.stored and not await records.claim_end(redis, record):
-        return await records.load(redis, record.tenant, record.id) or done
-    await records.save(redis, done)
-    if done.conversation_id and done.status in ("completed", "incomplete"):
-        await conversations.append(
-            redis, done.tenant, done.conversation_id, [*done.input_items, *done.body["output"]]
-        )
+    redis, ttl_s = ctx.jobs.redis, ctx.config.response_ttl_s
+    ok = done.status in ("completed", "incomplete")
+    new_items = [*done.input_items, *done.body["output"]] if done.conversation_id and ok else []
+    if record.stored:
+        if not await records.end_once(redis, done, new_items, ttl_s):
+            return await records.load(redis, record.tenant, record.id) or done
+    elif new_items and done.conversation_id:
+        await conversations.append(redis, done.tenant, done.conversation_id, new_items, ttl_s)
     meta = await ctx.jobs.meta(record.job_id)
     if meta is not None:
         if seen_live:
@@ -63,14 +63,15 @@ async def finish(
 
 async def cancel(ctx: ApiContext, record: ResponseRecord) -> ResponseRecord:
     """Cancel a response still running: its job stops, its status is cancelled."""
-    if record.ended or not await records.claim_end(ctx.jobs.redis, record):
+    if record.ended:
         return record
-    await ctx.jobs.cancel(record.job_id)
+    done = msgspec.structs.replace(record, body={**record.body, "status": "cancelled"})
+    if not await records.end_once(ctx.jobs.redis, done, [], ctx.config.response_ttl_s):
+        return await records.load(ctx.jobs.redis, record.tenant, record.id) or record
+    await ctx.jobs.cancel(record.job_id)  # after the end is ours: the job's own end then loses
     meta = await ctx.jobs.meta(record.job_id)
     if meta is not None:
         await job_settle(ctx, meta, None)
-    done = msgspec.structs.replace(record, body={**record.body, "status": "cancelled"})
-    await records.save(ctx.jobs.redis, done)
     return done
 
 

@@ -50,7 +50,9 @@ async def _conversation(ctx: Ctx, tenant: str, conversation_id: str) -> dict[str
 async def create_conversation(request: Request, ctx: Ctx, tenant: Tenant) -> dict[str, Any]:
     body = validate(ConversationBody, await intake.read_json(request, ctx.config.max_body_bytes))
     items = _bodies(body.items or [], "conv_new")
-    return await conversations.create(ctx.jobs.redis, tenant, body.metadata or {}, items)
+    return await conversations.create(
+        ctx.jobs.redis, tenant, body.metadata or {}, items, ctx.config.response_ttl_s
+    )
 
 
 @router.get("/{conversation_id}")
@@ -82,9 +84,9 @@ async def list_items(
 async def create_items(conversation_id: str, request: Request, ctx: Ctx, tenant: Tenant) -> dict[str, Any]:
     await _conversation(ctx, tenant, conversation_id)
     body = validate(ItemsBody, await intake.read_json(request, ctx.config.max_body_bytes))
-    added = await conversations.append(
-        ctx.jobs.redis, tenant, conversation_id, _bodies(body.items, conversation_id)
-    )
+    new = _bodies(body.items, conversation_id)
+    ttl_s = ctx.config.response_ttl_s
+    added = await conversations.append(ctx.jobs.redis, tenant, conversation_id, new, ttl_s)
     return {
         "object": "list",
         "data": added,

@@ -7,6 +7,7 @@ from __future__ import annotations
 import hmac
 from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as package_version
+from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
@@ -60,8 +61,21 @@ async def health(ctx: Ctx) -> JSONResponse:
 
 
 @router.get("/version")
-async def version() -> dict[str, str]:
-    return {"version": VERSION}
+async def version(ctx: Ctx) -> dict[str, Any]:
+    """vLLM's version probe, plus the precisions the live workers compute in (their heartbeats:
+    dtype, kv_cache_dtype), once one has built its engine."""
+    try:
+        engines = [w.status.engine for w in await fleet.workers(ctx.jobs.redis) if w.live and w.status]
+    except RedisError:
+        engines = []
+    found = [e for e in engines if e is not None]
+    if not found:  # no worker has built its engine yet: the precision is not known
+        return {"version": VERSION}
+    return {
+        "version": VERSION,
+        "dtype": sorted({e.dtype for e in found}),
+        "kv_cache_dtype": sorted({e.kv_cache_dtype for e in found}),
+    }
 
 
 def _metrics_allowed(request: Request, token: str | None) -> bool:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 import redis.asyncio as aioredis
 
@@ -28,14 +29,33 @@ async def hint(client: aioredis.Redis, worker: str, job: GenerateJob) -> None:
     await pipe.execute()
 
 
+@dataclass(frozen=True, slots=True)
+class Move:
+    """The forced move: session_move_after_turns = K (0: off) moves turn K+1 to another worker;
+    session_move_every_turns = M (0: once) moves every M-th turn after it too (K+1, K+M+1, ...), a
+    benchmark's setting (`kvferry bench responses`: K = 2, M = 3: a conversation moves every other
+    turn, and each moved turn is sent once more on the worker that took it, its baseline)."""
+
+    after: int = 0
+    every: int = 0
+
+    def due(self, turns_done: int) -> bool:
+        """Whether the turn after `turns_done` turns moves."""
+        if self.after <= 0 or turns_done < self.after:
+            return False
+        if self.every <= 0:
+            return turns_done == self.after
+        return (turns_done - self.after) % self.every == 0
+
+
 def move_target(
-    job: GenerateJob, record: SessionRecord | None, move_after: int, worker: str, cost: Mapping[str, float]
+    job: GenerateJob, record: SessionRecord | None, move: Move, worker: str, cost: Mapping[str, float]
 ) -> str:
-    """At a session's turn K (move_after = K; `record` shows K-1 turns, or is None and K = 1), the
-    turn going to `worker`: the worker its turn K+1 will move to, by the forced move's rule (the
-    least `cost` of the others). "" at any other turn, or with no other worker."""
+    """At a session's turn K (a turn whose next one moves; `record` shows K-1 turns, or is None and
+    K = 1), the turn going to `worker`: the worker its turn K+1 will move to, by the forced move's
+    rule (the least `cost` of the others). "" at any other turn, or with no other worker."""
     done = record.turns if record is not None else 0
-    if not job.session_id or move_after <= 0 or done != move_after - 1:
+    if not job.session_id or not move.due(done + 1):
         return ""
     others = {n: c for n, c in cost.items() if n != worker}
     return route_cost.cheapest(others, {n: random.random() for n in others}) if others else ""

@@ -6,7 +6,8 @@
    loads cheaper than it computes) plus the work ahead of the job there (api/routing/cost.py).
    The cheapest takes the job, unless the worker holding the most of the prompt costs at most
    MOVE_MARGIN more: then that one keeps it ("session affinity" or "prefix match"; a move is a
-   "load balance"). With session_move_after_turns = K, a session's turn K+1 goes to the cheapest
+   "load balance"). With session_move_after_turns = K, a session's turn K+1 (with
+   session_move_every_turns = M, every M-th turn after it too) goes to the cheapest
    worker other than its last one: the one chosen when turn K was routed (the job's prefetch_to,
    kept in the session record as next_worker), if still ready.
 2. A session's turn with a prefix nobody holds: the least loaded ready worker.
@@ -86,15 +87,18 @@ async def choose_queue(
     job_id: str = "",
     *,
     memory: RoutingMemory,
+    move_every: int = 0,
 ) -> Route:
     """`memory`: the api process's (api/context.py), told of this decision. `cache`: the api
     process's view of the fleet (read at most every cache.ttl_s); None reads it now. Either way a
     decision costs Redis one read per digest of the job, none per worker.
-    `move_after`: session_move_after_turns (0: off). `redis_tier`: whether the workers run the
+    `move_after`: session_move_after_turns (0: off), `move_every`: session_move_every_turns.
+    `redis_tier`: whether the workers run the
     Redis tier (a prefix missing on a worker is then loaded, not computed). The route's
     prefetch_to is for the job's (api/intake.py sets it). `job_id`: the job's, for the memory's
     prefilled() and ended()."""
-    route, record = await _choose(client, job, memory, routing, max_waiting, cache, move_after, redis_tier)
+    move = route_hints.Move(move_after, move_every)
+    route, record = await _choose(client, job, memory, routing, max_waiting, cache, move, redis_tier)
     if route.worker is not None:
         memory.routes.add(route.worker, route.prefill_tokens, route_cost.session_key(job), job_id)
     if prefetch_hints and record is not None and route.worker and route.worker != record.last_worker:
@@ -131,7 +135,7 @@ async def _choose(
     routing: str,
     max_waiting: int,
     cache: fleet.FleetCache | None,
-    move_after: int,
+    move: route_hints.Move,
     redis_tier: bool,
 ) -> tuple[Route, SessionRecord | None]:
     """The route, and the session's record when the job continues a known session."""
@@ -155,9 +159,9 @@ async def _choose(
     if ready and (home_worker is not None or max(matches.values(), default=0) > 0):
         unit = "messages" if job.messages else "text chunks"
         choice = _Choice(memory, job, ready, matches, record, home_worker, unit, len(digests))
-        return choice.route(move_after, redis_tier, note), record
+        return choice.route(move, redis_tier, note), record
     if ready and job.session_id:
-        return _first_turn(memory, job, ready, digests, record, redis_tier, note, move_after), record
+        return _first_turn(memory, job, ready, digests, record, redis_tier, note, move), record
     reason = "shared: no live worker" if not live else "shared: no worker holds this prefix"
     return Route(keys.SHARED_QUEUE, reason + note), record
 
@@ -170,7 +174,7 @@ def _first_turn(
     record: SessionRecord | None,
     redis_tier: bool,
     note: str,
-    move_after: int,
+    move: route_hints.Move,
 ) -> Route:
     """A session stays where its first turn runs: that is placed by load, not left to the shared
     queue, whose first taker's prefetch would take a whole burst of new sessions. A prefix this api
@@ -182,11 +186,11 @@ def _first_turn(
     if max(routed.values(), default=0) > 0:
         unit = "messages" if job.messages else "text chunks"
         choice = _Choice(memory, job, ready, routed, record, None, unit, len(digests))
-        route = choice.route(move_after, redis_tier, ", routed there lately" + note, force=False)
+        route = choice.route(move, redis_tier, ", routed there lately" + note, force=False)
     else:
         backlogs = {n: _backlog(memory, w, route_cost.session_key(job)).cost for n, w in ready.items()}
         name = min(backlogs, key=lambda n: (backlogs[n], random.random()))
-        then = route_hints.move_target(job, record, move_after, name, backlogs)
+        then = route_hints.move_target(job, record, move, name, backlogs)
         reason = f"least loaded: {name}, no worker holds this prefix{note}"
         route = _to(name, reason, then, sum(route_cost.prompt_tokens(job)))
     if route.worker is not None:
@@ -207,11 +211,11 @@ class _Choice:
     unit: str
     digests: int
 
-    def route(self, move_after: int, redis_tier: bool, note: str, force: bool = True) -> Route:
+    def route(self, move: route_hints.Move, redis_tier: bool, note: str, force: bool = True) -> Route:
         """The worker of least expected cost; the one holding the most of the prompt unless
         leaving it saves more than MOVE_MARGIN; another than the session's last worker when the
-        session is due its forced move (`move_after` turns; 0: never; `force`: whether to move
-        now, else only choose turn K+1's worker at turn K)."""
+        session is due its forced move (`move`: after K turns, then every M; K = 0:
+        never; `force`: whether to move now, else only choose turn K+1's worker at turn K)."""
         units = route_cost.prompt_tokens(self.job)
         total, record, home_worker = sum(units), self.record, self.home_worker
         history = route_cost.held_tokens(units, len(units) - 1) if record is not None else 0
@@ -231,17 +235,17 @@ class _Choice:
         cost = {n: prefill[n] + backlogs[n].cost for n in self.ready}
         tiebreak = {n: random.random() for n in self.ready}
         home = min(self.ready, key=lambda n: (prefill[n], n != home_worker, backlogs[n].cost, tiebreak[n]))
-        if force and record is not None and move_after > 0 and record.turns == move_after:
+        if force and record is not None and move.due(record.turns):
             others = {n: c for n, c in cost.items() if n != record.last_worker}
             if others:
                 chosen = record.next_worker in others  # hinted after turn K: the blocks are warm there
                 name = record.next_worker if chosen else route_cost.cheapest(others, tiebreak)
-                reason = f"forced move after turn {move_after}: {name} (from {record.last_worker})"
+                reason = f"forced move after turn {record.turns}: {name} (from {record.last_worker})"
                 return _to(name, reason, prefill_tokens=prefill[name])
-            note += f"; no other worker to move to after turn {move_after}"
+            note += f"; no other worker to move to after turn {record.turns}"
         name = route_cost.cheapest(cost, tiebreak)
         if name == home or cost[home] - cost[name] <= route_cost.MOVE_MARGIN:
-            then = route_hints.move_target(self.job, record, move_after, home, cost)
+            then = route_hints.move_target(self.job, record, move, home, cost)
             if home == home_worker:
                 return _to(home, f"session affinity: {home}{note}", then, prefill[home])
             matched = f"{self.matches.get(home, 0)}/{self.digests} {self.unit}"
@@ -251,6 +255,6 @@ class _Choice:
             name,
             f"load balance: {name} ({jobs}), expected cost {cost[home]:.0f} vs {cost[name]:.0f} "
             f"token equivalents{note}",
-            route_hints.move_target(self.job, record, move_after, name, cost),
+            route_hints.move_target(self.job, record, move, name, cost),
             prefill[name],
         )

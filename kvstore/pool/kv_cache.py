@@ -65,9 +65,10 @@ class KVCache:
         return self.tensor[layer, 1]  # [slots, kv_heads, head_dim]
 
     def write(self, layer: int, slots: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> None:
-        """key, value: [tokens, kv_heads, head_dim]; slots: [tokens] (int64, on the cache's device)."""
-        self.tensor[layer, 0].index_copy_(0, slots, key)
-        self.tensor[layer, 1].index_copy_(0, slots, value)
+        """key, value: [tokens, kv_heads, head_dim]; slots: [tokens] (int64, on the cache's device).
+        Rounded to the pool's dtype where it is narrower (a bf16 pool under fp32 activations)."""
+        self.tensor[layer, 0].index_copy_(0, slots, key.to(self.tensor.dtype))
+        self.tensor[layer, 1].index_copy_(0, slots, value.to(self.tensor.dtype))
 
     # -- one block's bytes, for the warm and cold tiers ------------------------------------------
 

@@ -168,7 +168,8 @@ class HFGreedy:
         from ops.bench.engine.hf_baseline import hf_model
         from workers.engine.model.loader import load_model
 
-        loaded = load_model(settings.model, settings.dtype, settings.device, settings.cache_dir)
+        # the fp32 reference, whatever the served precision
+        loaded = load_model(settings.model, "float32", settings.device, settings.cache_dir)
         self.tokenizer = loaded.tokenizer
         self.model = hf_model(loaded)
         # exactly as many tokens as the job made: its EOS, where it stopped at one, is among them

@@ -196,7 +196,8 @@ def run_chaos(
     notes: list[str] = []
     if api_url is None:
         run_dir = run_dir or Path(tempfile.mkdtemp(prefix="kvferry-chaos-"))
-        settings = settings.with_overrides(api_port=free_port())
+        # It checks every job token-exact against HF fp32 `generate`: its stack computes in fp32.
+        settings = settings.with_overrides(api_port=free_port(), dtype="float32", kv_cache_dtype="float32")
         if config.kv_shard_kills:
             settings = settings.with_overrides(kv_shards=settings.kv_shards or KV_SHARDS)
         stack = Stack(settings, config.workers, run_dir=run_dir, with_flower=False, ha=config.failovers > 0)

@@ -15,7 +15,7 @@ from ops.cli.options import engine_options, settings_from
 @json_option
 @click.option("--workers", type=int, default=2, show_default=True)
 @click.option("--conversations", type=int, default=16, show_default=True)
-@click.option("--move-after", type=int, default=4, show_default=True, help="turn K; turn K+1 moves")
+@click.option("--turns", type=int, default=8, show_default=True, help="turns 3, 5, 7... move")
 @click.option("--output-tokens", type=int, default=8, show_default=True)
 @click.option("--backgrounds", type=int, default=16, show_default=True, help="background submissions timed")
 @click.option("--think-s", type=float, default=1.0, show_default=True, help="pause between turns")
@@ -25,19 +25,19 @@ def bench_responses_cmd(
     json_path: Path | None,
     workers: int,
     conversations: int,
-    move_after: int,
+    turns: int,
     output_tokens: int,
     backgrounds: int,
     think_s: float,
     run_dir: Path | None,
     **opts: Any,
 ) -> None:
-    """Responses by previous_response_id on a kvferry stack: a turn moved to another worker vs
-    the same turn on the worker that kept the conversation and vs a cold recompute (TTFT), and
-    background submissions' answer time."""
+    """Responses by previous_response_id on a kvferry stack, each conversation moved between
+    workers every other turn: a moved turn vs the same turn on the worker that kept the
+    conversation and vs a cold recompute (TTFT), and background submissions' answer time."""
     from ops.bench.responses.run import Config, run
 
-    cfg = Config(conversations, move_after + 1, move_after, output_tokens, backgrounds, think_s=think_s)
+    cfg = Config(conversations, turns, output_tokens, backgrounds, think_s=think_s)
     doc = run(settings_from(opts), workers, cfg, run_dir, lambda m: click.echo(m, err=True))
     for key in ("moved_vs_kept_ttft", "moved_vs_recompute_ttft", "background_submit_p50_ms"):
         if doc.get(key) is not None:

@@ -67,11 +67,15 @@ def bench() -> None:
 @json_option
 @click.option("--quick", is_flag=True, help="smaller sizes, for a smoke run")
 @click.option(
-    "--skip", multiple=True, type=click.Choice(["ttft", "throughput", "sharing"]), help="skip a part"
+    "--skip",
+    multiple=True,
+    type=click.Choice(["ttft", "throughput", "sharing", "precision"]),
+    help="skip a part",
 )
 @engine_options
 def bench_engine_cmd(json_path: Path | None, quick: bool, skip: tuple[str, ...], **opts: Any) -> None:
-    """TTFT cached vs cold, decode throughput vs HF generate, pool bytes shared vs unshared."""
+    """TTFT cached vs cold, decode throughput vs HF generate, pool bytes shared vs unshared, decode
+    TPOT at 16 and KV bytes per token per precision."""
     from ops.bench.engine.run import run_engine_bench
 
     results = run_engine_bench(settings_from(opts), quick=quick, skip=set(skip))
@@ -175,6 +179,20 @@ def bench_tier_dtype_cmd(json_path: Path | None, quick: bool, **opts: Any) -> No
     from ops.bench.tiers.dtype import run_tier_dtype_bench
 
     results = run_tier_dtype_bench(settings_from(opts), quick=quick)
+    _write_json(results, json_path)
+
+
+@bench.command("quality")
+@json_option
+@click.option("--quick", is_flag=True, help="256 held-out tokens, 3 prompts, one timing round")
+@engine_options
+def bench_quality_cmd(json_path: Path | None, quick: bool, **opts: Any) -> None:
+    """Each precision (fp32, bf16 weights, bf16 KV) vs HF fp32: perplexity ratio, greedy agreement,
+    decode TPOT at 16 and KV bytes per token."""
+    from ops.bench.quality.run import report, run_quality_bench
+
+    results = run_quality_bench(settings_from(opts), quick=quick)
+    click.echo(report(results))
     _write_json(results, json_path)
 
 

@@ -38,6 +38,16 @@ def engine_options(fn: Callable[..., Any]) -> Callable[..., Any]:
             help=f"seconds an idle session lives ({DEFAULTS.session_ttl_s})",
         ),
         click.option(
+            "--dtype",
+            type=click.Choice(["auto", "float32", "bfloat16", "float16"]),
+            help="weights and GEMMs (auto: bf16 where the CPU has AVX512-BF16 or AMX, or on CUDA; else fp32)",
+        ),
+        click.option(
+            "--kv-cache-dtype",
+            type=click.Choice(["auto", "float32", "bfloat16"]),
+            help="the hot KV pool's dtype (auto: as --dtype)",
+        ),
+        click.option(
             "--kv-tier-dtype",
             type=click.Choice(["exact", "int8", "fp16", "bf16"]),
             help="how the Redis tier stores blocks (exact; int8/fp16/bf16 are lossy: see docs/benchmarks.md)",

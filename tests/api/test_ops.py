@@ -83,7 +83,11 @@ def test_version_is_the_package_version(serve: Callable[..., Served]) -> None:
     api = serve(api_key="k-version")  # open, like /health: no key needed
     with api.client() as c:
         r = c.get("/version")
-    assert r.status_code == 200 and r.json() == {"version": importlib.metadata.version("kvferry")}
+    body = r.json()
+    assert r.status_code == 200 and body["version"] == importlib.metadata.version("kvferry")
+    # and, once a worker has built its engine, the precisions the workers compute in (issue 41)
+    assert set(body) <= {"version", "dtype", "kv_cache_dtype"}
+    assert all(d in ("float32", "bfloat16", "float16") for d in body.get("dtype", []))
 
 
 def test_metrics_families(fresh_api: Served, rds: redis.Redis, worker: FakeWorker) -> None:

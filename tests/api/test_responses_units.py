@@ -102,7 +102,7 @@ def _done(text: str) -> JobDone:
 
 def test_stream_events_are_numbered_in_order_and_close_what_they_opened() -> None:
     record = ResponseRecord(
-        id="resp_abc", tenant="", job_id="j", body=skeleton(_body(), "resp_abc", "in_progress"), history=[]
+        id="resp_abc", tenant="", job_id="j", body=skeleton(_body(), "resp_abc", "in_progress")
     )
     events = ResponseEvents(record)
     out = [*events.start()]

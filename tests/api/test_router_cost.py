@@ -45,7 +45,12 @@ def _session(rds: redis.Redis, sid: str, worker: str, turns: int) -> None:
 
 
 def _route(
-    redis_url: str, job: GenerateJob, move_after: int = 0, redis_tier: bool = True, job_id: str = ""
+    redis_url: str,
+    job: GenerateJob,
+    move_after: int = 0,
+    redis_tier: bool = True,
+    job_id: str = "",
+    move_every: int = 0,
 ) -> Route:
     async def go() -> Route:
         client = aioredis.Redis.from_url(redis_url)
@@ -58,6 +63,7 @@ def _route(
                 redis_tier=redis_tier,
                 job_id=job_id,
                 memory=MEMORY,
+                move_every=move_every,
             )
         finally:
             await client.aclose()
@@ -117,6 +123,25 @@ def test_forced_move_after_turn_k(clean: redis.Redis, redis_url: str) -> None:
     _beat(clean, "b")  # fresh heartbeats, as loads even out
     _session(clean, "s1", "b", turns=3)  # served there: it stays
     assert _route(redis_url, _next_turn("s1"), move_after=2).reason == "session affinity: b"
+
+
+def test_with_every_m_turns_moves_repeat_and_the_turn_before_is_hinted(
+    clean: redis.Redis, redis_url: str
+) -> None:
+    """session_move_every_turns = M (K = 2, M = 2): turns 3, 5, 7 move, 2, 4, 6 stay and choose
+    where the next one goes; with M = 0 only turn 3 moves."""
+    _beat(clean, "a")
+    _beat(clean, "b", running=3)  # busier: only a forced move sends the session there
+    _advertise(clean, "a", HISTORY)
+    for done in range(1, 7):
+        _session(clean, "s1", "a", turns=done)
+        route = _route(redis_url, _next_turn("s1"), move_after=2, move_every=2)
+        if done % 2 == 0:
+            assert route == Route(keys.worker_queue("b"), f"forced move after turn {done}: b (from a)"), route
+        else:
+            assert (route.reason, route.prefetch_to) == ("session affinity: a", "b"), (done, route)
+        once = _route(redis_url, _next_turn("s1"), move_after=2)
+        assert once.reason.startswith("forced move") == (done == 2), (done, once)
 
 
 def test_turn_k_chooses_the_worker_turn_k_plus_1_moves_to(clean: redis.Redis, redis_url: str) -> None:

@@ -59,3 +59,25 @@ def test_no_name_spells_a_global_key_or_another_names_key() -> None:
             assert key not in seen, f"{fname}({name!r}) and {seen[key]} share {key!r}"
             seen[key] = (fname, name)
     assert keys.tenant_batches("active") != keys.BATCHES_ACTIVE
+
+
+def test_response_and_conversation_keys_never_collide_across_ids_or_kinds() -> None:
+    """A crafted id ("resp_x:final", "conv_x:items") names no key of another id or another kind:
+    GET /v1/responses/resp_x:final once read the end marker of resp_x as a response record."""
+    ids = [*IDS, "x:final", "x:record", "x:items", "x:final:record", "record", "final", "items"]
+    kinds: dict[str, Callable[[str, str], str]] = {
+        "response": keys.response_record,
+        "final": keys.response_final,
+        "conversation": keys.conversation_record,
+        "items": keys.conversation_items,
+        "session": keys.session,
+    }
+    seen: dict[str, tuple[str, str, str]] = {}
+    for tenant in TENANTS:
+        for ident in ids:
+            for kind, f in kinds.items():
+                key = f(tenant, ident)
+                assert key not in seen, f"{(tenant, ident, kind)} and {seen[key]} share {key}"
+                seen[key] = (tenant, ident, kind)
+    globals_ = _globals()
+    assert not globals_ & set(seen), globals_ & set(seen)

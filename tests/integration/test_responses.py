@@ -73,6 +73,11 @@ def test_create_retrieve_items_delete_and_store_false(client: OpenAI, responses_
     assert r.usage.input_tokens_details.cached_tokens >= 0 and r.metadata == {"k": "v"}
     got = client.responses.retrieve(r.id)
     assert got.id == r.id and got.output_text == r.output_text
+    for crafted in (f"{r.id}:final", f"{r.id}:record"):  # ids that once spelled its end marker's key
+        with pytest.raises(openai.NotFoundError):
+            client.responses.retrieve(crafted)
+        with pytest.raises(openai.NotFoundError):
+            client.responses.delete(crafted)
     items = client.responses.input_items.list(r.id)
     assert [i.type for i in items.data] == ["message"] and items.data[0].content[0].text == "Say hello."
 

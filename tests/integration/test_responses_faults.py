@@ -82,7 +82,7 @@ def test_background_survives_a_worker_sigkill_and_an_api_sigkill(
         follower.start()
         _sigkill_api(url)  # the api that took it is gone: its watcher with it
         doomed.close()
-        job_id = json.loads(redis_client.get(f"kvferry:response::{rid}") or b"{}")["job_id"]
+        job_id = json.loads(redis_client.get(keys.response_record("", rid)) or b"{}")["job_id"]
         wait_for(lambda: redis_client.xlen(keys.job_stream(job_id)) >= 2, 60, "the victim's first tokens")
         victim.kill()
     finally:
@@ -108,4 +108,4 @@ def test_background_survives_a_worker_sigkill_and_an_api_sigkill(
     n_in = final["usage"]["input_tokens"]
     prompt: list[Any] = list(record.token_ids[:n_in])
     assert list(record.token_ids[n_in:]) == tiny_reference(prompt, final["usage"]["output_tokens"])
-    assert redis_client.exists(f"kvferry:response::{rid}:final")  # its end applied once
+    assert redis_client.exists(keys.response_final("", rid))  # its end applied once

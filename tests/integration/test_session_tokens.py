@@ -67,6 +67,7 @@ def test_matching_history_reuses_the_generated_ids_and_an_edited_one_retokenises
 
     # A reply often re-tokenises as generated; to tell reuse from re-tokenising, spell the stored
     # reply one character a token (the same text, ids no tokenizer would give): they are reused.
+    wait_settled(redis_client, "", session)  # else turn 2's own write after its answer can land last
     stored = session_store.load_tokens(redis_client, "", session)
     assert stored is not None
     odd = [t for c in r2.text for t in tokenizer(c, add_special_tokens=False)["input_ids"]]

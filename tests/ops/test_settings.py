@@ -169,9 +169,10 @@ def test_frozen_and_round_trips_through_env() -> None:
     assert s.with_overrides(cache_size="1G").tenant_kv_quota == int(1.5 * GiB)
 
 
-def test_part_configs_take_their_defaults_from_one_place() -> None:
+def test_part_configs_take_their_defaults_from_one_place(monkeypatch: pytest.MonkeyPatch) -> None:
     """Each part's config, bare, is what default Settings build: the defaults agree (they are
     broker/defaults.py's), except what a bare engine has off unless asked (a worker gets Settings')."""
+    monkeypatch.delenv("KVFERRY_DTYPE", raising=False)  # tests/conftest.py pins the suite to fp32
     s = Settings()
     assert BrokerConfig() == s.broker_config()
     assert ApiConfig() == s.api_config()

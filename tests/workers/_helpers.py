@@ -15,6 +15,7 @@ from workers.engine.config import EngineConfig
 from workers.engine.factory import build_engine, bytes_per_block
 from workers.engine.llm_engine import LLMEngine
 from workers.engine.model.loader import LoadedModel
+from workers.engine.model.precision import Precision
 from workers.engine.requests.output import RequestOutput
 from workers.engine.requests.request import GenerationRequest
 
@@ -56,8 +57,11 @@ class TinyModel:
 
 
 def make_engine(loaded: LoadedModel, num_blocks: int, **config: Any) -> LLMEngine:
-    """An engine whose pool holds exactly `num_blocks` blocks."""
-    per_block = bytes_per_block(loaded, config.get("block_size", 16))
+    """An engine whose pool holds exactly `num_blocks` blocks; fp32 unless `dtype` says otherwise
+    (the exactness tests compare against HF fp32)."""
+    config.setdefault("dtype", "float32")
+    kv = Precision.resolve(config["dtype"], config.get("kv_cache_dtype", "auto"), "cpu").kv_torch
+    per_block = bytes_per_block(loaded, config.get("block_size", 16), kv)
     engine = build_engine(
         EngineConfig(model=loaded.model_id, cache_size_bytes=num_blocks * per_block, **config), loaded
     )

@@ -58,6 +58,7 @@ def worker(
             cache_size_bytes=4 * 1024**2,
             warm_cache_size_bytes=4 * 1024**2,
             torch_threads=1,
+            dtype="float32",
         )
         tiers = TierConfig(redis_capacity_bytes=64 * 1024**2)
         service = EngineService(config, kvferry_cache_dir, server.url, WorkerIdentity("book@test"), tiers)

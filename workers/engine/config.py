@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from broker.defaults import DEFAULTS
+from workers.engine.model.precision import DTYPES, KV_DTYPES
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,7 +31,10 @@ class EngineConfig:
     # A bare engine (tests, benchmarks) has no warm tier and no max_tokens default unless given;
     # a worker gets Settings' (warm_cache_size, default_max_tokens).
     warm_cache_size_bytes: int = 0  # host-memory tier for blocks evicted from the pool; 0 = none
+    # auto | float32 | bfloat16 | float16: auto is bf16 where the device computes it natively
+    # (workers/engine/model/precision.py). kv_cache_dtype: the hot pool's K/V; auto follows dtype.
     dtype: str = DEFAULTS.dtype
+    kv_cache_dtype: str = DEFAULTS.kv_cache_dtype
     device: str = DEFAULTS.device
     torch_threads: int | None = None  # None: leave torch's default
     # CPU fp32: the model's linears on kvferry's decode-step GEMM, else weights packed for oneDNN
@@ -72,8 +76,12 @@ class EngineConfig:
             raise ValueError(
                 f"interactive_batch_step must be 0 or in [1, 100], got {self.interactive_batch_step}"
             )
-        if self.dtype not in ("float32", "float16", "bfloat16"):
-            raise ValueError(f"dtype must be float32, float16 or bfloat16, got {self.dtype}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype}")
+        if self.kv_cache_dtype not in KV_DTYPES:
+            raise ValueError(
+                f"kv_cache_dtype must be one of {', '.join(KV_DTYPES)}, got {self.kv_cache_dtype}"
+            )
         if not 0.0 <= self.first_token_hold_s <= 60.0:
             raise ValueError(f"first_token_hold_s must be in [0, 60], got {self.first_token_hold_s}")
         if not 0.0 <= self.debug_slow_step_s < 3600.0:

@@ -20,6 +20,7 @@ from workers.engine.kernels import block_writer
 from workers.engine.llm_engine import LLMEngine
 from workers.engine.model.kv_layout import kv_layout
 from workers.engine.model.loader import LoadedModel, load_model
+from workers.engine.model.precision import Precision
 from workers.engine.model_runner import ModelRunner
 from workers.engine.requests.detokenizer import Detokenizer
 from workers.engine.sampling.postprocess import Postprocessor
@@ -32,8 +33,8 @@ from workers.engine.tiers.bridge import ColdWriter, TierBridge
 DEFAULT_CACHE_DIR = Path.home() / ".cache" / "kvferry"
 
 
-def bytes_per_block(loaded: LoadedModel, block_size: int) -> int:
-    return kv_layout(loaded, block_size).bytes_per_block
+def bytes_per_block(loaded: LoadedModel, block_size: int, kv_dtype: torch.dtype | None = None) -> int:
+    return kv_layout(loaded, block_size, kv_dtype).bytes_per_block
 
 
 def build_engine(
@@ -46,9 +47,13 @@ def build_engine(
     asked, when the engine spills (it has a warm tier), for the writer of its cold tier."""
     if config.torch_threads:
         torch.set_num_threads(config.torch_threads)
-    loaded = model or load_model(config.model, config.dtype, config.device, cache_dir or DEFAULT_CACHE_DIR)
+    # The precision (model/precision.py): resolved here, applied to the model, part of its fingerprint.
+    precision = Precision.resolve(config.dtype, config.kv_cache_dtype, config.device)
+    loaded, precision = precision.apply(
+        model or load_model(config.model, precision.load_dtype, config.device, cache_dir or DEFAULT_CACHE_DIR)
+    )
     device = next(loaded.model.parameters()).device
-    layout = kv_layout(loaded, config.block_size)
+    layout = kv_layout(loaded, config.block_size, precision.kv_torch)
     kv_cache = KVCache.from_budget(layout, config.cache_size_bytes, device)
     if device.type == "cpu" and block_writer.available():  # loads streamed into the pool
         kv_cache.block_writer = block_writer.write_blocks
@@ -79,8 +84,11 @@ def build_engine(
         min(config.max_model_len or loaded.max_model_len, loaded.max_model_len),
         loaded.weights_bytes,
         GrammarCompiler(loaded.tokenizer, loaded.eos_token_ids),
+        precision,
     )
     post = Postprocessor(Detokenizer(loaded.tokenizer), loaded.eos_token_ids, served.max_model_len)
     executor = Executor(kv_cache, runner, Sampler(device, loaded.eos_token_ids))
-    report = EngineReport(config, served.model_id, served.weights_bytes, kv_cache, scheduler, post)
+    report = EngineReport(
+        config, served.model_id, served.weights_bytes, kv_cache, scheduler, post, precision.weights
+    )
     return LLMEngine(config, served, scheduler, executor, post, tiers, report)

@@ -55,7 +55,8 @@ class ModelRunner:
         self.decode_kernel = (
             decode_kernel
             and self.device.type == "cpu"
-            and kv_cache.tensor.dtype == torch.float32
+            and self.model.dtype == torch.float32  # the activations (bf16 CPU engines: linears only)
+            and kv_cache.tensor.dtype in kernel.POOL_DTYPES
             and kv_cache.tensor.shape[-1] in kernel.HEAD_DIMS
             and kernel.available()
         )

@@ -11,6 +11,7 @@ import torch
 from kvstore.layout import KVFormat, KVLayout
 from workers.engine.grammar.compiler import GrammarCompiler
 from workers.engine.model.loader import LoadedModel
+from workers.engine.model.precision import FP32, Precision
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,6 +24,7 @@ class ServedModel:
     max_model_len: int  # the config's, capped by the model's
     weights_bytes: int  # counted once, after the runner packed the linears
     grammars: GrammarCompiler  # thread-safe
+    precision: Precision = FP32  # the weights' and the K/V's (model/precision.py)
 
     @property
     def tokenizer(self) -> Any:

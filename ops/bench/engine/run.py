@@ -265,5 +265,19 @@ def run_engine_bench(settings: Settings, quick: bool = False, skip: set[str] | N
                 f"{s['pool_bytes_ratio_shared_vs_unshared']:.3f}",
             )
         )
+    if "precision" not in skip:  # decode_tpot_ms_16 per dtype, kv_bytes_per_token per KV dtype
+        from ops.bench.engine.precision import precision_engines
+
+        p = precision_engines(settings, rounds=1 if quick else 3)
+        results["precision"] = p
+        for mode, tpot in p["decode_tpot_ms_16"].items():
+            rows.append(
+                (
+                    f"decode TPOT at 16, {mode} vs float32 (ms; KV {p['kv_bytes_per_token'][mode]} B/token)",
+                    f"{tpot:.1f}",
+                    f"{next(iter(p['decode_tpot_ms_16'].values())):.1f}",
+                    f"{p['decode_tpot_ratio_vs_fp32_16'][mode]:.2f}",
+                )
+            )
     print(_table(rows), flush=True)
     return results

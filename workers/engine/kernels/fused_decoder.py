@@ -10,10 +10,11 @@ fused_crossover.py measured faster here), the in-place attention for decodes, an
 the gathered context for each prefill chunk. The embedding, the rotary table (the model's own
 module, so any rope scaling holds), the final norm and lm_head stay the model's.
 
-It applies on CPU fp32 to a Llama-family decoder (Llama, Mistral, Qwen2, Qwen3: optional biases and
-q/k norms) whose linears run kvferry's GEMM and whose decodes run the in-place attention kernel
-(both probed at start-up), with SiLU, one RMSNorm eps and no sliding window. Anything else keeps the
-modules' forward."""
+It applies on CPU fp32 activations to a Llama-family decoder (Llama, Mistral, Qwen2, Qwen3:
+optional biases and q/k norms) whose linears all run kvferry's GEMM, or all oneDNN's bf16 GEMM
+(bf16_linear.py: a bf16 engine), and whose decodes run the in-place attention kernel (both probed at
+start-up), over an fp32 or bf16 pool, with SiLU, one RMSNorm eps and no sliding window. Anything
+else keeps the modules' forward."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from torch import nn
 
 from kvstore.pool.kv_cache import KVCache
 from workers.engine.kernels import fused_crossover
+from workers.engine.kernels.bf16_linear import Bf16Linear
 from workers.engine.kernels.fused_crossover import FusedPlan
 from workers.engine.kernels.packed_linear import SkinnyLinear
 
@@ -47,7 +49,11 @@ def _layer_weights(layer: Any) -> tuple[list[torch.Tensor], set[float]] | None:
     if attn is None or mlp is None or getattr(attn, "sliding_window", None) is not None:
         return None
     found = {n: getattr(attn, n, None) for n in _ATTN} | {n: getattr(mlp, n, None) for n in _MLP}
-    linears = {n: m for n, m in found.items() if isinstance(m, SkinnyLinear)}
+    linears: dict[str, SkinnyLinear | Bf16Linear] = {
+        n: m for n, m in found.items() if isinstance(m, SkinnyLinear)
+    }
+    if len(linears) != len(found):
+        linears = {n: m for n, m in found.items() if isinstance(m, Bf16Linear)}
     if len(linears) != len(found):
         return None
     norms = [getattr(layer, "input_layernorm", None), getattr(layer, "post_attention_layernorm", None)]
@@ -83,6 +89,7 @@ class FusedDecoder:
         scale: float,
         eps: float,
         plan: FusedPlan,
+        bf16: bool = False,
     ) -> None:
         self.decoder = decoder  # the model's base model: embed_tokens, rotary_emb, norm
         self.kv_cache = kv_cache
@@ -90,6 +97,7 @@ class FusedDecoder:
         self.scale = scale
         self.eps = eps
         self.plan = plan
+        self.bf16 = bf16  # the linears' weights are bf16 (oneDNN's bf16 GEMM)
 
     @classmethod
     def build(cls, model: nn.Module, kv_cache: KVCache) -> FusedDecoder | None:
@@ -105,7 +113,7 @@ class FusedDecoder:
             or getattr(config, "hidden_act", None) != "silu"
             or (config.model_type == "mistral" and getattr(config, "sliding_window", None) is not None)
             or pool.device.type != "cpu"
-            or pool.dtype != torch.float32
+            or pool.dtype not in (torch.float32, torch.bfloat16)
             or not all(hasattr(decoder, n) for n in ("embed_tokens", "rotary_emb", "norm", "layers"))
             or not hasattr(torch.ops.kvferry, "decoder_layers")
         ):
@@ -124,6 +132,10 @@ class FusedDecoder:
             return None
         first = decoder.layers[0]
         linears = [getattr(first.self_attn, n) for n in _ATTN] + [getattr(first.mlp, n) for n in _MLP]
+        if all(isinstance(m, Bf16Linear) for m in linears):  # every row count on oneDNN's bf16 GEMM
+            return cls(decoder, kv_cache, weights, scales.pop(), eps.pop(), FusedPlan(True, None), bf16=True)
+        if not all(isinstance(m, SkinnyLinear) for m in linears):
+            return None
         return cls(decoder, kv_cache, weights, scales.pop(), eps.pop(), fused_crossover.plan(linears))
 
     @property
@@ -166,5 +178,6 @@ class FusedDecoder:
             self.eps,
             self.skinny_rows,
             self.plan.onednn,
+            self.bf16,
         )
         return self.decoder.norm(hidden)

@@ -91,7 +91,7 @@ def paged_attention_forward(
     by_block = pool.view(2, pool.shape[1] // bs, bs * num_kv_heads * head_dim)
 
     def gather(blocks: torch.Tensor) -> torch.Tensor:  # [...] block ids -> [2, ..., slots, Hkv, D]
-        kv = by_block.index_select(1, blocks.flatten())
+        kv = by_block.index_select(1, blocks.flatten()).to(query.dtype)  # a narrower pool: widened
         return kv.view(2, *blocks.shape[:-1], blocks.shape[-1] * bs, num_kv_heads, head_dim)
 
     out = query.new_empty(num_tokens, num_heads, head_dim)

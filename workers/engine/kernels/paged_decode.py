@@ -22,6 +22,7 @@ from workers.engine.kernels import build
 
 log = logging.getLogger(__name__)
 HEAD_DIMS = (16, 32, 64, 128, 256)  # the head sizes the kernel is instantiated for
+POOL_DTYPES = (torch.float32, torch.bfloat16)  # the pools it reads (fp32 queries and outputs)
 _lock = threading.Lock()
 _built: bool | None = None
 

@@ -15,6 +15,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
 from broker.errors import UnknownModelError
+from workers.engine.kernels.bf16_linear import bf16_bytes
 from workers.engine.kernels.packed_linear import packed_bytes
 from workers.engine.model.fingerprint import dir_fingerprint, file_fingerprint
 
@@ -38,7 +39,7 @@ class LoadedModel:
     @property
     def weights_bytes(self) -> int:
         dense = sum(p.numel() * p.element_size() for p in self.model.parameters())
-        return dense + packed_bytes(self.model)
+        return dense + packed_bytes(self.model) + bf16_bytes(self.model)
 
 
 def smollm2_gguf_path() -> Path:
@@ -150,6 +151,11 @@ def wrap_model(model: PreTrainedModel, tokenizer: Any, model_id: str, fingerprin
 
 
 def load_model(name: str, dtype: str, device: str, cache_dir: Path) -> LoadedModel:
+    """dtype "auto": what an engine of dtype auto loads on `device` (model/precision.py)."""
+    if dtype == "auto":
+        from workers.engine.model.precision import Precision
+
+        dtype = Precision.resolve(dtype, "auto", device).load_dtype
     directory = resolve_model_dir(name, cache_dir)
     config = AutoConfig.from_pretrained(directory)
     if config.model_type not in SUPPORTED_MODEL_TYPES:

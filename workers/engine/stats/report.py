@@ -22,12 +22,14 @@ class EngineReport:
         kv_cache: KVCache,
         scheduler: Scheduler,
         post: Postprocessor,
+        dtype: str = "float32",  # the weights' and GEMMs' (model/precision.py); the pool's: its layout's
     ) -> None:
         self.model_id = model_id
         self.weights_bytes = weights_bytes  # counted once, after the runner packed the linears
         self.kv_cache = kv_cache
         self.scheduler = scheduler
         self.post = post
+        self.dtype = dtype
         self.counters = StepCounters()
         self.faults = StepFaults(config)
 
@@ -67,6 +69,8 @@ class EngineReport:
             prefill_tokens_pending=sum(
                 max(0, s.num_prompt_tokens - s.num_computed_tokens) for s in scheduler.running
             ),
+            dtype=self.dtype,
+            kv_cache_dtype=str(self.kv_cache.layout.dtype).removeprefix("torch."),
         )
 
     def check_integrity(self, idle: bool) -> None:

@@ -22,6 +22,9 @@
 // its context; the rows after them attend alone, in place. Every row's K/V is written before any
 // row attends. skinny_rows: up to this many rows the linears run kvferry's GEMM, above it ATen's,
 // or oneDNN's where `onednn` is set (whichever fused_crossover.py measured faster on this CPU).
+// bf16: the linears' weights are bf16 (plain or in oneDNN's layout: kernels/bf16_linear.py) and
+// every linear runs oneDNN's bf16 GEMM (its input rounded to bf16, its output widened to fp32);
+// everything else stays fp32. The pool may be fp32 or bf16 (K/V rounded as written, widened as read).
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -48,9 +51,18 @@ namespace {
 
 constexpr int64_t PER_LAYER = 18;
 
+constexpr bool IS_LINEAR[PER_LAYER] = {false, true,  false, true,  false, true,  false, false, false,
+                                       true,  false, false, true,  false, true,  false, true,  false};
+
 const float* tensor_ptr(const at::Tensor& t, const std::vector<int64_t>& shape, bool optional, int64_t layer,
-                        int64_t index) {
+                        int64_t index, bool bf16) {
   if (optional && t.numel() == 0) return nullptr;
+  if (bf16 && IS_LINEAR[index]) {  // read by oneDNN only, in whatever layout it was reordered to
+    TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == at::kBFloat16 && t.sizes().equals(shape),
+                "kvferry::decoder_layers: weight ", index, " of layer ", layer, " must be a bf16 CPU ",
+                c10::IntArrayRef(shape));
+    return nullptr;
+  }
   TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == at::kFloat && t.is_contiguous(),
               "kvferry::decoder_layers: weight ", index, " of layer ", layer, " must be a contiguous fp32 CPU tensor");
   TORCH_CHECK(t.sizes().equals(shape), "kvferry::decoder_layers: weight ", index, " of layer ", layer, " has shape ",
@@ -58,65 +70,11 @@ const float* tensor_ptr(const at::Tensor& t, const std::vector<int64_t>& shape, 
   return t.data_ptr<float>();
 }
 
-// out[r] = x[r] * rsqrt(mean(x[r]^2) + eps) * w, for `rows` rows of `width` (transformers' RMSNorm).
-void rms_norm(const float* x, const float* w, float* out, int64_t rows, int64_t width, float eps) {
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* xr = x + r * width;
-    float sum = 0.f;
-#pragma omp simd reduction(+ : sum)
-    for (int64_t c = 0; c < width; ++c) sum += xr[c] * xr[c];
-    const float inv = 1.f / std::sqrt(sum / static_cast<float>(width) + eps);
-    float* o = out + r * width;
-#pragma omp simd
-    for (int64_t c = 0; c < width; ++c) o[c] = w[c] * (xr[c] * inv);
-  }
-}
-
-// x[h] = x[h] * cos + rotate_half(x[h]) * sin for each of `heads` heads of row x ([heads, d]).
-void rotary(float* x, const float* cos, const float* sin, int64_t heads, int64_t d) {
-  const int64_t half = d / 2;
-  for (int64_t h = 0; h < heads; ++h) {
-    float* v = x + h * d;
-    for (int64_t j = 0; j < half; ++j) {
-      const float a = v[j], b = v[j + half];
-      v[j] = a * cos[j] - b * sin[j];
-      v[j + half] = b * cos[j + half] + a * sin[j + half];
-    }
-  }
-}
-
-// out[m, n] = x W^T (+ b) through ATen's CPU GEMM (MKL or oneDNN), which beats kvferry's above a few
-// dozen rows (prefill rows in the step), where the product is bound by arithmetic, not by reading W.
-void aten_linear(const float* x, int64_t m, const at::Tensor& w, const at::Tensor& b, float* out) {
-  const auto options = at::TensorOptions().dtype(at::kFloat);
-  at::Tensor xt = at::from_blob(const_cast<float*>(x), {m, w.size(1)}, options);
-  at::Tensor ot = at::from_blob(out, {m, w.size(0)}, options);
-  if (b.numel() > 0)
-    at::addmm_out(ot, b, xt, w.t());
-  else
-    at::mm_out(ot, xt, w.t());
-}
-
-// aten_linear through oneDNN over the same plain weight: mkldnn::_linear_pointwise, the op the
-// modules' large-batch linears call (packed_linear.py). Boxed: the schema is torch's to change.
-void onednn_linear(const float* x, int64_t m, const at::Tensor& w, const at::Tensor& b, float* out) {
-  static const c10::OperatorHandle op = c10::Dispatcher::singleton().findSchemaOrThrow("mkldnn::_linear_pointwise", "");
-  const auto options = at::TensorOptions().dtype(at::kFloat);
-  torch::jit::Stack stack{at::from_blob(const_cast<float*>(x), {m, w.size(1)}, options),
-                          w,
-                          b.numel() > 0 ? c10::IValue(b) : c10::IValue(),
-                          "none",
-                          c10::List<std::optional<at::Scalar>>(),
-                          ""};
-  op.callBoxed(&stack);
-  at::from_blob(out, {m, w.size(0)}, options).copy_(stack[0].toTensor());
-}
-
 // out[m, Hq, D] = attention of a prefill chunk's m query rows q [m, Hq, D] (consecutive positions
 // ending at len - 1) over its context's first len slots through `table`, in one SDPA call over the
 // context gathered in whole blocks (bottom-right causal): its rows share every key they load.
-void chunk_attention(float* out, const float* q, int64_t m, int64_t hq, int64_t d, const float* pool_half_k,
-                     const float* pool_half_v, int64_t num_blocks, int64_t hkv, const int64_t* table, int64_t len,
+void chunk_attention(float* out, const float* q, int64_t m, int64_t hq, int64_t d, const void* pool_half_k,
+                     const void* pool_half_v, at::ScalarType kv_type, int64_t num_blocks, int64_t hkv, const int64_t* table, int64_t len,
                      int64_t block_size, double scale) {
   const auto f32 = at::TensorOptions().dtype(at::kFloat);
   const int64_t nb = (len - 1) / block_size + 1, start = len - m;
@@ -125,13 +83,15 @@ void chunk_attention(float* out, const float* q, int64_t m, int64_t hq, int64_t 
   // free queue, the usual case) is read in place; any other is gathered into a copy first.
   bool consecutive = table[0] >= 0;  // narrow would wrap a negative start; index_select refuses it
   for (int64_t i = 1; i < nb && consecutive; ++i) consecutive = table[i] == table[0] + i;
-  auto gather = [&](const float* half) {  // [1, Hkv, len, D]
-    at::Tensor by_block = at::from_blob(const_cast<float*>(half), {num_blocks, block_size * hkv * d}, f32);
+  auto gather = [&](const void* half) {  // [1, Hkv, len, D] fp32 (a bf16 pool's context widened)
+    at::Tensor by_block = at::from_blob(const_cast<void*>(half), {num_blocks, block_size * hkv * d},
+                                        at::TensorOptions().dtype(kv_type));
     return (consecutive ? by_block.narrow(0, table[0], nb) : by_block.index_select(0, blocks))
         .view({nb * block_size, hkv, d})
         .narrow(0, 0, len)
         .permute({1, 0, 2})
-        .unsqueeze(0);
+        .unsqueeze(0)
+        .to(at::kFloat);
   };
   at::Tensor mask = at::empty({m, len}, at::TensorOptions().dtype(at::kBool));
   bool* mp = mask.data_ptr<bool>();
@@ -151,13 +111,14 @@ void add_into(float* h, const float* x, int64_t count) {
 void decoder_layers(at::Tensor hidden, const at::Tensor& cos, const at::Tensor& sin, at::Tensor kv,
                     const at::Tensor& slots, const at::Tensor& tables, const at::Tensor& lens, const at::Tensor& chunks,
                     at::TensorList weights, int64_t block_size, double scale, double eps, int64_t skinny_rows,
-                    bool onednn) {
+                    bool onednn, bool bf16) {
   TORCH_CHECK(
       hidden.dim() == 2 && hidden.is_contiguous() && hidden.device().is_cpu() && hidden.scalar_type() == at::kFloat,
       "kvferry::decoder_layers: hidden must be a contiguous fp32 CPU [n, H]");
   TORCH_CHECK(
-      kv.dim() == 5 && kv.size(1) == 2 && kv.is_contiguous() && kv.device().is_cpu() && kv.scalar_type() == at::kFloat,
-      "kvferry::decoder_layers: kv must be the contiguous fp32 CPU pool [layers, 2, slots, Hkv, D]");
+      kv.dim() == 5 && kv.size(1) == 2 && kv.is_contiguous() && kv.device().is_cpu() &&
+          (kv.scalar_type() == at::kFloat || kv.scalar_type() == at::kBFloat16),
+      "kvferry::decoder_layers: kv must be the contiguous fp32 or bf16 CPU pool [layers, 2, slots, Hkv, D]");
   const int64_t n = hidden.size(0), h = hidden.size(1), layers = kv.size(0), num_slots = kv.size(2);
   const int64_t hkv = kv.size(3), d = kv.size(4);
   TORCH_CHECK(layers > 0 && static_cast<int64_t>(weights.size()) == layers * PER_LAYER,
@@ -215,12 +176,14 @@ void decoder_layers(at::Tensor hidden, const at::Tensor& cos, const at::Tensor& 
   std::vector<const float*> ptrs(layers * PER_LAYER);
   for (int64_t l = 0; l < layers; ++l)
     for (int64_t i = 0; i < PER_LAYER; ++i)
-      ptrs[l * PER_LAYER + i] = tensor_ptr(weights[l * PER_LAYER + i], shapes[i].first, shapes[i].second, l, i);
+      ptrs[l * PER_LAYER + i] = tensor_ptr(weights[l * PER_LAYER + i], shapes[i].first, shapes[i].second, l, i, bf16);
   if (n == 0) return;
 
   // kvferry's GEMM up to skinny_rows rows (the crossover measured at start-up), ATen's or oneDNN's above.
-  const bool skinny = n <= skinny_rows;
-  const auto large_linear = onednn ? onednn_linear : aten_linear;
+  const bool skinny = !bf16 && n <= skinny_rows;
+  const auto large_linear = bf16 ? kvferry::onednn_bf16_linear : onednn ? kvferry::onednn_linear : kvferry::aten_linear;
+  const bool kv_bf16 = kv.scalar_type() == at::kBFloat16;
+  const size_t kv_elem = kv.element_size();
   std::vector<float> x(n * h), q(n * qd), k(n * kd), v(n * kd), attn(n * qd), o(n * h), gate(n * inter),
       up(skinny ? 0 : n * inter);
   float* hp = hidden.data_ptr<float>();
@@ -235,7 +198,7 @@ void decoder_layers(at::Tensor hidden, const at::Tensor& cos, const at::Tensor& 
     const at::Tensor* t = weights.data() + l * PER_LAYER;  // the same weights, for the large GEMM
 
     // Attention block.
-    rms_norm(hp, ln1, x.data(), n, h, e);
+    kvferry::rms_norm(hp, ln1, x.data(), n, h, e);
     if (skinny) {
       const kvferry::Gemm qkv[] = {{wq, qd, bq, q.data()}, {wk, kd, bk, k.data()}, {wv, kd, bv, v.data()}};
       kvferry::skinny_gemms(x.data(), n, h, qkv, 3);
@@ -244,22 +207,38 @@ void decoder_layers(at::Tensor hidden, const at::Tensor& cos, const at::Tensor& 
       large_linear(x.data(), n, t[3], t[4], k.data());
       large_linear(x.data(), n, t[5], t[6], v.data());
     }
-    if (qn != nullptr) rms_norm(q.data(), qn, q.data(), n * hq, d, e);
-    if (kn != nullptr) rms_norm(k.data(), kn, k.data(), n * hkv, d, e);
-    float* kpool = kv.data_ptr<float>() + l * 2 * num_slots * kd;
-    float* vpool = kpool + num_slots * kd;
+    if (qn != nullptr) kvferry::rms_norm(q.data(), qn, q.data(), n * hq, d, e);
+    if (kn != nullptr) kvferry::rms_norm(k.data(), kn, k.data(), n * hkv, d, e);
+    char* kpool = static_cast<char*>(kv.data_ptr()) + l * 2 * num_slots * kd * kv_elem;
+    char* vpool = kpool + num_slots * kd * kv_elem;
     for (int64_t i = 0; i < n; ++i) {
-      rotary(q.data() + i * qd, cp + i * d, snp + i * d, hq, d);
-      rotary(k.data() + i * kd, cp + i * d, snp + i * d, hkv, d);
-      std::memcpy(kpool + sp[i] * kd, k.data() + i * kd, sizeof(float) * kd);
-      std::memcpy(vpool + sp[i] * kd, v.data() + i * kd, sizeof(float) * kd);
+      kvferry::rotary(q.data() + i * qd, cp + i * d, snp + i * d, hq, d);
+      kvferry::rotary(k.data() + i * kd, cp + i * d, snp + i * d, hkv, d);
+      if (kv_bf16) {  // rounded to nearest even, as torch's .to(bfloat16) (the modules' path)
+        auto* kd16 = reinterpret_cast<c10::BFloat16*>(kpool) + sp[i] * kd;
+        auto* vd16 = reinterpret_cast<c10::BFloat16*>(vpool) + sp[i] * kd;
+        for (int64_t j = 0; j < kd; ++j) {
+          kd16[j] = c10::BFloat16(k[i * kd + j]);
+          vd16[j] = c10::BFloat16(v[i * kd + j]);
+        }
+      } else {
+        std::memcpy(kpool + sp[i] * kd * kv_elem, k.data() + i * kd, sizeof(float) * kd);
+        std::memcpy(vpool + sp[i] * kd * kv_elem, v.data() + i * kd, sizeof(float) * kd);
+      }
     }
     for (int64_t c = 0, r0 = 0; c < chunks.size(0); r0 += cl[c++])
-      chunk_attention(attn.data() + r0 * qd, q.data() + r0 * qd, cl[c], hq, d, kpool, vpool, num_slots / block_size,
-                      hkv, tp + r0 * width, lp[r0 + cl[c] - 1], block_size, scale);
-    kvferry::paged_attention(attn.data() + prefill_rows * qd, q.data() + prefill_rows * qd, n - prefill_rows, hq, d,
-                             kpool, vpool, hkv, tp + prefill_rows * width, width, lp + prefill_rows, block_size,
-                             static_cast<float>(scale));
+      chunk_attention(attn.data() + r0 * qd, q.data() + r0 * qd, cl[c], hq, d, kpool, vpool, kv.scalar_type(),
+                      num_slots / block_size, hkv, tp + r0 * width, lp[r0 + cl[c] - 1], block_size, scale);
+    if (kv_bf16)
+      kvferry::paged_attention(attn.data() + prefill_rows * qd, q.data() + prefill_rows * qd, n - prefill_rows, hq, d,
+                               reinterpret_cast<const c10::BFloat16*>(kpool),
+                               reinterpret_cast<const c10::BFloat16*>(vpool), hkv, tp + prefill_rows * width, width,
+                               lp + prefill_rows, block_size, static_cast<float>(scale));
+    else
+      kvferry::paged_attention(attn.data() + prefill_rows * qd, q.data() + prefill_rows * qd, n - prefill_rows, hq, d,
+                               reinterpret_cast<const float*>(kpool), reinterpret_cast<const float*>(vpool), hkv,
+                               tp + prefill_rows * width, width, lp + prefill_rows, block_size,
+                               static_cast<float>(scale));
     if (skinny)
       kvferry::skinny_gemm(attn.data(), n, qd, wo, h, bo, o.data());
     else
@@ -267,7 +246,7 @@ void decoder_layers(at::Tensor hidden, const at::Tensor& cos, const at::Tensor& 
     add_into(hp, o.data(), n * h);
 
     // MLP block.
-    rms_norm(hp, ln2, x.data(), n, h, e);
+    kvferry::rms_norm(hp, ln2, x.data(), n, h, e);
     if (skinny) {
       kvferry::skinny_gated(x.data(), n, h, wg, bg, wu, bu, inter, gate.data());
       kvferry::skinny_gemm(gate.data(), n, inter, wd, h, bd, o.data());
@@ -291,7 +270,9 @@ TORCH_LIBRARY_FRAGMENT(kvferry, m) {
   m.def(
       "decoder_layers(Tensor(a!) hidden, Tensor cos, Tensor sin, Tensor(b!) kv, Tensor slots, Tensor tables, "
       "Tensor lens, Tensor chunks, Tensor[] weights, int block_size, float scale, float eps, int skinny_rows, "
-      "bool onednn=False) -> ()");
+      "bool onednn=False, bool bf16=False) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(kvferry, CPU, m) { m.impl("decoder_layers", &decoder_layers); }
+// A bf16 engine passes weights reordered into oneDNN's layout (opaque MkldnnCPU tensors): the same op.
+TORCH_LIBRARY_IMPL(kvferry, MkldnnCPU, m) { m.impl("decoder_layers", &decoder_layers); }

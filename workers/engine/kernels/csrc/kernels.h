@@ -3,6 +3,9 @@
 // decoder stack (decoder_layers.cpp) calls them without a trip through the dispatcher.
 #pragma once
 
+#include <ATen/core/Tensor.h>
+#include <c10/util/BFloat16.h>
+
 #include <cstdint>
 
 namespace kvferry {
@@ -35,9 +38,25 @@ void skinny_gated(const float* x, int64_t m, int64_t k, const float* wg, const f
 void paged_attention(float* out, const float* q, int64_t n, int64_t hq, int64_t d, const float* k_pool,
                      const float* v_pool, int64_t hkv, const int64_t* tables, int64_t width, const int64_t* lens,
                      int64_t block_size, float scale);
+// The same over a bf16 pool (K/V widened to fp32 as they are read; fp32 scores, softmax, sums).
+void paged_attention(float* out, const float* q, int64_t n, int64_t hq, int64_t d, const c10::BFloat16* k_pool,
+                     const c10::BFloat16* v_pool, int64_t hkv, const int64_t* tables, int64_t width,
+                     const int64_t* lens, int64_t block_size, float scale);
 
 // Raises (TORCH_CHECK) unless every row's length fits its table and its blocks lie in the pool.
 void check_tables(const int64_t* tables, int64_t n, int64_t width, const int64_t* lens, int64_t block_size,
                   int64_t num_blocks);
+
+// out[r] = x[r] * rsqrt(mean(x[r]^2) + eps) * w, for `rows` rows of `width` (transformers' RMSNorm).
+void rms_norm(const float* x, const float* w, float* out, int64_t rows, int64_t width, float eps);
+
+// x[h] = x[h] * cos + rotate_half(x[h]) * sin for each of `heads` heads of row x ([heads, d]).
+void rotary(float* x, const float* cos, const float* sin, int64_t heads, int64_t d);
+
+// out[m, n] = x W^T (+ b), the large-batch linears of the fused stack (layer_ops.cpp): ATen's GEMM,
+// oneDNN's over the same fp32 weight, and oneDNN's bf16 GEMM over a bf16 weight (plain or reordered).
+void aten_linear(const float* x, int64_t m, const at::Tensor& w, const at::Tensor& b, float* out);
+void onednn_linear(const float* x, int64_t m, const at::Tensor& w, const at::Tensor& b, float* out);
+void onednn_bf16_linear(const float* x, int64_t m, const at::Tensor& w, const at::Tensor& b, float* out);
 
 }  // namespace kvferry

@@ -7,7 +7,8 @@
 // loads. Sequences are split across torch's intra-op threads (at::parallel_for).
 //
 // Shapes: out, q [n, Hq, D]; pool [2, slots, Hkv, D] (one layer: K then V); tables [n, W] block
-// ids; lens [n] context lengths (the new token included). fp32, contiguous.
+// ids; lens [n] context lengths (the new token included). q, out fp32; the pool fp32 or bf16
+// (widened as read: the scores, softmax and sums are fp32). Contiguous.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <c10/util/Exception.h>
@@ -22,18 +23,18 @@
 
 namespace {
 
-template <int64_t D>
-void attend(const float* q, const float* kp, const float* vp, const int64_t* slots, int64_t len,
+template <typename KV, int64_t D>
+void attend(const float* q, const KV* kp, const KV* vp, const int64_t* slots, int64_t len,
             int64_t hq, int64_t hkv, float scale, float* score, float* acc, float* out) {
   const int64_t g = hq / hkv;
   for (int64_t t = 0; t < len; ++t) {  // scores: score[h * len + t] = q_h . k_t * scale
-    const float* krow = kp + slots[t] * hkv * D;
+    const KV* krow = kp + slots[t] * hkv * D;
     for (int64_t h = 0; h < hq; ++h) {
       const float* qh = q + h * D;
-      const float* k = krow + (h / g) * D;
+      const KV* k = krow + (h / g) * D;
       float a = 0.f;
 #pragma omp simd reduction(+ : a)
-      for (int64_t x = 0; x < D; ++x) a += qh[x] * k[x];
+      for (int64_t x = 0; x < D; ++x) a += qh[x] * static_cast<float>(k[x]);
       score[h * len + t] = a * scale;
     }
   }
@@ -50,21 +51,21 @@ void attend(const float* q, const float* kp, const float* vp, const int64_t* slo
   }
   std::fill(acc, acc + hq * D, 0.f);
   for (int64_t t = 0; t < len; ++t) {  // acc_h += p_ht * v_t
-    const float* vrow = vp + slots[t] * hkv * D;
+    const KV* vrow = vp + slots[t] * hkv * D;
     for (int64_t h = 0; h < hq; ++h) {
       const float p = score[h * len + t];
-      const float* v = vrow + (h / g) * D;
+      const KV* v = vrow + (h / g) * D;
       float* a = acc + h * D;
 #pragma omp simd
-      for (int64_t x = 0; x < D; ++x) a[x] += p * v[x];
+      for (int64_t x = 0; x < D; ++x) a[x] += p * static_cast<float>(v[x]);
     }
   }
   for (int64_t h = 0; h < hq; ++h)
     for (int64_t x = 0; x < D; ++x) out[h * D + x] = acc[h * D + x] * inv[h];
 }
 
-template <int64_t D>
-void run(float* op, const float* qp, int64_t n, int64_t hq, const float* kp, const float* vp, int64_t hkv,
+template <typename KV, int64_t D>
+void run(float* op, const float* qp, int64_t n, int64_t hq, const KV* kp, const KV* vp, int64_t hkv,
          const int64_t* tp, int64_t width, const int64_t* lp, int64_t block_size, float scale) {
   at::parallel_for(0, n, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> score, acc(hq * D);
@@ -77,10 +78,24 @@ void run(float* op, const float* qp, int64_t n, int64_t hq, const float* kp, con
       score.resize(hq * len);
       slots.resize(len);
       for (int64_t t = 0; t < len; ++t) slots[t] = tp[s * width + t / block_size] * block_size + t % block_size;
-      attend<D>(qp + s * hq * D, kp, vp, slots.data(), len, hq, hkv, scale, score.data(), acc.data(),
+      attend<KV, D>(qp + s * hq * D, kp, vp, slots.data(), len, hq, hkv, scale, score.data(), acc.data(),
                 op + s * hq * D);
     }
   });
+}
+
+template <typename KV>
+void dispatch(float* out, const float* q, int64_t n, int64_t hq, int64_t d, const KV* k_pool, const KV* v_pool,
+              int64_t hkv, const int64_t* tables, int64_t width, const int64_t* lens, int64_t block_size,
+              float scale) {
+  switch (d) {
+    case 64: run<KV, 64>(out, q, n, hq, k_pool, v_pool, hkv, tables, width, lens, block_size, scale); break;
+    case 128: run<KV, 128>(out, q, n, hq, k_pool, v_pool, hkv, tables, width, lens, block_size, scale); break;
+    case 32: run<KV, 32>(out, q, n, hq, k_pool, v_pool, hkv, tables, width, lens, block_size, scale); break;
+    case 16: run<KV, 16>(out, q, n, hq, k_pool, v_pool, hkv, tables, width, lens, block_size, scale); break;
+    case 256: run<KV, 256>(out, q, n, hq, k_pool, v_pool, hkv, tables, width, lens, block_size, scale); break;
+    default: TORCH_CHECK(false, "paged_decode: head_dim ", d, " not built (16, 32, 64, 128, 256)");
+  }
 }
 
 }  // namespace
@@ -90,14 +105,13 @@ namespace kvferry {
 void paged_attention(float* out, const float* q, int64_t n, int64_t hq, int64_t d, const float* k_pool,
                      const float* v_pool, int64_t hkv, const int64_t* tables, int64_t width,
                      const int64_t* lens, int64_t block_size, float scale) {
-  switch (d) {
-    case 64: run<64>(out, q, n, hq, k_pool, v_pool, hkv, tables, width, lens, block_size, scale); break;
-    case 128: run<128>(out, q, n, hq, k_pool, v_pool, hkv, tables, width, lens, block_size, scale); break;
-    case 32: run<32>(out, q, n, hq, k_pool, v_pool, hkv, tables, width, lens, block_size, scale); break;
-    case 16: run<16>(out, q, n, hq, k_pool, v_pool, hkv, tables, width, lens, block_size, scale); break;
-    case 256: run<256>(out, q, n, hq, k_pool, v_pool, hkv, tables, width, lens, block_size, scale); break;
-    default: TORCH_CHECK(false, "paged_decode: head_dim ", d, " not built (16, 32, 64, 128, 256)");
-  }
+  dispatch(out, q, n, hq, d, k_pool, v_pool, hkv, tables, width, lens, block_size, scale);
+}
+
+void paged_attention(float* out, const float* q, int64_t n, int64_t hq, int64_t d, const c10::BFloat16* k_pool,
+                     const c10::BFloat16* v_pool, int64_t hkv, const int64_t* tables, int64_t width,
+                     const int64_t* lens, int64_t block_size, float scale) {
+  dispatch(out, q, n, hq, d, k_pool, v_pool, hkv, tables, width, lens, block_size, scale);
 }
 
 void check_tables(const int64_t* tp, int64_t n, int64_t width, const int64_t* lp, int64_t block_size,
@@ -116,8 +130,9 @@ namespace {
 void paged_decode(at::Tensor out, const at::Tensor& q, const at::Tensor& pool, const at::Tensor& tables,
                   const at::Tensor& lens, int64_t block_size, double scale) {
   TORCH_CHECK(q.dim() == 3 && pool.dim() == 4 && pool.size(0) == 2, "q [n, Hq, D], pool [2, slots, Hkv, D]");
-  TORCH_CHECK(q.scalar_type() == at::kFloat && pool.scalar_type() == at::kFloat && out.scalar_type() == at::kFloat,
-              "paged_decode is fp32");
+  TORCH_CHECK(q.scalar_type() == at::kFloat && out.scalar_type() == at::kFloat &&
+                  (pool.scalar_type() == at::kFloat || pool.scalar_type() == at::kBFloat16),
+              "paged_decode: fp32 q and out, an fp32 or bf16 pool");
   TORCH_CHECK(tables.scalar_type() == at::kLong && lens.scalar_type() == at::kLong, "int64 tables and lens");
   TORCH_CHECK(q.is_contiguous() && pool.is_contiguous() && out.is_contiguous() && tables.is_contiguous() &&
                   lens.is_contiguous(), "contiguous tensors");
@@ -129,9 +144,17 @@ void paged_decode(at::Tensor out, const at::Tensor& q, const at::Tensor& pool, c
   const int64_t width = tables.size(1), slots = pool.size(1);
   kvferry::check_tables(tables.data_ptr<int64_t>(), n, width, lens.data_ptr<int64_t>(), block_size,
                         slots / block_size);
+  const int64_t half = slots * hkv * d;
+  if (pool.scalar_type() == at::kBFloat16) {
+    const c10::BFloat16* kp = pool.data_ptr<c10::BFloat16>();
+    kvferry::paged_attention(out.data_ptr<float>(), q.data_ptr<float>(), n, q.size(1), d, kp, kp + half, hkv,
+                             tables.data_ptr<int64_t>(), width, lens.data_ptr<int64_t>(), block_size,
+                             static_cast<float>(scale));
+    return;
+  }
   const float* kp = pool.data_ptr<float>();
-  kvferry::paged_attention(out.data_ptr<float>(), q.data_ptr<float>(), n, q.size(1), d, kp, kp + slots * hkv * d,
-                           hkv, tables.data_ptr<int64_t>(), width, lens.data_ptr<int64_t>(), block_size,
+  kvferry::paged_attention(out.data_ptr<float>(), q.data_ptr<float>(), n, q.size(1), d, kp, kp + half, hkv,
+                           tables.data_ptr<int64_t>(), width, lens.data_ptr<int64_t>(), block_size,
                            static_cast<float>(scale));
 }
 

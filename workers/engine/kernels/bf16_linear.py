@@ -1,0 +1,118 @@
+"""A bf16 CPU engine's decoder linears: bf16 weights on oneDNN's bf16 GEMM (AVX512-BF16 or AMX),
+fp32 in and out.
+
+A decode step reads every weight of the model for a handful of rows, so halving the weights' bytes
+is what pays; oneDNN's bf16 kernels accumulate in fp32. Measured against kvferry's fp32 GEMM at 1
+to 16 rows over SmolLM2's decoder linears on a Zen 4 EPYC: 0.57-0.77x the time with the weight
+reordered once into oneDNN's blocked layout, 0.85-1.12x over the plain [out, in] weight
+(docs/benchmarks.md). Which of the two layouts a process uses is timed at start-up over the
+model's first layer (`choose`), as the fp32 crossover is (crossover.py). The activations, norms,
+residuals and attention stay fp32 (the input is rounded to bf16 for the product, the output
+widened back); lm_head is not converted: the logits come from the fp32 embeddings.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from workers.engine.kernels import packed_linear
+
+log = logging.getLogger(__name__)
+PACKED = "packed"
+PLAIN = "plain"
+_ROWS = (1, 16)  # decode-step row counts timed
+_REPEATS = 3
+
+
+def runs() -> bool:
+    """oneDNN's reorder and linear ops are in this torch (the fp32 packed linears' check)."""
+    return packed_linear._onednn_runs()
+
+
+class Bf16Linear(nn.Module):
+    """y = x W^T + b with W in bf16 (oneDNN's blocked layout when `packed`), x and y fp32."""
+
+    def __init__(self, linear: nn.Linear, packed: bool) -> None:
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        dense = linear.weight.detach().to(torch.bfloat16).contiguous()
+        self.weight = torch.ops.mkldnn._reorder_linear_weight(dense, None) if packed else dense
+        self.bias = None if linear.bias is None else linear.bias.detach().float().contiguous()
+        self.packed = packed
+        self.max_rows = 0  # kvferry's fp32 GEMM takes no rows (the fused stack reads this)
+        self.nbytes = dense.numel() * 2 + (0 if self.bias is None else self.bias.numel() * 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.ops.mkldnn._linear_pointwise(x.to(torch.bfloat16), self.weight, self.bias, "none", [], "")
+        return y.to(x.dtype)
+
+    def extra_repr(self) -> str:
+        layout = "oneDNN-packed" if self.packed else "plain"
+        return f"in_features={self.in_features}, out_features={self.out_features}, bf16 {layout}"
+
+
+def _best(modules: Sequence[Bf16Linear], rows: int) -> float:
+    inputs = {m.in_features: torch.randn(rows, m.in_features) for m in modules}
+    best = float("inf")
+    for _ in range(_REPEATS):
+        started = time.perf_counter()
+        for m in modules:
+            m(inputs[m.in_features])
+        best = min(best, time.perf_counter() - started)
+    return best
+
+
+def choose(linears: Sequence[nn.Linear]) -> str:
+    """PACKED or PLAIN: the faster bf16 weight layout over `linears` (one layer's) at decode-step
+    row counts, timed alternately here."""
+    with torch.inference_mode():
+        candidates = {p: [Bf16Linear(lin, p == PACKED) for lin in linears] for p in (PACKED, PLAIN)}
+        total = dict.fromkeys(candidates, 0.0)
+        for rows in _ROWS:
+            for name, modules in candidates.items():
+                total[name] += _best(modules, rows)
+    chosen = min(total, key=lambda k: total[k])
+    log.info("bf16 linears: %s (%s)", chosen, ", ".join(f"{k} {1e3 * v:.2f} ms" for k, v in total.items()))
+    return chosen
+
+
+def _decoder_linears(model: nn.Module) -> list[tuple[str, nn.Linear]]:
+    """Every nn.Linear of the model's decoder (not lm_head)."""
+    prefix = str(getattr(model, "base_model_prefix", "model"))
+    return [
+        (name, m)
+        for name, m in model.named_modules()
+        if type(m) is nn.Linear and name.startswith(prefix + ".")
+    ]
+
+
+def converted(model: nn.Module) -> bool:
+    return any(isinstance(m, Bf16Linear) for m in model.modules())
+
+
+def convert(model: nn.Module) -> int:
+    """Replace every decoder nn.Linear of `model` (on CPU) by a Bf16Linear; how many were replaced
+    (0: none runs here, the model is unchanged)."""
+    linears = _decoder_linears(model)
+    if not linears or not runs() or linears[0][1].weight.device.type != "cpu":
+        return 0
+    probe = [m for name, m in linears if ".layers.0." in name] or [m for _, m in linears[:7]]
+    try:
+        packed = choose(probe) == PACKED
+    except RuntimeError as err:  # an op missing from this build
+        log.warning("oneDNN's bf16 GEMM does not run here (%s)", err)
+        return 0
+    with torch.inference_mode():
+        for name, linear in linears:
+            parent_name, _, attr = name.rpartition(".")
+            setattr(model.get_submodule(parent_name), attr, Bf16Linear(linear, packed))
+    return len(linears)
+
+
+def bf16_bytes(model: nn.Module) -> int:
+    return sum(m.nbytes for m in model.modules() if isinstance(m, Bf16Linear))
