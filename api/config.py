@@ -57,6 +57,8 @@ class ApiConfig:
     scale_max_workers: int = DEFAULTS.scale_max_workers
     scale_wait_target_s: float = DEFAULTS.scale_wait_target_s
     scale_in_hold_s: float = DEFAULTS.scale_in_hold_s
+    scale_spare_seats: int = DEFAULTS.scale_spare_seats
+    scale_growth_lead_s: float = DEFAULTS.scale_growth_lead_s
 
     def __post_init__(self) -> None:
         if self.routing not in get_args(Routing):
@@ -93,6 +95,8 @@ class ApiConfig:
             self.scale_max_workers,
             self.scale_wait_target_s,
             scale_in_hold_s=self.scale_in_hold_s,
+            spare_seats=self.scale_spare_seats,
+            growth_lead_s=self.scale_growth_lead_s,
         )
 
     @property

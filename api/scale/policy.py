@@ -3,9 +3,17 @@ the api evaluates it at every scrape of /metrics (kvferry_desired_workers), KEDA
 workers' Deployment on that gauge, and `kvferry serve --autoscale` follows the same gauge.
 
     demand     = jobs running + jobs waiting (every band's messages, parked, admitted-not-started)
-    by_seats   = ceil(demand / (seats_per_worker x target_seat_use))
+    ahead      = demand + growth x growth_lead_s + spare_seats
+    by_seats   = ceil(ahead / (seats_per_worker x target_seat_use))
     by_wait    = workers + 1   while the queue-wait p95 is over its target and jobs wait
     raw        = clamp(max(by_seats, by_wait), min_workers, max_workers)   (min_workers when idle)
+
+`growth`: how fast demand rose over the last few seconds (jobs/s; a fall counts as 0). A worker
+asked for now takes seats only after a scrape and its start (~10 s), and a burst's first jobs
+would wait for it; so the fleet is sized for the demand `growth_lead_s` ahead at the present
+growth, plus `spare_seats` free seats (the first jobs of a burst start at once). Both cost
+worker-seconds while calm: kvferry bench autoscale weighs them (docs/benchmarks.md). Both are 0
+(off) here; the settings turn them on (broker/defaults.py).
 
 Hysteresis (Hysteresis.update): a raw figure above the current one is taken at once (a burst
 pays no delay); one below it only once every raw figure for `scale_in_hold_s` was below it, and
@@ -16,7 +24,10 @@ the wait for scale-in) the figure stays where it is, so a load at the edge does 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections import deque
+from dataclasses import dataclass, field
+
+GROWTH_WINDOW_S = 5.0  # demand's growth is measured over at least this long (Hysteresis._growth)
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,6 +38,8 @@ class ScalePolicy:
     target_seat_use: float = 0.8  # the share of seats demand should fill at the desired size
     scale_in_hold_s: float = 30.0  # how long a lower figure must hold before workers go
     default_seats: int = 8  # per worker, while no live worker says its seats
+    spare_seats: int = 0  # free seats kept beyond demand (module docstring)
+    growth_lead_s: float = 0.0  # demand is projected this far ahead at its present growth
 
     def __post_init__(self) -> None:
         if not 0 <= self.min_workers <= self.max_workers or self.max_workers < 1:
@@ -35,6 +48,8 @@ class ScalePolicy:
             raise ValueError("target_seat_use must be in (0, 1]")
         if self.wait_target_s <= 0 or self.scale_in_hold_s < 0 or self.default_seats < 1:
             raise ValueError("wait_target_s and default_seats must be positive, scale_in_hold_s >= 0")
+        if self.spare_seats < 0 or self.growth_lead_s < 0:
+            raise ValueError("spare_seats and growth_lead_s must be >= 0")
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,15 +63,16 @@ class FleetLoad:
     wait_p95_s: float | None  # queue wait p95 of the recent jobs; None: none started lately
 
 
-def raw_desired(policy: ScalePolicy, load: FleetLoad) -> int:
-    """The size this moment alone asks for (no hysteresis)."""
+def raw_desired(policy: ScalePolicy, load: FleetLoad, growth_per_s: float = 0.0) -> int:
+    """The size this moment (and demand's growth up to it, jobs/s) asks for (no hysteresis)."""
     demand = load.jobs_running + load.jobs_waiting
     if demand == 0:
         return policy.min_workers
     per_worker = (
         load.seats_total / load.workers if load.workers and load.seats_total else policy.default_seats
     )
-    wanted = math.ceil(demand / (per_worker * policy.target_seat_use))
+    ahead = demand + max(0.0, growth_per_s) * policy.growth_lead_s + policy.spare_seats
+    wanted = math.ceil(ahead / (per_worker * policy.target_seat_use))
     late = load.wait_p95_s is not None and load.wait_p95_s > policy.wait_target_s
     if late and load.jobs_waiting > 0:
         wanted = max(wanted, load.workers + 1)
@@ -71,9 +87,10 @@ class Hysteresis:
     desired: int | None = None
     _low_since: float | None = None
     _low_peak: int = 0  # the highest raw figure seen during the hold
+    _seen: deque[tuple[float, int]] = field(default_factory=deque)  # (when, demand), oldest first
 
     def update(self, load: FleetLoad, now: float) -> int:
-        raw = raw_desired(self.policy, load)
+        raw = raw_desired(self.policy, load, self._growth(load.jobs_running + load.jobs_waiting, now))
         if self.desired is None or raw >= self.desired:
             if self.desired is None or raw > self.desired:
                 self.desired = raw
@@ -88,3 +105,14 @@ class Hysteresis:
         if calm and now - self._low_since >= self.policy.scale_in_hold_s:
             self.desired, self._low_since = self._low_peak, None
         return self.desired
+
+    def _growth(self, demand: int, now: float) -> float:
+        """Demand's growth (jobs/s) since the latest update at least GROWTH_WINDOW_S ago (else
+        the oldest): over a few seconds, so one scrape's Poisson noise does not scale the fleet."""
+        while len(self._seen) > 1 and self._seen[1][0] <= now - GROWTH_WINDOW_S:
+            self._seen.popleft()
+        growth = 0.0
+        if self._seen and now > self._seen[0][0]:
+            growth = (demand - self._seen[0][1]) / (now - self._seen[0][0])
+        self._seen.append((now, demand))
+        return growth

@@ -27,6 +27,7 @@ from ops.chaos.clients import ChaosClient, JobRecord, LoadConfig, make_scripts, 
 from ops.chaos.fault_log import FaultLog, stamped
 from ops.chaos.faults import FaultInjector, rss_mb
 from ops.chaos.hf import hf_check
+from ops.chaos.next_turns import drained_sessions, next_turn_figures
 from ops.chaos.raw_streams import raw_duplicates
 from ops.settings import Settings
 from ops.stack.stack import Stack
@@ -128,7 +129,7 @@ def integrity(settings: Settings, timeout_s: float = 15.0) -> dict[str, dict[str
 
 async def _passes(
     api_url: str, settings: Settings, config: ChaosConfig, faults: FaultInjector | None, log: Any
-) -> tuple[dict[str, JobRecord], list[JobRecord], float]:
+) -> tuple[dict[str, JobRecord], list[JobRecord], float, dict[str, Any]]:
     load = LoadConfig(settings.served_model, config.max_tokens, settings.api_key, config.job_timeout_s)
     client = ChaosClient(api_url, load, config.clients)
     scripts = make_scripts(config.clients, config.rounds, config.turns, config.words, config.seed)
@@ -151,7 +152,13 @@ async def _passes(
             faults.start()
         log(stamped(f"chaos pass: the same workload again, {'with' if faults else 'without'} faults"))
         records = await run_load(client, scripts, keep_going, 100_000, "chaos")
-        return references, records, time.monotonic() - started
+        duration = time.monotonic() - started
+        moved: dict[str, Any] = {}
+        if faults is not None and faults.log.scale_ins:  # after the faults: keep_going waited for them
+            drained = drained_sessions(records, faults.log.scale_ins)
+            log(stamped(f"next turns of the {len(drained)} session(s) the drained workers served"))
+            moved = await next_turn_figures(client, drained, settings.block_size)
+        return references, records, duration, moved
     finally:
         await client.close()
 
@@ -226,7 +233,7 @@ def run_chaos(
             )
         assert api_url is not None
         sampler = RssSampler(stack, config.rss_every_s).start()
-        references, records, duration = asyncio.run(_passes(api_url, settings, config, faults, log))
+        references, records, duration, moved = asyncio.run(_passes(api_url, settings, config, faults, log))
         if faults is not None:
             faults.stop()
         log(stamped("load done; checking"))
@@ -236,6 +243,7 @@ def run_chaos(
             "reference_jobs": len(references),
             "reference_completed": sum(r.status == "completed" for r in references.values()),
             "integrity_ok": {node: bool(a.get("ok")) for node, a in checked.items()},
+            **moved,
         }
         notes += [
             f"integrity {node}: {a.get('error') or a}" for node, a in checked.items() if not a.get("ok")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -29,15 +30,15 @@ def bench_autoscale_cmd(
 ) -> None:
     """The scaling policy on a seeded bursty trace (simulated-engine workers, a fleet model):
     queue wait p95 and worker-seconds under --autoscale vs static fleets of MAX and MIN."""
-    from api.scale.policy import ScalePolicy
     from ops.bench.autoscale.run import run_autoscale
     from ops.bench.autoscale.trace import TraceSpec
     from ops.scale.autoscaler import parse_bounds
     from ops.settings import Settings
 
     low, high = parse_bounds(bounds)
-    s = Settings.from_env()
-    policy = ScalePolicy(low, high, s.scale_wait_target_s, scale_in_hold_s=s.scale_in_hold_s)
+    # the api's policy (api/config.py: the settings' figures), within these bounds
+    policy = Settings.from_env().api_config().scale_policy
+    policy = dataclasses.replace(policy, min_workers=low, max_workers=high)
     spec = TraceSpec(seed=seed, duration_s=duration_s)
     result = run_autoscale(spec, (low, high), seats, policy, worker_start_s, scrape_s)
     _write_json(result, json_path)

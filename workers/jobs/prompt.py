@@ -4,10 +4,12 @@ A session's next turn reuses the exact ids its last turn ended with (broker/sess
 when its messages start with exactly that conversation (or an earlier turn's, which those ids
 start with), and tokenises only the text after it:
 re-tokenising a generated reply need not give back the ids the model generated, so every block
-from the first difference on would miss. Anything that does not match re-tokenises it all."""
+from the first difference on would miss. The special tokens a reply's text leaves out do not
+count as a difference (continuation_ids). Anything else that does not match re-tokenises it all."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from broker.errors import InvalidRequestError
@@ -47,17 +49,40 @@ def prompt_token_ids(job: GenerateJob, tokenizer: Any, stored: SessionTokens | N
 
 def continuation_ids(tokenizer: Any, head_ids: tuple[int, ...], text: str) -> list[int] | None:
     """head_ids + the ids of what `text` (the rendered template) adds after them; None unless
-    head_ids spell exactly the start of `text` and the seam lies at a special token (so tokenising
-    the rest alone splits it as tokenising all of it would: the tokenizer never merges across an
-    added token)."""
+    head_ids spell the start of `text` (special tokens the client never saw aside: see
+    `head_end`) and the seam lies at a special token (so tokenising the rest alone splits it as
+    tokenising all of it would: the tokenizer never merges across an added token)."""
     if not head_ids:
         return None
     head = tokenizer.decode(list(head_ids), skip_special_tokens=False, clean_up_tokenization_spaces=False)
-    if not text.startswith(head) or len(text) == len(head):
-        return None  # an edited history, a stop string cut from the reply, a split character
-    rest = text[len(head) :]
     added: dict[str, int] = tokenizer.get_added_vocab()
+    seam = len(head) if text.startswith(head) else head_end(head, text, added)
+    if seam is None or seam == len(text):
+        return None  # an edited history, a stop string cut from the reply, a split character
+    rest = text[seam:]
     if head_ids[-1] not in added.values() and not any(rest.startswith(t) for t in added):
         return None
     suffix = tokenizer(rest, add_special_tokens=False)["input_ids"]
     return [*head_ids, *(int(t) for t in suffix)]
+
+
+def head_end(head: str, text: str, added: dict[str, int]) -> int | None:
+    """Where `head` (the stored ids, decoded with their special tokens) ends in `text`, when text
+    lacks some of head's special tokens or U+FFFD characters; None when anything else differs.
+
+    A reply's text leaves out the special tokens the model generated (the detokenizer skips them)
+    and an incomplete UTF-8 character at its end, so the history a client sends back lacks them,
+    while the ids its session stored hold them: they are the model's own. The conversation digest
+    (SessionTokens.head_for) already says the messages are those the ids were stored for; here
+    every other character must match."""
+    specials = "|".join(re.escape(t) for t in sorted(added, key=len, reverse=True))
+    pieces = re.split(f"({specials + '|' if specials else ''}\ufffd+)", head)
+    at = 0
+    for i, piece in enumerate(pieces):
+        if text.startswith(piece, at):
+            at += len(piece)
+        elif i % 2 == 0:  # text, not a special token: it differs
+            return None
+        elif piece[0] == "\ufffd":  # as many of them as text has here (maybe none)
+            at += len(text[at : at + len(piece)]) - len(text[at : at + len(piece)].lstrip("\ufffd"))
+    return at

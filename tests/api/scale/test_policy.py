@@ -71,3 +71,24 @@ def test_hysteresis_holds_while_the_queue_is_late_and_resets_on_a_rise() -> None
 def test_bad_policy_refused(fields: dict[str, float]) -> None:
     with pytest.raises(ValueError):
         ScalePolicy(**fields)  # type: ignore[arg-type]
+
+
+def test_spare_seats_and_growth_size_the_fleet_ahead() -> None:
+    ahead = ScalePolicy(min_workers=1, max_workers=8, target_seat_use=0.8, spare_seats=4, growth_lead_s=10)
+    assert raw_desired(ahead, load(1, 0, 0)) == 1  # idle: the minimum, spare seats or not
+    assert raw_desired(ahead, load(1, 2, 0)) == 2  # (2 + 4) / 3.2 -> 2, where POLICY says 1
+    assert raw_desired(ahead, load(1, 2, 0), growth_per_s=1.0) == 5  # (2 + 10 + 4) / 3.2
+    assert raw_desired(ahead, load(1, 2, 0), growth_per_s=-3.0) == 2  # a fall: no growth
+
+
+def test_hysteresis_measures_growth_between_updates() -> None:
+    h = Hysteresis(ScalePolicy(min_workers=1, max_workers=8, target_seat_use=0.8, growth_lead_s=10))
+    assert h.update(load(1, 1, 0), now=0) == 1
+    assert h.update(load(1, 4, 3), now=5) == 6  # +6 jobs in 5 s: (7 + 1.2 x 10) / 3.2 -> 6
+    assert h.update(load(6, 7, 0), now=10) == 6  # flat: 7 / 3.2 -> 3, held
+
+
+@pytest.mark.parametrize("fields", [{"spare_seats": -1}, {"growth_lead_s": -1.0}])
+def test_bad_lead_refused(fields: dict[str, float]) -> None:
+    with pytest.raises(ValueError):
+        ScalePolicy(**fields)  # type: ignore[arg-type]

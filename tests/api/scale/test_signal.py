@@ -5,27 +5,49 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Iterator
+from pathlib import Path
 
+import pytest
 import redis
 
+from api.app import create_app
+from api.config import ApiConfig
 from api.routing.fleet import workers
 from api.scale.signal import read_waiting
 from broker import keys, priority
 from broker.messages import EngineFigures, WorkerStatus
 from broker.worker_registry import HEARTBEAT_FIELD, encode_status
-from tests.api.conftest import Served
+from tests.api.conftest import Served, ServerThread
 from tests.api.fake_worker import FakeWorker
 from tests.api.test_dispatch import beat
 
 MODEL = "smollm2"
 
 
-def test_parked_jobs_count_in_jobs_waiting(fresh_api: Served, rds: redis.Redis, worker: FakeWorker) -> None:
+@pytest.fixture
+def seats_only_api(redis_url: str, rds: redis.Redis, tmp_path: Path) -> Iterator[Served]:
+    """fresh_api with the policy on seats alone (no spare seats, no growth lead): its figure by hand."""
+    config = ApiConfig(
+        redis_url=redis_url,
+        served_models=(MODEL,),
+        files_dir=tmp_path / "files",
+        scale_spare_seats=0,
+        scale_growth_lead_s=0.0,
+    )
+    app = create_app(config)
+    with ServerThread(app) as url:
+        yield Served(app, url)
+
+
+def test_parked_jobs_count_in_jobs_waiting(
+    seats_only_api: Served, rds: redis.Redis, worker: FakeWorker
+) -> None:
     beat(rds, "w1@test", 6)  # window 6 - 4 (the default headroom) = 2: the rest parks
     time.sleep(1.1)  # past the api's fleet cache
     body = {"model": MODEL, "prompt": "hi", "max_tokens": 3}
     worker.pause()
-    with fresh_api.client() as c:
+    with seats_only_api.client() as c:
         for _ in range(6):  # 4 released (the default quota) into band 2, 2 parked
             assert c.post("/v1/jobs", json={"endpoint": "/v1/completions", "body": body}).status_code == 202
         text = c.get("/metrics").text
