@@ -125,7 +125,7 @@ def test_sigterm_drains_streams_token_exact_and_sessions_move_cached(
     tiny_reference: Reference,
 ) -> None:
     w1 = worker_factory("drain-a")
-    w2 = worker_factory("drain-b")
+    worker_factory("drain-b")  # the fleet the drained worker leaves
     history = first_turns(celery_app, redis_client, w1)
     done = drain_under_streams(celery_app, redis_client, w1, history, max_tokens=300)
     assert {r.worker for _, r in done} == {w1.name}  # all finished where they ran
@@ -138,7 +138,8 @@ def test_sigterm_drains_streams_token_exact_and_sessions_move_cached(
         reply = ChatMessage("assistant", streamed_text(redis_client, job_id))
         so_far = (*h, ChatMessage("user", question(s)), reply)
         third = decode_result(send(celery_app, turn(s, f"third question of {s}", 4, so_far)).get(timeout=120))
-        assert third.worker == w2.name
+        # any live worker but the drained one (another test file's workers may share this Redis)
+        assert third.worker != w1.name
         seen = res.usage.prompt_tokens + res.usage.completion_tokens  # the history w1 held
         if third.usage.cached_tokens < seen - BLOCK_SIZE:
             short.append((s, third.usage, seen))
@@ -152,10 +153,10 @@ def test_past_the_drain_timeout_the_rest_are_handed_back_each_token_once(
     tiny_reference: Reference,
 ) -> None:
     w1 = worker_factory("handback-a", "--drain-timeout", "0.5")
-    w2 = worker_factory("handback-b")
+    worker_factory("handback-b")  # where the handed-back jobs resume
     history = first_turns(celery_app, redis_client, w1)
     done = drain_under_streams(celery_app, redis_client, w1, history, max_tokens=600)
-    assert any(r.worker == w2.name for _, r in done), "no job outlived the drain: make them longer"
+    assert any(r.worker != w1.name for _, r in done), "no job outlived the drain: make them longer"
     assert_left_clean(redis_client, w1)
     for s in history:
         wait_settled(redis_client, "", s)
