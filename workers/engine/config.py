@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from broker.defaults import DEFAULTS
-from workers.engine.model.precision import DTYPES, KV_DTYPES
+from workers.engine.model.dtype_names import DTYPES, KV_DTYPES
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,9 +19,9 @@ from typing import Any, Protocol, TypeVar, cast
 import torch
 from torch import nn
 
+from workers.engine.model.dtype_names import DTYPES, KV_DTYPES
+
 log = logging.getLogger(__name__)
-DTYPES = ("auto", "float32", "bfloat16", "float16")
-KV_DTYPES = ("auto", "float32", "bfloat16")
 _SHORT = {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}
 
 
