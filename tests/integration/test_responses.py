@@ -24,6 +24,7 @@ from broker.messages import SessionRecord
 from broker.sessions import store as session_store
 from ops.redis.server import RedisServer
 from tests.integration.conftest import MODEL, WorkerProcess, running_api, wait_for
+from tests.integration.jobs import wait_settled
 from tests.integration.test_tenant_sessions import ALICE, BOB, tenant_api  # noqa: F401  (its fixture)
 
 Reference = Callable[[list[int], int], list[int]]
@@ -173,6 +174,7 @@ def test_previous_response_chain_is_token_exact_and_cached_on_the_moved_turn(
         workers.append(r.model_extra["worker"] if r.model_extra else None)
         history.append({"role": "assistant", "content": r.output_text})
         previous = r.id
+        wait_settled(redis_client, "", session)  # a client reads the answer: its blocks reach Redis
     assert workers[0] == workers[1] and workers[2] != workers[1], workers  # turn 3: the forced move
 
 
