@@ -25,7 +25,6 @@ from broker.sessions import store as session_store
 from ops.redis.server import RedisServer
 from tests.integration.conftest import MODEL, WorkerProcess, running_api, wait_for
 from tests.integration.jobs import wait_settled
-from tests.integration.test_tenant_sessions import ALICE, BOB, tenant_api  # noqa: F401  (its fixture)
 
 Reference = Callable[[list[int], int], list[int]]
 MOVE_AFTER = 2
@@ -43,6 +42,18 @@ def responses_api(
         "KVFERRY_FILES_DIR": str(files_dir),
         "KVFERRY_SESSION_MOVE_AFTER_TURNS": str(MOVE_AFTER),
     }
+    yield from running_api(["--redis-url", redis_server.url, "--model", MODEL], env, log)
+
+
+# Two tenants of their own: test_tenant_sessions counts every byte its tenants pin, and shares this
+# Redis within one pytest process.
+ALICE, BOB = "key-resp-alice", "key-resp-bob"
+
+
+@pytest.fixture(scope="module")
+def tenant_api(redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    log = tmp_path_factory.mktemp("api-responses-tenants") / "api.log"
+    env = {**os.environ, "KVFERRY_API_KEYS": f"{ALICE}:resp-alice,{BOB}:resp-bob"}
     yield from running_api(["--redis-url", redis_server.url, "--model", MODEL], env, log)
 
 
@@ -106,7 +117,7 @@ def test_create_retrieve_items_delete_and_store_false(client: OpenAI, responses_
 
 
 def test_another_tenants_ids_name_nothing(
-    tenant_api: str,  # noqa: F811
+    tenant_api: str,
     two_workers: tuple[WorkerProcess, ...],
 ) -> None:
     alice, bob = (
