@@ -3,9 +3,9 @@ id its kvferry session); `conversation` on a response continues it and appends t
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Request
 from pydantic import Field
 
 from api import intake
@@ -14,7 +14,7 @@ from api.context import Ctx
 from api.responses import conversations
 from api.responses.body import InputItem, Metadata
 from api.responses.items import input_item_bodies
-from api.responses.listing import MAX_PAGE, not_found, page
+from api.responses.listing import Paging, list_body, not_found, page
 from api.schema.openapi_doc import body_of
 from api.schema.strict import Strict
 from api.schema.validation import validate
@@ -68,16 +68,9 @@ async def delete_conversation(conversation_id: str, ctx: Ctx, tenant: Tenant) ->
 
 
 @router.get("/{conversation_id}/items")
-async def list_items(
-    conversation_id: str,
-    ctx: Ctx,
-    tenant: Tenant,
-    after: str | None = None,
-    limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 20,
-    order: Literal["asc", "desc"] = "desc",
-) -> dict[str, Any]:
+async def list_items(conversation_id: str, ctx: Ctx, tenant: Tenant, paging: Paging) -> dict[str, Any]:
     await _conversation(ctx, tenant, conversation_id)
-    return page(await conversations.items(ctx.jobs.redis, tenant, conversation_id), after, limit, order)
+    return page(await conversations.items(ctx.jobs.redis, tenant, conversation_id), paging)
 
 
 @router.post("/{conversation_id}/items", openapi_extra=body_of(ItemsBody))
@@ -87,10 +80,4 @@ async def create_items(conversation_id: str, request: Request, ctx: Ctx, tenant:
     new = _bodies(body.items, conversation_id)
     ttl_s = ctx.config.response_ttl_s
     added = await conversations.append(ctx.jobs.redis, tenant, conversation_id, new, ttl_s)
-    return {
-        "object": "list",
-        "data": added,
-        "first_id": added[0]["id"],
-        "last_id": added[-1]["id"],
-        "has_more": False,
-    }
+    return list_body(added)

@@ -4,7 +4,7 @@ response belongs to its tenant: another tenant's id names nothing here (404)."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, Response
@@ -16,7 +16,7 @@ from api.errors import ApiError
 from api.responses import record as records
 from api.responses.body import ResponsesBody
 from api.responses.create import create
-from api.responses.listing import MAX_PAGE, not_found, page
+from api.responses.listing import Paging, not_found, page
 from api.responses.record import ResponseRecord
 from api.responses.settle import cancel, refresh
 from api.responses.stream import stream_response
@@ -74,13 +74,6 @@ async def cancel_response(response_id: str, ctx: Ctx, tenant: Tenant) -> dict[st
 
 
 @router.get("/{response_id}/input_items")
-async def input_items(
-    response_id: str,
-    ctx: Ctx,
-    tenant: Tenant,
-    after: str | None = None,
-    limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 20,
-    order: Literal["asc", "desc"] = "desc",
-) -> dict[str, Any]:
+async def input_items(response_id: str, ctx: Ctx, tenant: Tenant, paging: Paging) -> dict[str, Any]:
     record = await _record(ctx, response_id, tenant)
-    return page(record.input_items, after, limit, order)
+    return page(record.input_items, paging)

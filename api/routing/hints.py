@@ -33,8 +33,8 @@ async def hint(client: aioredis.Redis, worker: str, job: GenerateJob) -> None:
 class Move:
     """The forced move: session_move_after_turns = K (0: off) moves turn K+1 to another worker;
     session_move_every_turns = M (0: once) moves every M-th turn after it too (K+1, K+M+1, ...), a
-    benchmark's setting (`kvferry bench responses`: K = 2, M = 3: a conversation moves every other
-    turn, and each moved turn is sent once more on the worker that took it, its baseline)."""
+    benchmark's setting (`kvferry bench responses`: K = M = 3: a conversation moves every other turn,
+    and each moved turn is first sent as its baseline on the worker that kept the conversation)."""
 
     after: int = 0
     every: int = 0

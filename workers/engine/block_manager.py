@@ -121,6 +121,7 @@ class BlockManager:
         tail = self._take_tail(seq, hit_hashes, known)
         fork = None if tail or copies is None else self._donor(seq, hit_hashes, known, donors)
         reused = tail[1] if tail else fork[1] if fork else 0  # tokens this seq does not compute
+        seq.num_tail_redis_tokens = reused if tail and tail[2] else 0
         cover = min(known * bs + reused + num_new, seq.num_tokens)  # the caller schedules past the tail
         need = cdiv(cover, bs) - len(hits) - (1 if tail else 0)
         revived = sum(1 for b in hits if b.ref_cnt == 0)  # cached-but-free hits leave the free queue
@@ -161,7 +162,9 @@ class BlockManager:
     def _parent(self, seq: EngineRequest, hashes: list[BlockHash], index: int) -> BlockHash:
         return hashes[index - 1] if index else self.root(seq.cache_salt)
 
-    def _take_tail(self, seq: EngineRequest, hashes: list[BlockHash], known: int) -> tuple[Block, int] | None:
+    def _take_tail(
+        self, seq: EngineRequest, hashes: list[BlockHash], known: int
+    ) -> tuple[Block, int, bool] | None:
         """A kept tail continuing the known blocks, whose tokens seq's next ones (bar the last,
         always computed) start with; seq owns it from here on."""
         if not self.pool.enable_caching or not self.tails or known > len(hashes) or seq.needs_prompt_logits:
@@ -194,18 +197,27 @@ class BlockManager:
                 best = (other.block_ids[known], reused)
         return best
 
-    def _keep_tail(self, seq: EngineRequest) -> int | None:
-        """Index in seq.block_ids of the partial last block of a finished turn, now kept."""
-        if seq.finish_reason not in ("stop", "length") or not self.tails.wants(seq.request_id):
+    def partial_tail(self, seq: EngineRequest) -> tuple[int, BlockHash, tuple[int, ...]] | None:
+        """A session turn's partial last block (tails.want()): its index in seq.block_ids, the
+        hash of the block before it (its parent) and its computed tokens; None when the turn's
+        computed tokens end on a block boundary, or it is no session turn."""
+        if not self.pool.enable_caching or not self.tails.wants(seq.request_id):
             return None
         bs = self.block_size
         full, reused = divmod(seq.num_computed_tokens, bs)
         if not reused or full != len(seq.block_hashes) or full >= len(seq.block_ids):
             return None
-        block = self.pool.blocks[seq.block_ids[full]]
         parent = seq.block_hashes[-1] if full else self.root(seq.cache_salt)
-        kept = self.tails.keep(parent, block, tuple(seq.token_ids[full * bs : full * bs + reused]))
-        return full if kept else None
+        return full, parent, tuple(seq.token_ids[full * bs : full * bs + reused])
+
+    def _keep_tail(self, seq: EngineRequest) -> int | None:
+        """Index in seq.block_ids of the partial last block of a finished turn, now kept."""
+        tail = self.partial_tail(seq) if seq.finish_reason in ("stop", "length") else None
+        if tail is None:
+            return None
+        index, parent, tokens = tail
+        kept = self.tails.keep(parent, self.pool.blocks[seq.block_ids[index]], tokens)
+        return index if kept else None
 
     def blocks_to_append(self, seq: EngineRequest, num_new: int) -> int:
         return max(0, cdiv(seq.num_computed_tokens + num_new, self.block_size) - len(seq.block_ids))

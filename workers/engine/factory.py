@@ -65,7 +65,10 @@ def build_engine(
         writer = cold_writer(kv_format, device) if cold_writer is not None else None
         if writer is not None:
             tiers.attach(writer)
-    scheduler = Scheduler(config, BlockManager(pool, loaded.fingerprint), tiers)
+    blocks = BlockManager(pool, loaded.fingerprint)
+    if tiers is not None:  # which parents have a kept tail: a prefetch fetches none of those
+        blocks.tails.on_change = tiers.resident.on_tail
+    scheduler = Scheduler(config, blocks, tiers)
     runner = ModelRunner(
         loaded.model,
         kv_cache,

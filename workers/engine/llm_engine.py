@@ -12,6 +12,7 @@ from broker.errors import InvalidRequestError
 from broker.sampling import SamplingParams
 from kvstore.pool.block_pool import BlockPool
 from kvstore.tiers.stored_block import StoredBlock
+from kvstore.tiers.tail import Tail
 from workers.engine.config import EngineConfig
 from workers.engine.errors import RequestFailedError
 from workers.engine.executor import Executor, Sampled
@@ -79,10 +80,16 @@ class LLMEngine:
         self._seqs[rid] = seq
         self.scheduler.add(seq)
 
-    def admit_prefetched(self, blocks: list[StoredBlock]) -> None:
-        """Blocks a task thread fetched from Redis for a prompt: into the warm tier."""
-        if self.tiers is not None and blocks:
+    def admit_prefetched(self, blocks: list[StoredBlock], tails: tuple[Tail, ...] = ()) -> None:
+        """Blocks a task thread fetched from Redis for a prompt: into the warm tier. `tails`:
+        session turns' partial last blocks it fetched, kept here as if this worker had run those
+        turns (kvstore/tiers/tail.py)."""
+        if self.tiers is None:
+            return
+        if blocks:
             self.tiers.admit(blocks)
+        for tail in tails:
+            self.tiers.admit_tail(tail, self.scheduler.blocks.tails)
 
     def abort_request(self, request_id: str) -> RequestOutput | None:
         if request_id in self._ready:
@@ -141,8 +148,9 @@ class LLMEngine:
     ) -> RequestOutput:
         hashes = tuple(seq.block_hashes)  # before finish() frees the blocks and forgets them
         if self.tiers is not None and reason in ("stop", "length") and hashes:
-            root = self.scheduler.blocks.root(seq.cache_salt)
-            self.tiers.persist(seq.block_ids, hashes, seq.token_ids, root)
+            blocks = self.scheduler.blocks
+            root, tail = blocks.root(seq.cache_salt), blocks.partial_tail(seq)
+            self.tiers.persist(seq.block_ids, hashes, seq.token_ids, root, tail)
         self._release(seq, reason)
         return self.post.output(seq, delta, block_hashes=hashes, delta_logprobs=delta_lp)
 

@@ -108,7 +108,7 @@ class JobAttempt:
         ids = prompt_token_ids(job, loop.tokenizer, stored)
         grammar = loop.grammars.compile(job.params.structured_outputs)  # a bad spec: 400 here
         if job.params.prompt_logprobs is None:  # else the prompt is computed whole
-            service.prefetch(ids, job.kv_salt)
+            service.prefetch(ids, job.kv_salt, tails=bool(job.session_id))
         resumed = len(before.token_ids)
         self.logprobs = list(before.logprobs)
         self.prompt_logprobs = before.prompt_logprobs

@@ -172,7 +172,7 @@ class EngineService:
         """Whether the engine and its Redis tier are built (prefetches before that are dropped)."""
         return self._loop is not None and self.redis_tier is not None
 
-    def prefetch(self, ids: list[int], salt: str) -> int:
+    def prefetch(self, ids: list[int], salt: str, tails: bool = False) -> int:
         """On a job's (or the hint listener's) thread: a prompt's blocks from Redis into the warm
         tier; how many came. Never builds the engine: 0 before it is built."""
         loop, tier = self._loop, self.redis_tier
@@ -183,7 +183,7 @@ class EngineService:
 
         confine_to_this_thread()  # decoding lossy tier blocks runs torch ops: no second OpenMP pool
         try:
-            return prefetch(loop, tier, ids, salt)
+            return prefetch(loop, tier, ids, salt, tails)
         except KV_ERRORS as exc:  # the tier only ever misses: the engine computes it
             log.warning("prefetch from the Redis tier failed: %s", exc)
             return 0

@@ -10,6 +10,7 @@ from concurrent.futures import Future
 from typing import TypeVar
 
 from kvstore.tiers.stored_block import StoredBlock
+from kvstore.tiers.tail import Tail
 from workers.engine.errors import EngineFailedError
 from workers.engine.llm_engine import LLMEngine
 from workers.engine.requests.request import GenerationRequest
@@ -117,13 +118,15 @@ class EngineLoop:
     def abort(self, request_id: str) -> None:
         self._put(Abort(request_id))
 
-    def warm(self, blocks: list[StoredBlock]) -> None:
-        """Hand blocks fetched from Redis to the engine's warm tier (a request submitted after
-        this finds them there)."""
-        if blocks:
+    def warm(self, blocks: list[StoredBlock], tails: tuple[Tail, ...] = ()) -> None:
+        """Hand blocks fetched from Redis to the engine's warm tier, and session turns' partial last
+        blocks to its kept tails (a request submitted after this finds them there)."""
+        if blocks or tails:
             if self.resident is not None:  # resident once they land: no second fetch of them meanwhile
                 self.resident.expect([b.block_hash for b in blocks])
-            self._put(WarmBlocks(blocks))
+                for tail in tails:
+                    self.resident.expect_tail(tail.parent)
+            self._put(WarmBlocks(blocks, tails))
 
     def check_integrity(self, timeout: float | None = 30.0) -> None:
         """The engine's invariants, checked on the loop thread between steps (AssertionError)."""

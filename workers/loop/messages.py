@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from kvstore.tiers.stored_block import StoredBlock
+from kvstore.tiers.tail import Tail
 from workers.engine.requests.request import GenerationRequest
 from workers.loop.handle import RequestHandle
 
@@ -27,6 +28,7 @@ class WarmBlocks:
     Submit that follows it in the inbox is admitted."""
 
     blocks: list[StoredBlock]
+    tails: tuple[Tail, ...] = ()  # session turns' partial last blocks (kvstore/tiers/tail.py)
 
 
 @dataclass(frozen=True, slots=True)

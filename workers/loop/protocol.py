@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:  # torch's: a worker in the simulated mode never loads them
     from kvstore.tiers.stored_block import StoredBlock
+    from kvstore.tiers.tail import Tail
     from workers.engine.grammar.matcher import CompiledGrammar
     from workers.engine.requests.request import GenerationRequest
     from workers.engine.stats.snapshot import EngineStats
@@ -48,7 +49,7 @@ class Loop(Protocol):
 
     def abort(self, request_id: str) -> None: ...
 
-    def warm(self, blocks: list[StoredBlock]) -> None: ...
+    def warm(self, blocks: list[StoredBlock], tails: tuple[Tail, ...] = ()) -> None: ...
 
     def check_integrity(self, timeout: float | None = 30.0) -> None: ...
 

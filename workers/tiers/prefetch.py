@@ -18,10 +18,12 @@ from broker import keys
 from broker.routing import prefetch_hint
 from broker.sessions import store as session_store
 from kvstore.chain import chain
+from kvstore.redis.tails import get_tail
 
 if TYPE_CHECKING:  # torch's: a worker in the simulated mode never loads them
     from kvstore.redis.tier import RedisTier
     from kvstore.tiers.stored_block import StoredBlock
+    from kvstore.tiers.tail import Tail
     from workers.engine.tiers.resident import ResidentBlocks
 
 from workers.background import BackgroundThread
@@ -39,24 +41,32 @@ class PrefetchTarget(Protocol):
     @property
     def resident(self) -> ResidentBlocks | None: ...
 
-    def warm(self, blocks: list[StoredBlock]) -> None: ...
+    def warm(self, blocks: list[StoredBlock], tails: tuple[Tail, ...] = ()) -> None: ...
 
 
-def prefetch(target: PrefetchTarget, tier: RedisTier, ids: list[int], tenant: str) -> int:
+def prefetch(
+    target: PrefetchTarget, tier: RedisTier, ids: list[int], tenant: str, tails: bool = False
+) -> int:
     """Fetch the blocks of `ids` that this worker holds neither in its pool nor warm; returns how
-    many came from Redis."""
-    if target.resident is None:
+    many came from Redis. `tails` (a session's turn): also the partial last block of the turn that
+    ended where the blocks this worker will hold end, unless it keeps one there (a turn moved
+    here: its previous turn ran elsewhere and wrote it through, kvstore/tiers/tail.py)."""
+    resident = target.resident
+    if resident is None:
         return 0
     bs = target.block_size
     n_blocks = (len(ids) - 1) // bs  # the last prompt token is always computed
-    if n_blocks == 0:
-        return 0
     hashes = chain(ids[: n_blocks * bs], bs, target.fingerprint, tenant)
-    first = target.resident.first_missing(hashes)
-    if first == n_blocks:
-        return 0
-    run = tier.get_run(hashes[first:], [ids[i * bs : (i + 1) * bs] for i in range(first, n_blocks)])
-    target.warm(run)
+    first = resident.first_missing(hashes)
+    run = []
+    if first < n_blocks:
+        run = tier.get_run(hashes[first:], [ids[i * bs : (i + 1) * bs] for i in range(first, n_blocks)])
+    held = first + len(run)  # the blocks this worker holds once the run lands
+    tail = None
+    if tails and held and not resident.has_tail(hashes[held - 1]):
+        tail = get_tail(tier, hashes[held - 1], ids[held * bs : len(ids) - 1])
+    if run or tail is not None:
+        target.warm(run, (tail,) if tail is not None else ())
     return len(run)
 
 
@@ -64,14 +74,15 @@ class HintListener:
     """Drains this worker's prefetch list (api/routing/router.py pushes a hint when it sends a session's
     turn here that its last worker would have served): each hint loads the session's blocks from
     Redis into the warm tier, on this thread, while the turn waits in the queue. The job's own
-    prefetch then finds them warm. `fetch(ids, salt)` is the worker's prefetch; it never builds the
-    engine: until `ready()`, hints are dropped unread."""
+    prefetch then finds them warm, and the partial last block of the session's last turn kept. `fetch(ids,
+    salt, tails)` is the worker's prefetch; it never builds the engine: until `ready()`, hints are
+    dropped unread."""
 
     def __init__(
         self,
         client: redis.Redis,
         worker: str,
-        fetch: Callable[[list[int], str], int],
+        fetch: Callable[[list[int], str, bool], int],
         ready: Callable[[], bool],
         block_s: float = 1.0,
     ) -> None:
@@ -122,6 +133,6 @@ class HintListener:
         if not ids:
             return 0
         # +1: the next turn adds tokens, so every block of these ids is a full prompt block then.
-        n = self.fetch([*ids, 0], hint.kv_salt)
+        n = self.fetch([*ids, 0], hint.kv_salt, True)  # with the turn's tail: it moves here
         self.loaded_blocks += n
         return n

@@ -21,6 +21,8 @@ class Turn:
     worker: str
     cached_tokens: int
     input_tokens: int
+    sent_at: float  # unix time the request left the client
+    sources: dict[str, int]  # where the prompt's KV came from (usage.kv_sources)
 
 
 def _sse(reply: httpx.Response) -> Any:
@@ -33,7 +35,7 @@ def respond(http: httpx.Client, model: str, text: str, previous: str | None, tok
     body = {"model": model, "input": text, "max_output_tokens": tokens, "temperature": 0, "stream": True}
     if previous:
         body["previous_response_id"] = previous
-    start = time.perf_counter()
+    sent_at, start = time.time(), time.perf_counter()
     ttft = None
     with http.stream("POST", "/v1/responses", json=body) as reply:
         if reply.status_code != 200:
@@ -54,6 +56,8 @@ def respond(http: httpx.Client, model: str, text: str, previous: str | None, tok
         final.get("worker", ""),
         usage["input_tokens_details"]["cached_tokens"],
         usage["input_tokens"],
+        sent_at,
+        usage.get("kv_sources", {}),
     )
 
 

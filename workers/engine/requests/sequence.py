@@ -42,6 +42,7 @@ class EngineRequest:
     num_cached_tokens: int = -1
     num_warm_tokens: int = 0
     num_redis_tokens: int = 0
+    num_tail_redis_tokens: int = 0  # of the pool's: a kept tail that came from Redis (a moved turn)
     num_preemptions: int = 0
     finish_reason: FinishReason | None = None
     stop_reason: str | int | None = None

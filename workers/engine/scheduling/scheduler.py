@@ -204,9 +204,9 @@ class Scheduler:
         bs = self.blocks.block_size
         brought = self.tiers.from_redis if self.tiers is not None else set()
         from_redis = sum(1 for b in loaded if b.block_hash in brought)
-        seq.num_cached_tokens = seq.num_computed_tokens - len(loaded) * bs
+        seq.num_cached_tokens = seq.num_computed_tokens - len(loaded) * bs - seq.num_tail_redis_tokens
         seq.num_warm_tokens = (len(loaded) - from_redis) * bs
-        seq.num_redis_tokens = from_redis * bs
+        seq.num_redis_tokens = from_redis * bs + seq.num_tail_redis_tokens
         # A resumed request looks up its earlier output too, and may hit past its prompt.
         self.blocks.pool.record_prefix_query(seq.num_tokens, seq.num_cached_tokens)
 

@@ -26,7 +26,9 @@ from kvstore.pool.block_pool import BlockPool
 from kvstore.pool.events import AllBlocksCleared, BlockEvent, BlockRemoved, BlockStored
 from kvstore.pool.kv_cache import KVCache
 from kvstore.tiers.stored_block import StoredBlock
+from kvstore.tiers.tail import Tail, padded, tail_hash
 from kvstore.tiers.warm import WarmTier
+from workers.engine.tiers.kept_tails import KeptTails
 from workers.engine.tiers.pending_write import BlockMeta, PendingWrite
 from workers.engine.tiers.resident import ResidentBlocks
 
@@ -125,6 +127,19 @@ class TierBridge:
             self.from_redis.update(hashes)
             self._persisted.update(hashes)
 
+    def admit_tail(self, tail: Tail, kept: KeptTails) -> None:
+        """A session turn's partial last block a prefetch brought from Redis: into a pool block,
+        kept as this worker's own tail would be (unless it keeps one under that parent)."""
+        if not kept.holds(tail.parent):
+            kept.make_room(1)
+            got = self.pool.allocate(1)
+            if got:
+                self.kv_cache.write_block(got[0].block_id, tail.kv)
+                got[0].num_tokens = len(tail.tokens)
+                if not kept.adopt(tail.parent, got[0], tail.tokens):
+                    self.pool.free(got)
+        self.resident.on_tail(tail.parent, kept.holds(tail.parent))  # no longer on its way
+
     def mark_persisted(self, hashes: Sequence[BlockHash]) -> None:
         with self._lock:
             self._persisted.update(hashes)
@@ -157,16 +172,25 @@ class TierBridge:
         return len(run)
 
     def persist(
-        self, block_ids: Sequence[int], hashes: Sequence[BlockHash], token_ids: Sequence[int], root: BlockHash
+        self,
+        block_ids: Sequence[int],
+        hashes: Sequence[BlockHash],
+        token_ids: Sequence[int],
+        root: BlockHash,
+        tail: tuple[int, BlockHash, tuple[int, ...]] | None = None,
     ) -> None:
-        """A finished turn: its full blocks go to the cold tier (write-through) unless already there.
+        """A finished turn: its full blocks go to the cold tier (write-through) unless already there;
+        and a session turn's partial last block (`tail`: its index in block_ids, its parent, its
+        tokens) as a tail (kvstore/tiers/tail.py), so the worker its next turn moves to need not
+        compute it.
 
         With a writer, the engine thread only copies the blocks into the writer's staging slots
         (they must be copied now: the pool may reuse their slots at the next step)."""
-        fresh = self._claim(hashes)
+        bs = self.pool.block_size
+        last = tail_hash(tail[1], tail[2]) if tail is not None else None
+        fresh = self._claim([*hashes, *([last] if last is not None else [])])
         if not fresh:
             return
-        bs = self.pool.block_size
         picked: list[int] = []
         metas: list[BlockMeta] = []
         for i, (block_id, block_hash) in enumerate(zip(block_ids, hashes, strict=False)):
@@ -174,6 +198,9 @@ class TierBridge:
                 parent = hashes[i - 1] if i else root
                 picked.append(block_id)
                 metas.append(BlockMeta(block_hash, parent, tuple(token_ids[i * bs : (i + 1) * bs])))
+        if tail is not None and last in fresh:
+            picked.append(block_ids[tail[0]])
+            metas.append(BlockMeta(last, tail[1], padded(tail[2], bs)))
         if self.writer is not None:
             self.writer.stage(metas, self.kv_cache.by_block(), picked, pinned=True)
         elif self.cold_sink is not None:

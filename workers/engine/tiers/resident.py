@@ -24,6 +24,9 @@ class ResidentBlocks:
         # Fetched from Redis and on their way to the warm tier (a WarmBlocks message the engine
         # thread has not taken yet): resident already, or a second prefetch would fetch them again.
         self._expected: set[BlockHash] = set()
+        # Parents under which this worker keeps a session turn's partial last block (KeptTails
+        # tells), or one is on its way from Redis: a prefetch then fetches no tail.
+        self._tails: set[BlockHash] = set()
         self._lock = threading.Lock()
 
     def expect(self, hashes: Sequence[BlockHash]) -> None:
@@ -37,6 +40,25 @@ class ResidentBlocks:
         """On the engine thread: these blocks are in the warm tier now (or were refused)."""
         with self._lock:
             self._expected.difference_update(hashes)
+
+    def on_tail(self, parent: BlockHash, held: bool) -> None:
+        """On the engine thread: a tail under `parent` is kept now (held), or no longer."""
+        with self._lock:
+            if held:
+                self._tails.add(parent)
+            else:
+                self._tails.discard(parent)
+
+    def expect_tail(self, parent: BlockHash) -> None:
+        """On the fetching thread: a tail under `parent` is on its way (EngineLoop.warm_tail)."""
+        with self._lock:
+            if len(self._tails) > MAX_EXPECTED:
+                self._tails.clear()
+            self._tails.add(parent)
+
+    def has_tail(self, parent: BlockHash) -> bool:
+        with self._lock:
+            return parent in self._tails
 
     def on_pool_event(self, event: BlockEvent) -> None:
         """On the engine thread: the pool indexed, dropped or cleared blocks."""
