@@ -28,6 +28,7 @@ from ops.settings import Settings
 from ops.stack.stack import Stack
 
 MOVE_AFTER, MOVE_EVERY = 3, 3  # the session's turn counts: each moved turn's kept baseline too
+KEPT_WORD = "topic"  # the kept baseline's "topic 5" for the moved "question 5": as many tokens (SmolLM2)
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,9 +56,11 @@ def _conversation(
         kept = None
         if t % 2 == 1:  # a moved turn: first the same turn where the conversation is kept
             time.sleep(cfg.think_s)
-            # Another one-digit question (as many tokens), on the worker that served turn t - 1 and
-            # keeps all of it: what the moved turn would cost had it not moved.
-            kept = respond(http, model, f"question {(t + 5) % 10}", previous, cfg.output_tokens)
+            # On the worker that served turn t - 1 and keeps all of it: what the moved turn would
+            # cost had it not moved. Another text of as many tokens, which differs from its first
+            # token on: a block the two share (the moved turn's finding it through Redis) would
+            # then have to hold the whole chat-template header before it, which it rarely can.
+            kept = respond(http, model, f"{KEPT_WORD} {t}", previous, cfg.output_tokens)
         time.sleep(cfg.think_s)
         turn = respond(http, model, f"question {t}", previous, cfg.output_tokens)
         if kept is not None:
@@ -140,6 +143,7 @@ def run(
             [r["moved_cached_tokens"] / r["moved_input_tokens"] for r in moved]
         ),
         "kept_on_keeper": sum(1 for r in moved if r["kept_on_keeper"]),
+        "kept_same_prompt_tokens": sum(1 for r in moved if r["kept_input_tokens"] == r["moved_input_tokens"]),
         "by_turn": _by_turn(moved),
         "background_submit_p50_ms": statistics.median(submits) * 1000,
         "rows": rows,
