@@ -46,7 +46,11 @@ def _conversation(
 ) -> list[dict[str, Any]]:
     """The conversation's moved turns: (moved, kept) TTFTs and where each one's time went; the last
     with its recompute."""
-    system = " ".join(f"rule{c}-{i}" for i in range(cfg.system_words))
+    # Conversations of different lengths: their turns end at different places in a block. The
+    # chat template's header after a turn (4 tokens) fills the block its tail leaves room for
+    # when that tail is 12 tokens long: the kept baseline's block then serves the moved turn
+    # through Redis. With every conversation alike, that would be the same turn in all of them.
+    system = " ".join(f"rule{c}-{i}" for i in range(cfg.system_words + c))
     history = [{"role": "user", "content": f"{system}\nquestion 1"}]
     turn = respond(http, model, history[0]["content"], None, cfg.output_tokens)
     rows: list[dict[str, Any]] = []
