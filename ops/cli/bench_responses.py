@@ -39,7 +39,8 @@ def bench_responses_cmd(
 
     cfg = Config(conversations, turns, output_tokens, backgrounds, think_s=think_s)
     doc = run(settings_from(opts), workers, cfg, run_dir, lambda m: click.echo(m, err=True))
-    for key in ("moved_vs_kept_ttft", "moved_vs_recompute_ttft", "background_submit_p50_ms"):
+    keys = ("moved_vs_kept_ttft", "moved_vs_kept_ttft_same_compute", "moved_vs_recompute_ttft")
+    for key in (*keys, "background_submit_p50_ms"):
         if doc.get(key) is not None:
             click.echo(f"{key}: {doc[key]:.3f}")
     _write_json(doc, json_path)

@@ -46,10 +46,11 @@ def _conversation(
 ) -> list[dict[str, Any]]:
     """The conversation's moved turns: (moved, kept) TTFTs and where each one's time went; the last
     with its recompute."""
-    # Conversations of different lengths: their turns end at different places in a block. The
-    # chat template's header after a turn (4 tokens) fills the block its tail leaves room for
-    # when that tail is 12 tokens long: the kept baseline's block then serves the moved turn
-    # through Redis. With every conversation alike, that would be the same turn in all of them.
+    # Conversations of different lengths: their turns end at different places in a block. The kept
+    # baseline (sent first) and the moved turn share the previous turn's last token and the chat
+    # template's next header (5 tokens) before their texts differ: when those fill the block the
+    # previous turn's tail is in, that block (the kept one's, written through) serves the moved
+    # turn. moved_vs_kept_ttft_same_compute counts only the turns where it did not.
     system = " ".join(f"rule{c}-{i}" for i in range(cfg.system_words + c))
     history = [{"role": "user", "content": f"{system}\nquestion 1"}]
     turn = respond(http, model, history[0]["content"], None, cfg.output_tokens)
@@ -92,6 +93,10 @@ def _conversation(
 
 def _median(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
+
+
+def _computed(row: dict[str, Any], side: str) -> int:
+    return int(row[f"{side}_sources"].get("computed", -1))
 
 
 def _by_turn(moved: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
@@ -139,6 +144,14 @@ def run(
         "moved_turns": len(moved),
         "moved_turns_expected": len(rows),
         "moved_vs_kept_ttft": _median([r["moved_ttft_s"] / r["kept_ttft_s"] for r in moved]),
+        "moved_vs_kept_ttft_same_compute": _median(
+            [
+                r["moved_ttft_s"] / r["kept_ttft_s"]
+                for r in moved
+                if _computed(r, "moved") == _computed(r, "kept")
+            ]
+        ),
+        "same_compute_turns": sum(1 for r in moved if _computed(r, "moved") == _computed(r, "kept")),
         "moved_vs_recompute_ttft": _median([r["moved_ttft_s"] / r["recompute_ttft_s"] for r in cold]),
         "moved_ttft_p50_s": _median([r["moved_ttft_s"] for r in moved]),
         "kept_ttft_p50_s": _median([r["kept_ttft_s"] for r in moved]),
