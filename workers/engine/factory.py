@@ -4,7 +4,6 @@ benchmarks and the tests all build it here). Nothing here runs per step."""
 from __future__ import annotations
 
 import time
-
 from collections.abc import Callable
 from pathlib import Path
 

@@ -5,7 +5,6 @@ sampled tokens into outputs; the tier bridge and the report watch from the side.
 from __future__ import annotations
 
 import logging
-import time
 import uuid
 
 from broker.errors import InvalidRequestError

@@ -32,8 +32,8 @@ if TYPE_CHECKING:  # torch's: imported where they are built, never in the simula
     from kvstore.layout import KVFormat
     from kvstore.redis.tier import RedisTier
     from workers.engine.llm_engine import LLMEngine
-    from workers.loop.engine_loop import EngineLoop
     from workers.jobs.interactive_presence import InteractivePresence
+    from workers.loop.engine_loop import EngineLoop
     from workers.tiers.writer import KVWriter
 
 log = logging.getLogger(__name__)
