@@ -48,7 +48,7 @@ def build_engine(
     if config.torch_threads:
         torch.set_num_threads(config.torch_threads)
     # The precision (model/precision.py): resolved here, applied to the model, part of its fingerprint.
-    precision = Precision.resolve(config.dtype, config.kv_cache_dtype, config.device)
+    precision = Precision.resolve(config.dtype, config.kv_cache_dtype, config.device, config.quantization)
     loaded, precision = precision.apply(
         model or load_model(config.model, precision.load_dtype, config.device, cache_dir or DEFAULT_CACHE_DIR)
     )

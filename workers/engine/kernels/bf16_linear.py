@@ -81,7 +81,7 @@ def choose(linears: Sequence[nn.Linear]) -> str:
     return chosen
 
 
-def _decoder_linears(model: nn.Module) -> list[tuple[str, nn.Linear]]:
+def decoder_linears(model: nn.Module) -> list[tuple[str, nn.Linear]]:
     """Every nn.Linear of the model's decoder (not lm_head)."""
     prefix = str(getattr(model, "base_model_prefix", "model"))
     return [
@@ -98,7 +98,7 @@ def converted(model: nn.Module) -> bool:
 def convert(model: nn.Module) -> int:
     """Replace every decoder nn.Linear of `model` (on CPU) by a Bf16Linear; how many were replaced
     (0: none runs here, the model is unchanged)."""
-    linears = _decoder_linears(model)
+    linears = decoder_linears(model)
     if not linears or not runs() or linears[0][1].weight.device.type != "cpu":
         return 0
     probe = [m for name, m in linears if ".layers.0." in name] or [m for _, m in linears[:7]]
