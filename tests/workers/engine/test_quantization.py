@@ -157,3 +157,22 @@ def test_int8_blocks_moved_through_a_pack_give_the_tokens_of_the_engine_that_mad
     kept = run_checked(source, {"turn": (turn, params)})["turn"]
     assert got.warm_tokens == 48 and kept.pool_tokens == 48
     assert got.token_ids == kept.token_ids
+
+
+@needs_int8
+@pytest.mark.parametrize("int8_rows", [16, 0], ids=["int8-kernel", "bf16-gemm"])
+def test_the_fused_stack_computes_the_int8_modules_tokens(
+    int8_tiny: Callable[[str], TinyModel], int8_rows: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if not paged_decode.available():
+        pytest.skip("the CPU kernels do not build here")
+    monkeypatch.setattr(int8_linear, "choose", lambda linears, packed: int8_rows)
+    tiny = int8_tiny(f"llama/fused-{int8_rows}")
+    rng = random.Random(45)
+    prompts = {f"p{i}": (random_prompt(rng, 20 + 7 * i), SamplingParams(max_tokens=10, **NO_EOS)) for i in range(3)}
+    fp32_kv = INT8 | {"kv_cache_dtype": "float32"}  # the modules' prefill attends unrounded K/V
+    fused = make_engine(tiny.loaded, num_blocks=32, **fp32_kv)
+    modules = make_engine(tiny.loaded, num_blocks=32, fused_decode=False, **fp32_kv)
+    assert fused.executor.runner.fused is not None and modules.executor.runner.fused is None
+    got, want = run_checked(fused, prompts), run_checked(modules, prompts)
+    assert {k: v.token_ids for k, v in got.items()} == {k: v.token_ids for k, v in want.items()}
