@@ -25,7 +25,9 @@ from workers.engine.model.precision import Precision
 
 INT8 = {"dtype": "bfloat16", "kv_cache_dtype": "bfloat16", "quantization": "int8"}
 
-needs_int8 = pytest.mark.skipif(not int8_linear.runs(), reason="torch's int8 kernel or oneDNN's bf16 GEMM does not run here")
+needs_int8 = pytest.mark.skipif(
+    not int8_linear.runs(), reason="torch's int8 kernel or oneDNN's bf16 GEMM does not run here"
+)
 
 
 def test_int8_resolves_to_bf16_compute_and_its_own_fingerprint() -> None:
@@ -82,14 +84,18 @@ def int8_tiny(tokenizer: object) -> Callable[[str], TinyModel]:
 
 
 @needs_int8
-def test_an_int8_engine_runs_fused_and_refuses_other_precisions(int8_tiny: Callable[[str], TinyModel]) -> None:
+def test_an_int8_engine_runs_fused_and_refuses_other_precisions(
+    int8_tiny: Callable[[str], TinyModel],
+) -> None:
     tiny = int8_tiny("llama")
     engine = make_engine(tiny.loaded, num_blocks=16, **INT8)
     assert engine.served.precision == Precision("bfloat16", "bfloat16", "cpu", "int8")
     assert engine.served.fingerprint.endswith("+w-int8+kv-bf16")
     assert (engine.executor.runner.fused is not None) == paged_decode.available()
     layer = tiny.loaded.model.model.layers[0]
-    assert isinstance(layer.mlp.down_proj, Int8Linear) and not isinstance(tiny.loaded.model.lm_head, Int8Linear)
+    assert isinstance(layer.mlp.down_proj, Int8Linear) and not isinstance(
+        tiny.loaded.model.lm_head, Int8Linear
+    )
     with pytest.raises(ValueError, match="int8"):
         make_engine(tiny.loaded, num_blocks=16, dtype="bfloat16")
 
@@ -141,7 +147,9 @@ def test_int8_blocks_moved_through_a_pack_give_the_tokens_of_the_engine_that_mad
         tokens = history[i * 16 : (i + 1) * 16]
         cached = source.pool.get_cached_block(h, tokens)
         assert cached is not None
-        blocks.append(StoredBlock(h, parent, tuple(tokens), source.executor.kv_cache.read_block(cached.block_id)))
+        blocks.append(
+            StoredBlock(h, parent, tuple(tokens), source.executor.kv_cache.read_block(cached.block_id))
+        )
         parent = h
     pack = encode_pack(source.served.kv_format, blocks)
     decoded = decode_pack(target.served.kv_format, pack)
@@ -169,7 +177,9 @@ def test_the_fused_stack_computes_the_int8_modules_tokens(
     monkeypatch.setattr(int8_linear, "choose", lambda linears, packed: int8_rows)
     tiny = int8_tiny(f"llama/fused-{int8_rows}")
     rng = random.Random(45)
-    prompts = {f"p{i}": (random_prompt(rng, 20 + 7 * i), SamplingParams(max_tokens=10, **NO_EOS)) for i in range(3)}
+    prompts = {
+        f"p{i}": (random_prompt(rng, 20 + 7 * i), SamplingParams(max_tokens=10, **NO_EOS)) for i in range(3)
+    }
     fp32_kv = INT8 | {"kv_cache_dtype": "float32"}  # the modules' prefill attends unrounded K/V
     fused = make_engine(tiny.loaded, num_blocks=32, **fp32_kv)
     modules = make_engine(tiny.loaded, num_blocks=32, fused_decode=False, **fp32_kv)

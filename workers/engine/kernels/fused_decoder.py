@@ -13,9 +13,9 @@ module, so any rope scaling holds), the final norm and lm_head stay the model's.
 It applies on CPU fp32 activations to a Llama-family decoder (Llama, Mistral, Qwen2, Qwen3:
 optional biases and q/k norms) whose linears all run kvferry's GEMM, or all oneDNN's bf16 GEMM
 (bf16_linear.py: a bf16 engine), or all are int8 (int8_linear.py: their int8 weights and scales go
-in beside the bf16 copies, and the row count up to which torch's int8 kernel runs), and whose decodes run the in-place attention kernel (both probed at
-start-up), over an fp32 or bf16 pool, with SiLU, one RMSNorm eps and no sliding window. Anything
-else keeps the modules' forward."""
+in beside the bf16 copies, with the row count up to which torch's int8 kernel runs), and whose
+decodes run the in-place attention kernel (both probed at start-up), over an fp32 or bf16 pool,
+with SiLU, one RMSNorm eps and no sliding window. Anything else keeps the modules' forward."""
 
 from __future__ import annotations
 

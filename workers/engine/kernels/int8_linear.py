@@ -67,7 +67,9 @@ class Int8Linear(nn.Module):
         self.bias = None if linear.bias is None else linear.bias.detach().float().contiguous()
         self.packed = packed
         self.max_int8_rows = max_int8_rows
-        self.qweight = q if max_int8_rows > 0 else torch.empty(0, dtype=torch.int8)  # read by the int8 kernel only
+        self.qweight = (
+            q if max_int8_rows > 0 else torch.empty(0, dtype=torch.int8)
+        )  # read by the int8 kernel only
         self.max_rows = 0  # kvferry's fp32 GEMM takes no rows (the fused stack reads this)
         self.nbytes = self.qweight.numel() + dense.numel() * 2 + self.scales.numel() * 6
         self.nbytes += 0 if self.bias is None else self.bias.numel() * 4
@@ -123,7 +125,9 @@ def choose(linears: Sequence[nn.Linear], packed: bool) -> int:
             if a >= b:
                 break
             chosen = rows
-    log.info("int8 linears: int8 kernel up to %d rows, oneDNN bf16 above (int8/bf16 %s)", chosen, ", ".join(times))
+    log.info(
+        "int8 linears: int8 kernel up to %d rows, oneDNN bf16 above (int8/bf16 %s)", chosen, ", ".join(times)
+    )
     return chosen
 
 
