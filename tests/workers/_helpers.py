@@ -121,3 +121,22 @@ def assert_tokens(got: Sequence[int], want: Sequence[int], what: str) -> None:
         f"{what}: outputs diverge at output token {at} (engine {len(got)} tokens, HF {len(want)})\n"
         f"  engine: {got}\n  HF:     {want}"
     )
+
+
+def pack_history(source: LLMEngine, history: Sequence[int], block_size: int = 16) -> bytes:
+    """The full blocks of `history` from `source`'s pool (it ran them), as one Redis-tier pack."""
+    from kvstore.chain import hash_blocks
+    from kvstore.tiers.codec import encode_pack
+    from kvstore.tiers.stored_block import StoredBlock
+
+    parent = source.scheduler.blocks.root("")
+    blocks = []
+    for i, h in enumerate(hash_blocks(list(history), block_size, (), parent=parent)):
+        tokens = history[i * block_size : (i + 1) * block_size]
+        cached = source.pool.get_cached_block(h, list(tokens))
+        assert cached is not None
+        blocks.append(
+            StoredBlock(h, parent, tuple(tokens), source.executor.kv_cache.read_block(cached.block_id))
+        )
+        parent = h
+    return encode_pack(source.served.kv_format, blocks)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
@@ -56,7 +56,8 @@ class Bf16Linear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, bf16 {layout}"
 
 
-def _best(modules: Sequence[Bf16Linear], rows: int) -> float:
+def best_time(modules: Sequence[nn.Module], rows: int) -> float:
+    """Best of a few passes over `modules` (linears: their in_features) at `rows` rows, seconds."""
     inputs = {m.in_features: torch.randn(rows, m.in_features) for m in modules}
     best = float("inf")
     for _ in range(_REPEATS):
@@ -75,7 +76,7 @@ def choose(linears: Sequence[nn.Linear]) -> str:
         total = dict.fromkeys(candidates, 0.0)
         for rows in _ROWS:
             for name, modules in candidates.items():
-                total[name] += _best(modules, rows)
+                total[name] += best_time(modules, rows)
     chosen = min(total, key=lambda k: total[k])
     log.info("bf16 linears: %s (%s)", chosen, ", ".join(f"{k} {1e3 * v:.2f} ms" for k, v in total.items()))
     return chosen
@@ -107,11 +108,18 @@ def convert(model: nn.Module) -> int:
     except RuntimeError as err:  # an op missing from this build
         log.warning("oneDNN's bf16 GEMM does not run here (%s)", err)
         return 0
+    replace_linears(model, linears, lambda linear: Bf16Linear(linear, packed))
+    return len(linears)
+
+
+def replace_linears(
+    model: nn.Module, linears: Sequence[tuple[str, nn.Linear]], make: Callable[[nn.Linear], nn.Module]
+) -> None:
+    """Each (name, linear) of `model` replaced by make(linear)."""
     with torch.inference_mode():
         for name, linear in linears:
             parent_name, _, attr = name.rpartition(".")
-            setattr(model.get_submodule(parent_name), attr, Bf16Linear(linear, packed))
-    return len(linears)
+            setattr(model.get_submodule(parent_name), attr, make(linear))
 
 
 def bf16_bytes(model: nn.Module) -> int:

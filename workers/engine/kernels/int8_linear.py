@@ -20,7 +20,6 @@ quantised.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Sequence
 
 import torch
@@ -30,7 +29,6 @@ from workers.engine.kernels import bf16_linear
 
 log = logging.getLogger(__name__)
 ROWS = (1, 2, 4, 8, 16)  # the decode-step row counts timed, in order
-_REPEATS = 3
 
 
 def quantize(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -101,17 +99,6 @@ class Int8Linear(nn.Module):
         )
 
 
-def _best(modules: Sequence[Int8Linear], rows: int) -> float:
-    inputs = {m.in_features: torch.randn(rows, m.in_features) for m in modules}
-    best = float("inf")
-    for _ in range(_REPEATS):
-        started = time.perf_counter()
-        for m in modules:
-            m(inputs[m.in_features])
-        best = min(best, time.perf_counter() - started)
-    return best
-
-
 def choose(linears: Sequence[nn.Linear], packed: bool) -> int:
     """The last of ROWS up to which torch's int8 kernel beat oneDNN's bf16 GEMM (over `packed`
     weights) at every count, over `linears` (one layer's), timed alternately here; 0: at none."""
@@ -120,7 +107,7 @@ def choose(linears: Sequence[nn.Linear], packed: bool) -> int:
         bf16 = [Int8Linear(lin, packed, 0) for lin in linears]
         chosen, times = 0, []
         for rows in ROWS:
-            a, b = _best(int8, rows), _best(bf16, rows)
+            a, b = bf16_linear.best_time(int8, rows), bf16_linear.best_time(bf16, rows)
             times.append(f"{rows}: {1e3 * a:.2f}/{1e3 * b:.2f} ms")
             if a >= b:
                 break
@@ -148,10 +135,7 @@ def convert(model: nn.Module) -> int:
     except RuntimeError as err:  # an op missing from this build
         log.warning("the int8 or bf16 GEMM does not run here (%s)", err)
         return 0
-    with torch.inference_mode():
-        for name, linear in linears:
-            parent_name, _, attr = name.rpartition(".")
-            setattr(model.get_submodule(parent_name), attr, Int8Linear(linear, packed, max_int8_rows))
+    bf16_linear.replace_linears(model, linears, lambda linear: Int8Linear(linear, packed, max_int8_rows))
     return len(linears)
 
 
