@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
+from typing import Protocol
 
 import torch
 from torch import nn
@@ -56,8 +57,14 @@ class Bf16Linear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, bf16 {layout}"
 
 
-def best_time(modules: Sequence[nn.Module], rows: int) -> float:
-    """Best of a few passes over `modules` (linears: their in_features) at `rows` rows, seconds."""
+class _Linear(Protocol):
+    in_features: int
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor: ...
+
+
+def best_time(modules: Sequence[_Linear], rows: int) -> float:
+    """Best of a few passes over `modules` at `rows` rows, seconds."""
     inputs = {m.in_features: torch.randn(rows, m.in_features) for m in modules}
     best = float("inf")
     for _ in range(_REPEATS):
