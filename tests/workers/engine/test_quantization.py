@@ -174,3 +174,42 @@ def test_the_fused_stack_computes_the_int8_modules_tokens(
     assert fused.executor.runner.fused is not None and modules.executor.runner.fused is None
     got, want = run_checked(fused, prompts), run_checked(modules, prompts)
     assert {k: v.token_ids for k, v in got.items()} == {k: v.token_ids for k, v in want.items()}
+
+
+@needs_int8
+@pytest.mark.parametrize(
+    "bad, match",
+    [
+        (lambda t: t[:-1], "int8 takes"),
+        (lambda t: [*t[:-1], t[-1].float()], "scales of weight 16 of layer 1"),
+        (lambda t: [*t[:2], t[2].T.contiguous(), *t[3:]], "int8 copy of weight 3 of layer 0"),
+    ],
+    ids=["one-missing", "fp32-scales", "transposed"],
+)
+def test_the_fused_stack_refuses_bad_int8_weights_before_writing(
+    int8_tiny: Callable[[str], TinyModel],
+    monkeypatch: pytest.MonkeyPatch,
+    bad: Callable[[list[torch.Tensor]], list[torch.Tensor]],
+    match: str,
+) -> None:
+    if not paged_decode.available():
+        pytest.skip("the CPU kernels do not build here")
+    monkeypatch.setattr(int8_linear, "choose", lambda linears, packed: 16)
+    tiny = int8_tiny("llama/refuse")
+    engine = make_engine(tiny.loaded, num_blocks=16, **INT8)
+    fused = engine.executor.runner.fused
+    assert fused is not None
+    fused.int8 = bad(fused.int8)
+    pool = engine.executor.kv_cache.tensor
+    before = pool.clone()
+    hidden_ids = torch.tensor([5, 6])
+    with pytest.raises(RuntimeError, match=match):
+        fused.forward(
+            hidden_ids,
+            torch.tensor([0, 1]),
+            torch.tensor([0, 1]),
+            torch.zeros(2, 1, dtype=torch.long),
+            torch.tensor([1, 2]),
+            torch.tensor([2]),
+        )
+    assert torch.equal(pool, before)
