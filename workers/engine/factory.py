@@ -89,6 +89,6 @@ def build_engine(
     post = Postprocessor(Detokenizer(loaded.tokenizer), loaded.eos_token_ids, served.max_model_len)
     executor = Executor(kv_cache, runner, Sampler(device, loaded.eos_token_ids))
     report = EngineReport(
-        config, served.model_id, served.weights_bytes, kv_cache, scheduler, post, precision.weights
+        config, served.model_id, served.weights_bytes, kv_cache, scheduler, post, precision.weights_name
     )
     return LLMEngine(config, served, scheduler, executor, post, tiers, report)

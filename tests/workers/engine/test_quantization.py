@@ -89,6 +89,7 @@ def test_an_int8_engine_runs_fused_and_refuses_other_precisions(
     engine = make_engine(tiny.loaded, num_blocks=16, **INT8)
     assert engine.served.precision == Precision("bfloat16", "bfloat16", "cpu", "int8")
     assert engine.served.fingerprint.endswith("+w-int8+kv-bf16")
+    assert engine.stats().dtype == "int8" and engine.stats().kv_cache_dtype == "bfloat16"
     assert (engine.executor.runner.fused is not None) == paged_decode.available()
     layer = tiny.loaded.model.model.layers[0]
     assert isinstance(layer.mlp.down_proj, Int8Linear) and not isinstance(

@@ -96,6 +96,11 @@ class Precision:
         weights = _SHORT[self.weights] if self.quantization == "none" else self.quantization
         return f"+w-{weights}+kv-{_SHORT[self.kv]}"
 
+    @property
+    def weights_name(self) -> str:
+        """What the heartbeat, /metrics and /version show as the dtype: the weights' (int8 when quantised)."""
+        return self.weights if self.quantization == "none" else self.quantization
+
     def describe(self) -> str:
         quantized = "" if self.quantization == "none" else f" ({self.quantization} weight-only)"
         return f"weights {self.weights}{quantized}, kv cache {self.kv}"
