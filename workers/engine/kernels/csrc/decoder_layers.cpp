@@ -25,9 +25,8 @@
 // bf16: the linears' weights are bf16 (plain or in oneDNN's layout: kernels/bf16_linear.py) and
 // every linear runs oneDNN's bf16 GEMM (its input rounded to bf16, its output widened to fp32);
 // everything else stays fp32. The pool may be fp32 or bf16 (K/V rounded as written, widened as read).
-// int8 (with bf16): per layer, for each of its 7 linears in the weights' order, (q int8 [out, in] or
-// empty, s bf16 [out]): the linear weights are q widened to bf16 and every linear computes
-// (x q^T) * s + b (int8_linear.cpp), on torch's int8 kernel up to int8_rows rows.
+// int8 (with bf16): per layer, per linear in order, (q int8 [out, in] or empty, s bf16 [out]); the weights are
+// q widened to bf16, each linear (x q^T) * s + b (int8_linear.cpp), torch's int8 kernel up to int8_rows rows.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -45,7 +44,6 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <optional>
 #include <utility>
 #include <vector>
 
@@ -219,8 +217,7 @@ void decoder_layers(at::Tensor hidden, const at::Tensor& cos, const at::Tensor& 
     const float *ln1 = w[0], *wq = w[1], *bq = w[2], *wk = w[3], *bk = w[4], *wv = w[5], *bv = w[6];
     const float *qn = w[7], *kn = w[8], *wo = w[9], *bo = w[10], *ln2 = w[11];
     const float *wg = w[12], *bg = w[13], *wu = w[14], *bu = w[15], *wd = w[16], *bd = w[17];
-    t = weights.data() + l * PER_LAYER;
-    qs = quant ? int8.data() + l * INT8_PER_LAYER : nullptr;
+    t = weights.data() + l * PER_LAYER, qs = quant ? int8.data() + l * INT8_PER_LAYER : nullptr;
 
     // Attention block.
     kvferry::rms_norm(hp, ln1, x.data(), n, h, e);
