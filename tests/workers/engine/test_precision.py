@@ -14,7 +14,15 @@ import torch
 
 from broker.sampling import SamplingParams
 from kvstore.tiers.codec import decode_pack
-from tests.workers._helpers import NO_EOS, TinyModel, make_engine, pack_history, random_prompt, run_checked
+from tests.workers._helpers import (
+    NO_EOS,
+    TinyModel,
+    make_engine,
+    pack_history,
+    random_prompt,
+    run_checked,
+    warm_and_kept,
+)
 from tests.workers.conftest import _build_tiny
 from workers.engine.kernels import bf16_linear, paged_decode
 from workers.engine.model import precision
@@ -72,26 +80,8 @@ def test_bf16_history_from_the_warm_tier_gives_the_tokens_of_a_kept_one(
 ) -> None:
     if not bf16_linear.runs():
         pytest.skip("oneDNN's bf16 GEMM does not run here")
-    tiny = bf16_tiny(arch)
-    rng = random.Random(41)
-    system = random_prompt(rng, 64)  # 4 full blocks
-    first = [*system, *random_prompt(rng, 9)]
-    filler = [random_prompt(rng, 70) for _ in range(3)]
-    again = [*system, *random_prompt(rng, 11)]
-    params = SamplingParams(max_tokens=8, **NO_EOS)
-
-    evicting = make_engine(tiny.loaded, num_blocks=8, warm_cache_size_bytes=1 << 20, **BF16)
-    keeping = make_engine(tiny.loaded, num_blocks=64, **BF16)
-    # where the kernels build, both run the fused stack over the bf16 pool
-    assert (evicting.executor.runner.fused is not None) == paged_decode.available()
-    for engine in (evicting, keeping):
-        run_checked(engine, {"first": (first, params)})
-    for i, prompt in enumerate(filler):
-        run_checked(evicting, {f"filler{i}": (prompt, params)})
-    got = run_checked(evicting, {"again": (again, params)})["again"]
-    kept = run_checked(keeping, {"again": (again, params)})["again"]
-    assert got.warm_tokens == 64 and kept.pool_tokens == 64
-    assert got.token_ids == kept.token_ids
+    got, kept, from_pool = warm_and_kept(bf16_tiny(arch).loaded, 41, **BF16)
+    assert got.token_ids == kept.token_ids == from_pool.token_ids
 
 
 def test_bf16_blocks_moved_through_a_pack_give_the_tokens_of_the_engine_that_made_them(

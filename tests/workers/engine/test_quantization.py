@@ -15,7 +15,15 @@ from torch import nn
 
 from broker.sampling import SamplingParams
 from kvstore.tiers.codec import decode_pack
-from tests.workers._helpers import NO_EOS, TinyModel, make_engine, pack_history, random_prompt, run_checked
+from tests.workers._helpers import (
+    NO_EOS,
+    TinyModel,
+    make_engine,
+    pack_history,
+    random_prompt,
+    run_checked,
+    warm_and_kept,
+)
 from tests.workers.conftest import _build_tiny
 from workers.engine.kernels import int8_linear, paged_decode
 from workers.engine.kernels.int8_linear import Int8Linear
@@ -106,24 +114,7 @@ def test_int8_history_from_the_pool_or_warm_tier_gives_the_tokens_of_a_kept_one(
 ) -> None:
     # each C++ path of the fused stack's int8 linears: the int8 kernel at every decode, or none
     monkeypatch.setattr(int8_linear, "choose", lambda linears, packed: 16 if case.endswith("kernel") else 0)
-    tiny = int8_tiny(case)
-    rng = random.Random(43)
-    system = random_prompt(rng, 64)  # 4 full blocks
-    first = [*system, *random_prompt(rng, 9)]
-    filler = [random_prompt(rng, 70) for _ in range(3)]
-    again = [*system, *random_prompt(rng, 11)]
-    params = SamplingParams(max_tokens=8, **NO_EOS)
-
-    evicting = make_engine(tiny.loaded, num_blocks=8, warm_cache_size_bytes=1 << 20, **INT8)
-    keeping = make_engine(tiny.loaded, num_blocks=64, **INT8)
-    for engine in (evicting, keeping):
-        run_checked(engine, {"first": (first, params)})
-    from_pool = run_checked(keeping, {"again": (again, params)})["again"]
-    for i, prompt in enumerate(filler):
-        run_checked(evicting, {f"filler{i}": (prompt, params)})
-    got = run_checked(evicting, {"again": (again, params)})["again"]
-    kept = run_checked(keeping, {"again": (again, params)})["again"]
-    assert got.warm_tokens == 64 and kept.pool_tokens == from_pool.pool_tokens == 64
+    got, kept, from_pool = warm_and_kept(int8_tiny(case).loaded, 43, **INT8)
     assert got.token_ids == kept.token_ids == from_pool.token_ids
 
 
