@@ -68,7 +68,7 @@ class SettingsFields(BaseModel):
     max_prefill_tokens_with_decodes: int | None = None  # prefill tokens in a step with decodes; None: no cap
     prefill_batch_hold: float = 0.0  # new prompts wait, up to this many full-batch prefill times; 0 = off
     interactive_batch_step: float = (
-        2.0  # while interactive requests flow, a step with batch rows / without; 0 = off
+        1.5  # while interactive requests flow, a step with batch rows / without; 0 = off
     )
     max_model_len: int | None = None  # None: the model's own context length
     enable_prefix_caching: bool = True

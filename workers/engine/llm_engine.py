@@ -5,7 +5,6 @@ sampled tokens into outputs; the tier bridge and the report watch from the side.
 from __future__ import annotations
 
 import logging
-import time
 import uuid
 
 from broker.errors import InvalidRequestError
@@ -99,7 +98,8 @@ class LLMEngine:
         """One batch. A request whose sampling or detokenising raises ends alone with
         finish_reason "error" (its typed error in the output's `cause`); anything else that raises
         is the engine's failure: the caller must then call abort_all() before stepping again."""
-        started = time.perf_counter()
+        clock = self.scheduler.cost.clock
+        started = clock()
         step = self.scheduler.schedule()
         self.report.on_scheduled(step)
         outputs = [*self._ready.values(), *(self._finish(seq, "length", []) for seq in step.outgrown)]
@@ -107,7 +107,7 @@ class LLMEngine:
         if not step.scheduled:
             return outputs
         done = self._postprocess(step, self.executor.run(step))
-        self.scheduler.cost.record(step.num_decodes, step.num_prefill_tokens, time.perf_counter() - started)
+        self.scheduler.cost.record(step.num_decodes, step.num_prefill_tokens, clock() - started)
         return [*outputs, *done]
 
     def _postprocess(self, step: SchedulerOutput, sampled: Sampled) -> list[RequestOutput]:

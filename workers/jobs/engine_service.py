@@ -32,6 +32,8 @@ if TYPE_CHECKING:  # torch's: imported where they are built, never in the simula
     from kvstore.layout import KVFormat
     from kvstore.redis.tier import RedisTier
     from workers.engine.llm_engine import LLMEngine
+    from workers.jobs.interactive_presence import InteractivePresence
+    from workers.loop.engine_loop import EngineLoop
     from workers.tiers.writer import KVWriter
 
 log = logging.getLogger(__name__)
@@ -79,6 +81,7 @@ class EngineService:
         self._lock = threading.Lock()  # held through the model load: never taken by the heartbeat
         self._counts_lock = threading.Lock()
         self._loop: Loop | None = None
+        self.presence: InteractivePresence | None = None  # with an engine loop (not simulated)
         self._handed_back = False  # a drain past its timeout stopped the engine: never rebuilt
         self.load_error: Exception | None = None  # the last failed engine build, if any
         self._counts = JobCounts(0, 0, 0)
@@ -109,7 +112,23 @@ class EngineService:
                     raise EngineFailedError(f"the engine could not be built: {exc}") from exc
                 if self.writer is not None:
                     self.writer.yielding.idle = loop.idle
+                self._start_presence(loop)
             return self._loop
+
+    def _start_presence(self, loop: EngineLoop) -> None:
+        from workers.engine.scheduling.batch_budget import INTERACTIVE_LINGER_S
+        from workers.jobs.interactive_presence import InteractivePresence
+
+        self.presence = InteractivePresence(self.redis, INTERACTIVE_LINGER_S, loop.interactive_flows_until)
+        self.presence.start()
+
+    def interactive_started(self) -> InteractivePresence | None:
+        """An interactive job starts here: the fleet's batch steps are sized until it ends (call
+        the presence's end()) and a linger after."""
+        presence = self.presence
+        if presence is not None:
+            presence.begin()
+        return presence
 
     def _build_engine(self) -> LLMEngine:
         """On the loop's own thread: the engine, with the Redis tier's writer attached."""
@@ -145,12 +164,18 @@ class EngineService:
         their tasks hand the messages back) and never build another; the writer keeps writing."""
         with self._lock:
             self._handed_back = True
+            if self.presence is not None:
+                self.presence.stop()
+                self.presence = None
             if self._loop is not None:
                 self._loop.stop()
                 self._loop = None
 
     def shutdown(self) -> None:
         with self._lock:
+            if self.presence is not None:
+                self.presence.stop()
+                self.presence = None
             if self._loop is not None:
                 self._loop.stop()
                 self._loop = None

@@ -117,6 +117,12 @@ class EngineLoop:
     def abort(self, request_id: str) -> None:
         self._put(Abort(request_id))
 
+    def interactive_flows_until(self, deadline: float) -> None:
+        """Interactive requests flow elsewhere in the fleet until `deadline` (time.monotonic()):
+        batch steps stay sized meanwhile. One float stored, read by the loop thread at its next
+        step: no message, so it never waits behind a step."""
+        self.engine.scheduler.sizer.elsewhere_until = deadline
+
     def warm(self, blocks: list[StoredBlock]) -> None:
         """Hand blocks fetched from Redis to the engine's warm tier (a request submitted after
         this finds them there)."""
