@@ -48,6 +48,11 @@ def engine_options(fn: Callable[..., Any]) -> Callable[..., Any]:
             help="the hot KV pool's dtype (auto: as --dtype)",
         ),
         click.option(
+            "--quantization",
+            type=click.Choice(["none", "int8"]),
+            help="the decoder linears' weights: int8 = weight-only, per-channel (computes in bf16)",
+        ),
+        click.option(
             "--kv-tier-dtype",
             type=click.Choice(["exact", "int8", "fp16", "bf16"]),
             help="how the Redis tier stores blocks (exact; int8/fp16/bf16 are lossy: see docs/benchmarks.md)",

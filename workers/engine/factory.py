@@ -49,7 +49,7 @@ def build_engine(
     if config.torch_threads:
         torch.set_num_threads(config.torch_threads)
     # The precision (model/precision.py): resolved here, applied to the model, part of its fingerprint.
-    precision = Precision.resolve(config.dtype, config.kv_cache_dtype, config.device)
+    precision = Precision.resolve(config.dtype, config.kv_cache_dtype, config.device, config.quantization)
     loaded, precision = precision.apply(
         model or load_model(config.model, precision.load_dtype, config.device, cache_dir or DEFAULT_CACHE_DIR)
     )
@@ -92,6 +92,6 @@ def build_engine(
     post = Postprocessor(Detokenizer(loaded.tokenizer), loaded.eos_token_ids, served.max_model_len)
     executor = Executor(kv_cache, runner, Sampler(device, loaded.eos_token_ids))
     report = EngineReport(
-        config, served.model_id, served.weights_bytes, kv_cache, scheduler, post, precision.weights
+        config, served.model_id, served.weights_bytes, kv_cache, scheduler, post, precision.weights_name
     )
     return LLMEngine(config, served, scheduler, executor, post, tiers, report)
