@@ -63,7 +63,9 @@ def test_flowers_worker_page_shows_the_kv_figures_with_units(
     with running_flower(redis_server.url) as url:
         token = base64.b64encode(":".join(AUTH).encode()).decode()
         browser.execute_cdp_cmd("Network.enable", {})
-        browser.execute_cdp_cmd("Network.setExtraHTTPHeaders", {"headers": {"Authorization": f"Basic {token}"}})
+        browser.execute_cdp_cmd(
+            "Network.setExtraHTTPHeaders", {"headers": {"Authorization": f"Basic {token}"}}
+        )
         browser.get(f"{url}/worker/{worker.name}")
         wait_for(lambda: browser.find_elements(By.ID, "worker-tab-other"), 30, "the worker page")
         assert browser.find_element(By.ID, "workername").text == worker.name

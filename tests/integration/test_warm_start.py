@@ -19,7 +19,7 @@ from broker.messages import ChatMessage
 from broker.worker_registry import live_workers
 from kvstore.redis.report import read_report
 from tests.integration.conftest import WorkerProcess
-from tests.integration.jobs import BLOCK_SIZE, chat, send, wait_settled
+from tests.integration.jobs import BLOCK_SIZE, send, wait_settled
 from tests.integration.test_drain import turn
 
 SESSIONS = 4
@@ -30,23 +30,23 @@ def test_a_new_worker_warms_the_hottest_sessions_before_it_takes_their_moved_tur
 ) -> None:
     w1 = worker_factory("warm-a")
     history: dict[str, tuple[ChatMessage, ...]] = {}
+    so_far: tuple[ChatMessage, ...]
     seen: dict[str, int] = {}
     for i in range(SESSIONS):
-        s = f"warm-{uuid.uuid4().hex[:8]}"
-        messages = [{"role": "system", "content": "You answer questions."}]
+        s, so_far = f"warm-{uuid.uuid4().hex[:8]}", ()
         for t in range(2):
-            messages.append({"role": "user", "content": f"question {t} of session {i}, {s}"})
-            res = chat(celery_app, messages, s, w1.queue, max_tokens=24)
+            question = f"question {t} of session {i}, {s}"
+            res = decode_result(send(celery_app, turn(s, question, 24, so_far), w1.queue).get(timeout=120))
             assert res.worker == w1.name
-            messages.append({"role": "assistant", "content": res.text})
+            so_far = (*so_far, ChatMessage("user", question), ChatMessage("assistant", res.text))
             wait_settled(redis_client, "", s)
-        history[s] = tuple(ChatMessage(m["role"], m["content"]) for m in messages[1:])
+        history[s] = so_far
         seen[s] = res.usage.prompt_tokens + res.usage.completion_tokens
     # the moved turns, queued for the new worker before it exists
     name = "warm-b"
     queue = keys.worker_queue(f"{name}@{socket.gethostname()}")
     pending = {s: send(celery_app, turn(s, f"next question of {s}", 4, h), queue) for s, h in history.items()}
-    read_before = read_report(redis_client, redis_client)["bytes_read"]
+    hits_before = read_report(redis_client, redis_client)["hits"]
     w2 = worker_factory(name, "--warm-start-size", "64M")
     assert w2.queue == queue
     status = next(w for w in live_workers(redis_client) if w.name == w2.name)
@@ -60,6 +60,5 @@ def test_a_new_worker_warms_the_hottest_sessions_before_it_takes_their_moved_tur
         if u.redis_tokens or u.cached_tokens < seen[s] - BLOCK_SIZE:
             short.append((s, u, seen[s]))
     assert not short  # each moved turn: history cached (>= one block short), none of it from Redis
-    # what the new worker read from Redis, it read at its start: the turns read nothing more
-    read_after = read_report(redis_client, redis_client)["bytes_read"]
-    assert read_after - read_before == status.warm_start_bytes
+    # the blocks the new worker found in Redis, it found at its start: the turns read none
+    assert read_report(redis_client, redis_client)["hits"] - hits_before == status.warm_start_blocks
