@@ -21,6 +21,8 @@ from typing import Any
 
 import httpx
 
+from broker.redis.client import connect
+from broker.worker_registry import live_workers
 from ops.bench.tiers.chat_turn import chat_turn
 from ops.bench.tiers.multiturn import figures
 from ops.queue_client import redis_tier_report
@@ -102,15 +104,15 @@ def run_realistic(
     settings: Settings,
     routing: str,
     sessions: list[SessionPlan],
-    pool_bytes: int,
-    warm_bytes: int,
+    pool_tokens: int,
+    bytes_per_token: int,
     run_dir: Path,
 ) -> dict[str, Any]:
     """One routing over the plan on a fresh 2-worker stack."""
     stack_settings = settings.with_overrides(
         routing=routing,
-        cache_size=str(pool_bytes),
-        warm_cache_size=str(warm_bytes),
+        cache_size=str(pool_tokens * bytes_per_token),
+        warm_cache_size=str(pool_tokens * bytes_per_token),  # the warm tier as big as the pool
         api_port=free_port(),
         torch_threads=1,
     )
@@ -127,11 +129,18 @@ def run_realistic(
         wall = time.perf_counter() - started
         time.sleep(1.0)  # the last write-throughs land in the counters
         tier = redis_tier_report(stack.settings)
+        engines = [w.engine for w in live_workers(connect(stack.settings.queue_url)) if w.engine]
     out = {"routing": routing, "redis_tier": stack_settings.redis_tier_on, "wall_s": wall, **figures(rows)}
+    turns = max(1, len(rows))
     out["redis_tier_bytes_read"] = tier["bytes_read"]
     out["redis_tier_bytes_written"] = tier["bytes_written"]
-    out["redis_tier_bytes_read_per_turn"] = tier["bytes_read"] / max(1, len(rows))
-    out["redis_tier_bytes_written_per_turn"] = tier["bytes_written"] / max(1, len(rows))
+    out["redis_tier_blocks_hit"] = tier["hits"]
+    out["redis_tier_bytes_read_per_turn"] = tier["bytes_read"] / turns
+    out["redis_tier_bytes_written_per_turn"] = tier["bytes_written"] / turns
+    # what the turns' prompts took from Redis (kv_sources), against what was read: the rest was
+    # read and not used by the turn that counted it (evicted before use, or a preempted admission)
+    out["redis_tier_bytes_used_per_turn"] = out["redis_tokens"] * bytes_per_token / turns
+    out["preemptions"] = sum(e.num_preemptions for e in engines)
     # the distinct tokens the sessions' histories hold at their end (shared system prompts once
     # per session: an upper bound of the working set)
     last = {r["sid"]: r["prompt"] + r["completion"] for r in sorted(rows, key=lambda r: r["turn"])}
@@ -150,20 +159,23 @@ def realistic_bench(
     sessions, turns = (12, 4) if quick else (32, 6)
     # per worker: pool and warm tier hold this many tokens each; the plan's histories add up to
     # several times that (history_tokens_at_end)
-    pool_tokens = warm_tokens = 1536 if quick else 3072
+    pool_tokens = 1536 if quick else 3072
     steps = plan(sessions, turns, seed=7)
-    pool_b, warm_b = pool_tokens * bytes_per_token, warm_tokens * bytes_per_token
     runs = []
     for rep in range(reps):
         for routing in ("cache-aware", "round-robin"):
-            runs.append(run_realistic(settings, routing, steps, pool_b, warm_b, run_dir / f"{routing}-{rep}"))
+            runs.append(
+                run_realistic(
+                    settings, routing, steps, pool_tokens, bytes_per_token, run_dir / f"{routing}-{rep}"
+                )
+            )
     pairs = list(zip(runs[::2], runs[1::2], strict=True))
     out: dict[str, Any] = {
         "sessions": sessions,
         "turns": turns,
         "think_mean_s": THINK_MEAN_S,
         "pool_tokens_per_worker": pool_tokens,
-        "warm_tokens_per_worker": warm_tokens,
+        "warm_tokens_per_worker": pool_tokens,
         "bytes_per_token": bytes_per_token,
         "runs": runs,
     }
@@ -172,6 +184,7 @@ def realistic_bench(
         ("ttft_p95_s", "ttft_p95_ratio"),
         ("redis_tier_bytes_read_per_turn", "redis_tier_bytes_per_turn_ratio"),
         ("tpot_p50_s", "tpot_p50_ratio"),
+        ("redis_tier_bytes_used_per_turn", "redis_tier_bytes_used_per_turn_ratio"),
     ):
         ratios = [a[key] / b[key] if b[key] else float("inf") for a, b in pairs]
         out[f"{name}_pairs"] = ratios

@@ -149,14 +149,21 @@ def _realistic(settings: Settings, quick: bool, reps: int, run_dir: Path) -> dic
     per_token = kv_layout(loaded, settings.block_size, getattr(torch, kv)).bytes_per_token
     del loaded
     out = realistic_bench(settings, quick, per_token, run_dir, reps)
-    for key in ("ttft_p50_ratio", "ttft_p95_ratio", "redis_tier_bytes_per_turn_ratio", "tpot_p50_ratio"):
+    for key in (
+        "ttft_p50_ratio",
+        "ttft_p95_ratio",
+        "redis_tier_bytes_per_turn_ratio",
+        "redis_tier_bytes_used_per_turn_ratio",
+        "tpot_p50_ratio",
+    ):
         print(f"realistic workload, cache-aware vs round-robin: {key} {out[key]:.3f}", flush=True)
     for r in out["runs"]:
         print(
             f"  {r['routing']}: TTFT p50 / p95 {r['ttft_p50_s'] * 1000:.0f} / "
             f"{r['ttft_p95_s'] * 1000:.0f} ms, hit {r['hit_share_of_reusable']:.1%} of reusable, "
             f"Redis read {r['redis_tier_bytes_read_per_turn'] / 1e6:.2f} MB/turn, "
-            f"busiest worker {r['busiest_worker_share']:.0%}",
+            f"{r['redis_tier_bytes_used_per_turn'] / 1e6:.2f} of it used, "
+            f"busiest worker {r['busiest_worker_share']:.0%}, {r['preemptions']} preemptions",
             flush=True,
         )
     return out
