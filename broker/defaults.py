@@ -90,6 +90,9 @@ class SettingsFields(BaseModel):
     simulated_token_delay_s: float = 0.02  # the simulated engine's time per token (a batched step)
     # the KV tiers
     redis_cache_size: Size = ByteSize(2 * GiB)  # byte cap of the shared Redis tier (own LRU); 0 = none
+    # a new worker loads up to this many bytes of the hottest prefixes from the Redis tier into its
+    # warm tier before it takes work (workers/tiers/warm_start.py); capped by warm_cache_size; 0 = off
+    warm_start_size: Size = ByteSize(128 * MiB)
     session_ttl_s: int = 3600  # idle sessions expire; their pinned blocks become ordinary cached ones
     kv_tier_dtype: TierDtype = (
         "exact"  # how Redis stores blocks; int8/fp16/bf16 are lossy (docs/benchmarks.md)

@@ -78,10 +78,11 @@ class LLMEngine:
         self._seqs[rid] = seq
         self.scheduler.add(seq)
 
-    def admit_prefetched(self, blocks: list[StoredBlock]) -> None:
-        """Blocks a task thread fetched from Redis for a prompt: into the warm tier."""
+    def admit_prefetched(self, blocks: list[StoredBlock], at_request: bool = True) -> None:
+        """Blocks a task thread fetched from Redis for a prompt: into the warm tier. at_request
+        False: a warm start's, loaded before the worker took work (they count as warm, not Redis)."""
         if self.tiers is not None and blocks:
-            self.tiers.admit(blocks)
+            self.tiers.admit(blocks, at_request)
 
     def abort_request(self, request_id: str) -> RequestOutput | None:
         if request_id in self._ready:

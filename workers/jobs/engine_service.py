@@ -25,6 +25,7 @@ from workers.loop.protocol import Loop
 from workers.loop.simulated import SimulatedEngine, SimulatedLoop
 from workers.sessions.keeper import SessionKeeper
 from workers.tiers.config import TierConfig
+from workers.tiers.warm_start import WarmStartFigures
 
 if TYPE_CHECKING:  # torch's: imported where they are built, never in the simulated mode
     import torch
@@ -85,6 +86,7 @@ class EngineService:
         self._handed_back = False  # a drain past its timeout stopped the engine: never rebuilt
         self.load_error: Exception | None = None  # the last failed engine build, if any
         self._counts = JobCounts(0, 0, 0)
+        self.warm_started = WarmStartFigures()  # what warm_start() loaded
         self.sessions = SessionKeeper(
             self.redis, self.kv_redis, identity.name, self.served_model, self.tier_config
         )
@@ -196,6 +198,24 @@ class EngineService:
     def can_prefetch(self) -> bool:
         """Whether the engine and its Redis tier are built (prefetches before that are dropped)."""
         return self._loop is not None and self.redis_tier is not None
+
+    def warm_start(self) -> WarmStartFigures:
+        """Before the worker takes work, with the engine built: the hottest prefixes from the Redis
+        tier into the warm tier (workers/tiers/warm_start.py), up to tier_config.warm_start_bytes."""
+        loop, tier = self._loop, self.redis_tier
+        if loop is None or tier is None or self.tier_config.warm_start_bytes <= 0:
+            return self.warm_started
+        from workers.engine.kernels.omp_team import confine_to_this_thread
+        from workers.tiers.warm_start import warm_start
+
+        confine_to_this_thread()
+        try:
+            self.warm_started = warm_start(
+                self.redis, loop, tier, self.served_model, self.tier_config.warm_start_bytes
+            )
+        except KV_ERRORS as exc:  # a cold start (queue or KV Redis away), never a failed one
+            log.warning("warm start from the Redis tier failed: %s", exc)
+        return self.warm_started
 
     def prefetch(self, ids: list[int], salt: str) -> int:
         """On a job's (or the hint listener's) thread: a prompt's blocks from Redis into the warm
