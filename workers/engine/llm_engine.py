@@ -5,7 +5,6 @@ sampled tokens into outputs; the tier bridge and the report watch from the side.
 from __future__ import annotations
 
 import logging
-import time
 import uuid
 
 from broker.errors import InvalidRequestError
@@ -80,14 +79,17 @@ class LLMEngine:
         self._seqs[rid] = seq
         self.scheduler.add(seq)
 
-    def admit_prefetched(self, blocks: list[StoredBlock], tails: tuple[Tail, ...] = ()) -> None:
-        """Blocks a task thread fetched from Redis for a prompt: into the warm tier. `tails`:
-        session turns' partial last blocks it fetched, kept here as if this worker had run those
-        turns (kvstore/tiers/tail.py)."""
+    def admit_prefetched(
+        self, blocks: list[StoredBlock], at_request: bool = True, tails: tuple[Tail, ...] = ()
+    ) -> None:
+        """Blocks a task thread fetched from Redis for a prompt: into the warm tier. at_request
+        False: a warm start's, loaded before the worker took work (they count as warm, not Redis).
+        `tails`: session turns' partial last blocks it fetched, kept here as if this worker had run
+        those turns (kvstore/tiers/tail.py)."""
         if self.tiers is None:
             return
         if blocks:
-            self.tiers.admit(blocks)
+            self.tiers.admit(blocks, at_request)
         for tail in tails:
             self.tiers.admit_tail(tail, self.scheduler.blocks.tails)
 
@@ -106,7 +108,8 @@ class LLMEngine:
         """One batch. A request whose sampling or detokenising raises ends alone with
         finish_reason "error" (its typed error in the output's `cause`); anything else that raises
         is the engine's failure: the caller must then call abort_all() before stepping again."""
-        started = time.perf_counter()
+        clock = self.scheduler.cost.clock
+        started = clock()
         step = self.scheduler.schedule()
         self.report.on_scheduled(step)
         outputs = [*self._ready.values(), *(self._finish(seq, "length", []) for seq in step.outgrown)]
@@ -114,7 +117,7 @@ class LLMEngine:
         if not step.scheduled:
             return outputs
         done = self._postprocess(step, self.executor.run(step))
-        self.scheduler.cost.record(step.num_decodes, step.num_prefill_tokens, time.perf_counter() - started)
+        self.scheduler.cost.record(step.num_decodes, step.num_prefill_tokens, clock() - started)
         return [*outputs, *done]
 
     def _postprocess(self, step: SchedulerOutput, sampled: Sampled) -> list[RequestOutput]:

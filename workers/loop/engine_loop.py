@@ -118,15 +118,22 @@ class EngineLoop:
     def abort(self, request_id: str) -> None:
         self._put(Abort(request_id))
 
-    def warm(self, blocks: list[StoredBlock], tails: tuple[Tail, ...] = ()) -> None:
+    def interactive_flows_until(self, deadline: float) -> None:
+        """Interactive requests flow elsewhere in the fleet until `deadline` (time.monotonic()):
+        batch steps stay sized meanwhile. One float stored, read by the loop thread at its next
+        step: no message, so it never waits behind a step."""
+        self.engine.scheduler.sizer.elsewhere_until = deadline
+
+    def warm(self, blocks: list[StoredBlock], at_request: bool = True, tails: tuple[Tail, ...] = ()) -> None:
         """Hand blocks fetched from Redis to the engine's warm tier, and session turns' partial last
-        blocks to its kept tails (a request submitted after this finds them there)."""
+        blocks to its kept tails (a request submitted after this finds them there). at_request
+        False: a warm start's (they count as warm tokens)."""
         if blocks or tails:
             if self.resident is not None:  # resident once they land: no second fetch of them meanwhile
                 self.resident.expect([b.block_hash for b in blocks])
                 for tail in tails:
                     self.resident.expect_tail(tail.parent)
-            self._put(WarmBlocks(blocks, tails))
+            self._put(WarmBlocks(blocks, at_request, tails))
 
     def check_integrity(self, timeout: float | None = 30.0) -> None:
         """The engine's invariants, checked on the loop thread between steps (AssertionError)."""

@@ -28,6 +28,7 @@ class WarmBlocks:
     Submit that follows it in the inbox is admitted."""
 
     blocks: list[StoredBlock]
+    at_request: bool = True  # False: a warm start's (LLMEngine.admit_prefetched)
     tails: tuple[Tail, ...] = ()  # session turns' partial last blocks (kvstore/tiers/tail.py)
 
 

@@ -41,7 +41,9 @@ class PrefetchTarget(Protocol):
     @property
     def resident(self) -> ResidentBlocks | None: ...
 
-    def warm(self, blocks: list[StoredBlock], tails: tuple[Tail, ...] = ()) -> None: ...
+    def warm(
+        self, blocks: list[StoredBlock], at_request: bool = True, tails: tuple[Tail, ...] = ()
+    ) -> None: ...
 
 
 def prefetch(
@@ -66,7 +68,7 @@ def prefetch(
     if tails and held and not resident.has_tail(hashes[held - 1]):
         tail = get_tail(tier, hashes[held - 1], ids[held * bs : len(ids) - 1])
     if run or tail is not None:
-        target.warm(run, (tail,) if tail is not None else ())
+        target.warm(run, tails=(tail,) if tail is not None else ())
     return len(run)
 
 
