@@ -13,7 +13,7 @@ module, so any rope scaling holds), the final norm and lm_head stay the model's.
 It applies on CPU fp32 activations to a Llama-family decoder (Llama, Mistral, Qwen2, Qwen3:
 optional biases and q/k norms) whose linears all run kvferry's GEMM, or all oneDNN's bf16 GEMM
 (bf16_linear.py: a bf16 engine), and whose decodes run the in-place attention kernel (both probed at
-start-up), over an fp32 or bf16 pool, with SiLU, one RMSNorm eps and no sliding window. Anything
+start-up), over an fp32, bf16 or int8 pool, with SiLU, one RMSNorm eps and no sliding window. Anything
 else keeps the modules' forward."""
 
 from __future__ import annotations
@@ -113,7 +113,7 @@ class FusedDecoder:
             or getattr(config, "hidden_act", None) != "silu"
             or (config.model_type == "mistral" and getattr(config, "sliding_window", None) is not None)
             or pool.device.type != "cpu"
-            or pool.dtype not in (torch.float32, torch.bfloat16)
+            or pool.dtype not in (torch.float32, torch.bfloat16, torch.int8)
             or not all(hasattr(decoder, n) for n in ("embed_tokens", "rotary_emb", "norm", "layers"))
             or not hasattr(torch.ops.kvferry, "decoder_layers")
         ):
