@@ -20,7 +20,10 @@ INT8 = dataclasses.replace(TINY_LAYOUT, dtype=torch.int8)
 
 
 def test_a_row_keeps_its_values_within_half_a_step_of_its_own_scale() -> None:
-    x = torch.randn(5, 3, 16, generator=torch.Generator().manual_seed(1)) * torch.tensor([0.01, 1.0, 50.0])[:, None]
+    x = (
+        torch.randn(5, 3, 16, generator=torch.Generator().manual_seed(1))
+        * torch.tensor([0.01, 1.0, 50.0])[:, None]
+    )
     x[0, 0] = 0.0  # an all-zero row: scale 1, values 0
     rows = int8_rows.quantize(x)
     assert rows.shape == (5, 3, 20) and rows.dtype == torch.int8
@@ -40,7 +43,9 @@ def test_the_pool_holds_values_and_scales_and_reads_back_dequantised() -> None:
     slots = torch.tensor([0, 1, 17, 18, 40])
     cache.write(1, slots, k, v)
     assert torch.equal(cache.keys(1)[slots], int8_rows.quantize(k))
-    assert torch.equal(cache.dense(cache.values(1)[slots], torch.float32), int8_rows.dequantize(int8_rows.quantize(v)))
+    assert torch.equal(
+        cache.dense(cache.values(1)[slots], torch.float32), int8_rows.dequantize(int8_rows.quantize(v))
+    )
     # a block's bytes carry its scales: read on one pool, written on another, the same rows
     other = KVCache(INT8, num_blocks=3, device="cpu")
     other.write_block(2, cache.read_block(1))
@@ -53,13 +58,19 @@ def test_an_int8_pack_round_trips_exact_and_is_refused_by_another_dtype() -> Non
     slots = torch.arange(32)
     gen = torch.Generator().manual_seed(3)
     for layer in range(2):
-        cache.write(layer, slots, torch.randn(32, 2, 16, generator=gen), torch.randn(32, 2, 16, generator=gen))
+        cache.write(
+            layer, slots, torch.randn(32, 2, 16, generator=gen), torch.randn(32, 2, 16, generator=gen)
+        )
     fmt = KVFormat.from_layout(INT8, "m+w-f32+kv-int8")
-    blocks = [StoredBlock(bytes([b]) * 32, bytes(32), tuple(range(16)), cache.read_block(b)) for b in range(2)]
+    blocks = [
+        StoredBlock(bytes([b]) * 32, bytes(32), tuple(range(16)), cache.read_block(b)) for b in range(2)
+    ]
     decoded = decode_pack(fmt, encode_pack(fmt, blocks))
     assert decoded.reason is None and [bytes(b.kv) for b in decoded.blocks] == [b.kv for b in blocks]
     for dtype in ("float32", "bfloat16"):  # even under the same fingerprint, the header's dtype refuses it
-        other = KVFormat.from_layout(dataclasses.replace(TINY_LAYOUT, dtype=getattr(torch, dtype)), fmt.model_fingerprint)
+        other = KVFormat.from_layout(
+            dataclasses.replace(TINY_LAYOUT, dtype=getattr(torch, dtype)), fmt.model_fingerprint
+        )
         refused = decode_pack(other, encode_pack(fmt, blocks))
         assert not refused.blocks and refused.reason is not None and "foreign" in refused.reason
     with pytest.raises(ValueError, match="stored exact"):
