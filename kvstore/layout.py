@@ -75,6 +75,11 @@ class KVFormat:
         return self.shape[2]
 
     @property
+    def torch_dtype(self) -> torch.dtype:
+        dtype: torch.dtype = getattr(torch, self.dtype)
+        return dtype
+
+    @property
     def nbytes(self) -> int:
         """Bytes of one block's KV."""
         return math.prod(self.shape) * ELEMENT_SIZES[self.dtype]

@@ -61,10 +61,10 @@ class KVCache:
         return self.tensor.numel() * self.tensor.element_size()
 
     def keys(self, layer: int) -> torch.Tensor:
-        return self.tensor[layer, 0]  # [slots, kv_heads, head_dim]
+        return self.tensor[layer, 0]  # [slots, kv_heads, row]
 
     def values(self, layer: int) -> torch.Tensor:
-        return self.tensor[layer, 1]  # [slots, kv_heads, head_dim]
+        return self.tensor[layer, 1]  # [slots, kv_heads, row]
 
     @property
     def quantized(self) -> bool:
@@ -87,7 +87,7 @@ class KVCache:
 
     def _block_view(self, block_id: int) -> torch.Tensor:
         bs = self.layout.block_size
-        return self.tensor[:, :, block_id * bs : (block_id + 1) * bs]  # [layers, 2, bs, kv_heads, head_dim]
+        return self.tensor[:, :, block_id * bs : (block_id + 1) * bs]  # [layers, 2, bs, kv_heads, row]
 
     def by_block(self) -> torch.Tensor:
         """The pool as [blocks, layers, 2, block_size, kv_heads, head_dim]: a view (no copy), so
