@@ -12,11 +12,17 @@ import pytest
 import torch
 
 from broker.sampling import SamplingParams
-from kvstore.chain import hash_blocks
 from kvstore.pool import int8_rows
-from kvstore.tiers.codec import decode_pack, encode_pack
-from kvstore.tiers.stored_block import StoredBlock
-from tests.workers._helpers import NO_EOS, TinyModel, make_engine, random_prompt, run_checked
+from kvstore.tiers.codec import decode_pack
+from tests.workers._helpers import (
+    NO_EOS,
+    TinyModel,
+    make_engine,
+    move_history,
+    random_prompt,
+    run_checked,
+    warm_and_kept,
+)
 from workers.engine.kernels import paged_decode
 from workers.engine.llm_engine import LLMEngine
 from workers.engine.model.precision import Precision
@@ -62,12 +68,6 @@ def test_every_path_writes_an_int8_pool_and_its_history_from_the_warm_tier_is_in
     tiny_model: Any, path: str
 ) -> None:
     tiny = tiny_model("qwen3" if path == "fused" else "llama")
-    rng = random.Random(41)
-    system = random_prompt(rng, 64)  # 4 full blocks
-    first = [*system, *random_prompt(rng, 9)]
-    filler = [random_prompt(rng, 70) for _ in range(3)]
-    again = [*system, *random_prompt(rng, 11)]
-    params = SamplingParams(max_tokens=8, **NO_EOS)
     evicting = _engine(tiny, 8, path, warm_cache_size_bytes=1 << 20)
     keeping = _engine(tiny, 64, path)
     assert evicting.executor.kv_cache.tensor.dtype == torch.int8
@@ -76,13 +76,7 @@ def test_every_path_writes_an_int8_pool_and_its_history_from_the_warm_tier_is_in
     runner = evicting.executor.runner
     assert runner.decode_kernel == (path != "modules" and paged_decode.available())
     assert (runner.fused is not None) == (path == "fused" and paged_decode.available())
-    for engine in (evicting, keeping):
-        run_checked(engine, {"first": (first, params)})
-    for i, prompt in enumerate(filler):
-        run_checked(evicting, {f"filler{i}": (prompt, params)})
-    got = run_checked(evicting, {"again": (again, params)})["again"]
-    kept = run_checked(keeping, {"again": (again, params)})["again"]
-    assert got.warm_tokens == 64 and kept.pool_tokens == 64
+    got, kept = warm_and_kept(evicting, keeping)
     assert got.token_ids == kept.token_ids
 
 
@@ -97,22 +91,7 @@ def test_int8_blocks_moved_through_a_pack_give_the_tokens_of_the_engine_that_mad
     source = _engine(tiny, 32, "fused")
     target = _engine(tiny, 32, "fused", warm_cache_size_bytes=1 << 20)
     assert target.tiers is not None
-    run_checked(source, {"history": (history, SamplingParams(max_tokens=1, **NO_EOS))})
-    parent = source.scheduler.blocks.root("")
-    blocks = []
-    for i, h in enumerate(hash_blocks(history, 16, (), parent=parent)):
-        tokens = history[i * 16 : (i + 1) * 16]
-        cached = source.pool.get_cached_block(h, tokens)
-        assert cached is not None
-        blocks.append(
-            StoredBlock(h, parent, tuple(tokens), source.executor.kv_cache.read_block(cached.block_id))
-        )
-        parent = h
-    pack = encode_pack(source.served.kv_format, blocks)
-    decoded = decode_pack(target.served.kv_format, pack)
-    assert decoded.reason is None and len(decoded.blocks) == len(blocks)
-    for block in decoded.blocks:
-        target.tiers.warm.put(block)
+    pack = move_history(source, target, history)
     # an engine of the same weights with an fp32 pool refuses the pack (another chain root and dtype)
     fp32 = make_engine(tiny.loaded, num_blocks=4)
     refused = decode_pack(fp32.served.kv_format, pack)

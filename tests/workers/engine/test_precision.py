@@ -13,10 +13,16 @@ import pytest
 import torch
 
 from broker.sampling import SamplingParams
-from kvstore.chain import hash_blocks
-from kvstore.tiers.codec import decode_pack, encode_pack
-from kvstore.tiers.stored_block import StoredBlock
-from tests.workers._helpers import NO_EOS, TinyModel, make_engine, random_prompt, run_checked
+from kvstore.tiers.codec import decode_pack
+from tests.workers._helpers import (
+    NO_EOS,
+    TinyModel,
+    make_engine,
+    move_history,
+    random_prompt,
+    run_checked,
+    warm_and_kept,
+)
 from tests.workers.conftest import _build_tiny
 from workers.engine.kernels import bf16_linear, paged_decode
 from workers.engine.model import precision
@@ -75,24 +81,11 @@ def test_bf16_history_from_the_warm_tier_gives_the_tokens_of_a_kept_one(
     if not bf16_linear.runs():
         pytest.skip("oneDNN's bf16 GEMM does not run here")
     tiny = bf16_tiny(arch)
-    rng = random.Random(41)
-    system = random_prompt(rng, 64)  # 4 full blocks
-    first = [*system, *random_prompt(rng, 9)]
-    filler = [random_prompt(rng, 70) for _ in range(3)]
-    again = [*system, *random_prompt(rng, 11)]
-    params = SamplingParams(max_tokens=8, **NO_EOS)
-
     evicting = make_engine(tiny.loaded, num_blocks=8, warm_cache_size_bytes=1 << 20, **BF16)
     keeping = make_engine(tiny.loaded, num_blocks=64, **BF16)
     # where the kernels build, both run the fused stack over the bf16 pool
     assert (evicting.executor.runner.fused is not None) == paged_decode.available()
-    for engine in (evicting, keeping):
-        run_checked(engine, {"first": (first, params)})
-    for i, prompt in enumerate(filler):
-        run_checked(evicting, {f"filler{i}": (prompt, params)})
-    got = run_checked(evicting, {"again": (again, params)})["again"]
-    kept = run_checked(keeping, {"again": (again, params)})["again"]
-    assert got.warm_tokens == 64 and kept.pool_tokens == 64
+    got, kept = warm_and_kept(evicting, keeping)
     assert got.token_ids == kept.token_ids
 
 
@@ -109,23 +102,7 @@ def test_bf16_blocks_moved_through_a_pack_give_the_tokens_of_the_engine_that_mad
     source = make_engine(tiny.loaded, num_blocks=32, **BF16)
     target = make_engine(tiny.loaded, num_blocks=32, warm_cache_size_bytes=1 << 20, **BF16)
     assert target.tiers is not None and source.served.kv_format.dtype == "bfloat16"
-    run_checked(source, {"history": (history, SamplingParams(max_tokens=1, **NO_EOS))})
-    hashes = hash_blocks(history, 16, (), parent=source.scheduler.blocks.root(""))
-    blocks = []
-    parent = source.scheduler.blocks.root("")
-    for i, h in enumerate(hashes):
-        tokens = history[i * 16 : (i + 1) * 16]
-        cached = source.pool.get_cached_block(h, tokens)
-        assert cached is not None
-        blocks.append(
-            StoredBlock(h, parent, tuple(tokens), source.executor.kv_cache.read_block(cached.block_id))
-        )
-        parent = h
-    pack = encode_pack(source.served.kv_format, blocks)
-    decoded = decode_pack(target.served.kv_format, pack)
-    assert decoded.reason is None and len(decoded.blocks) == len(blocks)
-    for block in decoded.blocks:
-        target.tiers.warm.put(block)
+    pack = move_history(source, target, history)
     # an fp32 engine of the same weights refuses the pack: another fingerprint (the chain's root)
     fp32 = dataclasses.replace(
         source.served.kv_format, model_fingerprint=tiny.loaded.fingerprint, dtype="float32"
