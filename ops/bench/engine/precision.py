@@ -78,6 +78,7 @@ def precision_engines(settings: Settings, rounds: int) -> dict[str, Any]:
             )
             got = json.loads(done.stdout.strip().splitlines()[-1])
             name = mode_name(dtype, kv)
+            print(f"precision: {name}: decode TPOT at 16 {got['decode_tpot_ms_16']:.1f} ms", flush=True)
             best[name] = min(best.get(name, math.inf), got["decode_tpot_ms_16"])
             kv_bytes[name] = got["kv_bytes_per_token"]
     first = next(iter(best))
