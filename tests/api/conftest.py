@@ -109,28 +109,54 @@ class ServerThread:
         self.thread.join(10)
 
 
+class Deployment:
+    """The one api that runs on the session's Redis at a time. Replicas of one deployment share a
+    config; an app of another config (its own file store, headroom, quotas) beside it would run
+    this test's batches, parked jobs and file sweeps in its leader loops, against its own store
+    and window. So an app is stopped before one of another config starts."""
+
+    def __init__(self) -> None:
+        self.key: object = None
+        self.server: ServerThread | None = None
+        self.served: Served | None = None
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.__exit__()
+        self.key, self.server, self.served = None, None, None
+
+    def start(self, key: object, app: FastAPI) -> Served:
+        self.stop()
+        self.server = ServerThread(app)
+        self.key, self.served = key, Served(app, self.server.__enter__())
+        return self.served
+
+
 @pytest.fixture(scope="session")
-def serve(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., Served]]:
-    """serve(tokenizer=None, **ApiConfig fields) -> a running api; each distinct config is
-    started once. Its file store is a temporary directory unless files_dir is given."""
+def deployment() -> Iterator[Deployment]:
+    live = Deployment()
+    yield live
+    live.stop()
+
+
+@pytest.fixture(scope="session")
+def serve(
+    redis_url: str, deployment: Deployment, tmp_path_factory: pytest.TempPathFactory
+) -> Callable[..., Served]:
+    """serve(tokenizer=None, **ApiConfig fields) -> the running api of that config: the one
+    running if it has that config, else a new one (the other stopped: Deployment). Its file store
+    is a temporary directory unless files_dir is given."""
     files_dir = tmp_path_factory.mktemp("files")
-    running: dict[tuple[tuple[str, object], ...], Served] = {}
-    stack: list[ServerThread] = []
 
     def start(tokenizer: Tokenizer | None = None, **fields: object) -> Served:
         key = tuple(sorted({**fields, "tokenizer": id(tokenizer)}.items()))
-        if key not in running:
+        if deployment.key != key or deployment.served is None:
             defaults = {"redis_url": redis_url, "served_models": (MODEL,), "files_dir": files_dir}
             config = ApiConfig(**{**defaults, **fields})  # type: ignore[arg-type]
-            app = create_app(config, tokenizer)
-            server = ServerThread(app)
-            running[key] = Served(app, server.__enter__())
-            stack.append(server)
-        return running[key]
+            return deployment.start(key, create_app(config, tokenizer))
+        return deployment.served
 
-    yield start
-    for server in reversed(stack):
-        server.__exit__()
+    return start
 
 
 @pytest.fixture(scope="session")
@@ -146,11 +172,11 @@ def api(serve: Callable[..., Served], rds: redis.Redis) -> Served:
 
 
 @pytest.fixture
-def fresh_api(redis_url: str, rds: redis.Redis, tmp_path: Path) -> Iterator[Served]:
-    """An api of its own (fresh counters), without auth."""
+def fresh_api(redis_url: str, rds: redis.Redis, deployment: Deployment, tmp_path: Path) -> Iterator[Served]:
+    """An api of its own (fresh counters), without auth; the only one running meanwhile."""
     app = create_app(ApiConfig(redis_url=redis_url, served_models=(MODEL,), files_dir=tmp_path / "files"))
-    with ServerThread(app) as url:
-        yield Served(app, url)
+    yield deployment.start(object(), app)
+    deployment.stop()
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -10,7 +10,7 @@ import redis
 
 from api.schema.openai import parse_request
 from broker.errors import InvalidRequestError
-from tests.api.conftest import MODEL, Served
+from tests.api.conftest import MODEL, Served, request_keys
 from tests.api.fake_worker import FakeWorker
 from tests.api.test_errors import assert_error
 
@@ -80,7 +80,7 @@ def test_over_http_a_bad_value_is_a_400_and_a_good_one_reaches_the_worker(
     with api.client() as c:
         assert_error(c.post(CHAT, json=chat(logit_bias={"5": 200})), 400, "logit_bias")
         assert_error(c.post("/v1/jobs", json={"endpoint": CHAT, "body": chat(min_p=2)}), 400)
-        assert rds.dbsize() == 0
+        assert request_keys(rds) == []
         edges = chat(
             frequency_penalty=-2,
             presence_penalty=2,

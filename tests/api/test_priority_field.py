@@ -11,7 +11,7 @@ import pytest
 import redis
 
 from broker import keys, priority
-from tests.api.conftest import MODEL, Served
+from tests.api.conftest import MODEL, Served, request_keys
 from tests.api.fake_worker import FakeWorker
 from tests.api.test_errors import assert_error
 
@@ -58,4 +58,4 @@ def test_a_bad_priority_is_400(api: Served, rds: redis.Redis, value: object) -> 
     with api.client() as c:
         r = c.post(CHAT, json={"model": MODEL, "messages": MSGS, "priority": value})
     assert_error(r, 400, "priority")
-    assert rds.dbsize() == 0
+    assert request_keys(rds) == []

@@ -125,7 +125,7 @@ def test_allow_listed_fields_are_bounded(
     with api.client() as c:
         error = assert_error(c.post(CHAT, json=body), 400, param)
     assert error["code"] is None  # a bad value, not an unsupported field
-    assert rds.dbsize() == 0
+    assert request_keys(rds) == []
 
 
 def test_allow_listed_fields_are_accepted_and_change_nothing(api: Served, worker: FakeWorker) -> None:
@@ -149,4 +149,4 @@ def test_unknown_job_envelope_fields_are_refused(api: Served, rds: redis.Redis) 
     with api.client() as c:
         r = c.post("/v1/jobs", json={"endpoint": CHAT, "body": chat(), "deadline": 1})
     assert_error(r, 400, "deadline", "unsupported_parameter")  # a job's priority is in its body
-    assert rds.dbsize() == 0
+    assert request_keys(rds) == []

@@ -18,7 +18,7 @@ from api.scale.signal import read_waiting
 from broker import keys, priority
 from broker.messages import EngineFigures, WorkerStatus
 from broker.worker_registry import HEARTBEAT_FIELD, encode_status
-from tests.api.conftest import Served, ServerThread
+from tests.api.conftest import Deployment, Served
 from tests.api.fake_worker import FakeWorker
 from tests.api.test_dispatch import beat
 
@@ -26,7 +26,9 @@ MODEL = "smollm2"
 
 
 @pytest.fixture
-def seats_only_api(redis_url: str, rds: redis.Redis, tmp_path: Path) -> Iterator[Served]:
+def seats_only_api(
+    redis_url: str, rds: redis.Redis, deployment: Deployment, tmp_path: Path
+) -> Iterator[Served]:
     """fresh_api with the policy on seats alone (no spare seats, no growth lead): its figure by hand."""
     config = ApiConfig(
         redis_url=redis_url,
@@ -35,9 +37,8 @@ def seats_only_api(redis_url: str, rds: redis.Redis, tmp_path: Path) -> Iterator
         scale_spare_seats=0,
         scale_growth_lead_s=0.0,
     )
-    app = create_app(config)
-    with ServerThread(app) as url:
-        yield Served(app, url)
+    yield deployment.start(object(), create_app(config))
+    deployment.stop()
 
 
 def test_parked_jobs_count_in_jobs_waiting(
