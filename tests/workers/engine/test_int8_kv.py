@@ -14,6 +14,7 @@ import torch
 from broker.sampling import SamplingParams
 from kvstore.pool import int8_rows
 from kvstore.tiers.codec import decode_pack
+from ops.settings import Settings
 from tests.workers._helpers import (
     NO_EOS,
     TinyModel,
@@ -36,6 +37,8 @@ PATHS = {
 
 
 def test_int8_is_opt_in_and_in_the_chain_root() -> None:
+    assert Settings.from_env({"KVFERRY_KV_CACHE_DTYPE": "int8"}).engine_config().kv_cache_dtype == "int8"
+    assert Settings.from_env({}).engine_config().kv_cache_dtype == "auto"
     assert Precision.resolve("auto", "int8", "cpu").kv == "int8"
     assert Precision.resolve("float32", "auto", "cpu").kv == "float32"
     assert Precision("float32", "int8").tag == "+w-f32+kv-int8"
