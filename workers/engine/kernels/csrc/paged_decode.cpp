@@ -43,20 +43,36 @@ struct Row {
   }
 };
 
+// One row widened to fp32 into `buf` (a narrower pool's, once for the g query heads that share it),
+// or read where it lies (fp32: the same products in the same order).
+template <typename KV, int64_t D>
+const float* widened(const KV* row, float* buf) {
+  if constexpr (std::is_same_v<KV, float>) {
+    return row;
+  } else {
+    for (int64_t x = 0; x < D; ++x) buf[x] = static_cast<float>(row[x]);
+    return buf;
+  }
+}
+
 template <typename KV, int64_t D>
 void attend(const float* q, const KV* kp, const KV* vp, const int64_t* slots, int64_t len,
             int64_t hq, int64_t hkv, float scale, float* score, float* acc, float* out) {
   using R = Row<KV, D>;
   const int64_t g = hq / hkv;
+  float buf[D];
   for (int64_t t = 0; t < len; ++t) {  // scores: score[h * len + t] = q_h . k_t * scale
     const KV* krow = kp + slots[t] * hkv * R::SIZE;
-    for (int64_t h = 0; h < hq; ++h) {
-      const float* qh = q + h * D;
-      const KV* k = krow + (h / g) * R::SIZE;
-      float a = 0.f;
+    for (int64_t j = 0; j < hkv; ++j) {  // kv head j serves query heads [j * g, (j + 1) * g)
+      const float* k = widened<KV, D>(krow + j * R::SIZE, buf);
+      const float ks = R::scale(krow + j * R::SIZE);
+      for (int64_t h = j * g; h < (j + 1) * g; ++h) {
+        const float* qh = q + h * D;
+        float a = 0.f;
 #pragma omp simd reduction(+ : a)
-      for (int64_t x = 0; x < D; ++x) a += qh[x] * static_cast<float>(k[x]);
-      score[h * len + t] = a * scale * R::scale(k);
+        for (int64_t x = 0; x < D; ++x) a += qh[x] * k[x];
+        score[h * len + t] = a * scale * ks;
+      }
     }
   }
   std::vector<float> inv(hq);
@@ -73,12 +89,15 @@ void attend(const float* q, const KV* kp, const KV* vp, const int64_t* slots, in
   std::fill(acc, acc + hq * D, 0.f);
   for (int64_t t = 0; t < len; ++t) {  // acc_h += p_ht * v_t
     const KV* vrow = vp + slots[t] * hkv * R::SIZE;
-    for (int64_t h = 0; h < hq; ++h) {
-      const KV* v = vrow + (h / g) * R::SIZE;
-      const float p = score[h * len + t] * R::scale(v);
-      float* a = acc + h * D;
+    for (int64_t j = 0; j < hkv; ++j) {
+      const float* v = widened<KV, D>(vrow + j * R::SIZE, buf);
+      const float vs = R::scale(vrow + j * R::SIZE);
+      for (int64_t h = j * g; h < (j + 1) * g; ++h) {
+        const float p = score[h * len + t] * vs;
+        float* a = acc + h * D;
 #pragma omp simd
-      for (int64_t x = 0; x < D; ++x) a[x] += p * static_cast<float>(v[x]);
+        for (int64_t x = 0; x < D; ++x) a[x] += p * v[x];
+      }
     }
   }
   for (int64_t h = 0; h < hq; ++h)
