@@ -68,13 +68,14 @@ class SettingsFields(BaseModel):
     max_prefill_tokens_with_decodes: int | None = None  # prefill tokens in a step with decodes; None: no cap
     prefill_batch_hold: float = 0.0  # new prompts wait, up to this many full-batch prefill times; 0 = off
     interactive_batch_step: float = (
-        2.0  # while interactive requests flow, a step with batch rows / without; 0 = off
+        1.5  # while interactive requests flow, a step with batch rows / without; 0 = off
     )
     max_model_len: int | None = None  # None: the model's own context length
     enable_prefix_caching: bool = True
     warm_cache_size: Size = ByteSize(256 * MiB)  # host-memory tier for evicted blocks; 0 = none
     dtype: str = "auto"  # auto (bf16 where the CPU has AVX512-BF16 or AMX, or CUDA) | float32 | bfloat16
     kv_cache_dtype: str = "auto"  # the hot pool's K/V: auto (as dtype) | float32 | bfloat16 | int8
+    quantization: str = "none"  # none | int8 (weight-only, per-channel; computes in bf16)
     device: str = "cpu"
     torch_threads: int | None = None  # None: torch's default
     packed_linear: bool = True  # CPU fp32: linears on kvferry's decode-step GEMM (else oneDNN-packed)
@@ -89,6 +90,9 @@ class SettingsFields(BaseModel):
     simulated_token_delay_s: float = 0.02  # the simulated engine's time per token (a batched step)
     # the KV tiers
     redis_cache_size: Size = ByteSize(2 * GiB)  # byte cap of the shared Redis tier (own LRU); 0 = none
+    # a new worker loads up to this many bytes of the hottest prefixes from the Redis tier into its
+    # warm tier before it takes work (workers/tiers/warm_start.py); capped by warm_cache_size; 0 = off
+    warm_start_size: Size = ByteSize(128 * MiB)
     session_ttl_s: int = 3600  # idle sessions expire; their pinned blocks become ordinary cached ones
     kv_tier_dtype: TierDtype = (
         "exact"  # how Redis stores blocks; int8/fp16/bf16 are lossy (docs/benchmarks.md)

@@ -79,6 +79,9 @@ SWEEPER_LEASE = f"{PREFIX}:sweeper:lease"
 # at a time (the lock) for the api's /metrics: the api never reads the KV tier itself.
 TIER_REPORT = f"{PREFIX}:tier:report"
 TIER_REPORT_LOCK = f"{PREFIX}:tier:report:lock"
+# Interactive requests flow somewhere in the fleet while this key lives: a worker starting one sets
+# it with a TTL of the batch sizer's linger; every worker reads it (workers/jobs/interactive_presence.py).
+INTERACTIVE_FLOWING = f"{PREFIX}:interactive:flowing"
 
 
 def session_member(tenant: str, session_id: str) -> str:

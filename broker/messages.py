@@ -225,6 +225,8 @@ class WorkerStatus(Message, frozen=True):
     healthy: bool = True  # False while its engine loop is dead or restarting after a failed step
     concurrency: int = 0  # jobs it runs at once (worker_concurrency); 0: unknown (an older worker)
     seats: int = 0  # sequences its engine steps at once (max_num_seqs); 0: unknown (as concurrency)
+    warm_start_blocks: int = 0  # loaded from the Redis tier before it took work (warm_start.py)
+    warm_start_bytes: int = 0
 
     @property
     def state(self) -> Literal["loading", "ready"]:

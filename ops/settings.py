@@ -131,6 +131,7 @@ class Settings(SettingsFields, BaseSettings):
             tenant_kv_quota_bytes=int(self.tenant_kv_quota or 0),
             kv_write_queue_bytes=int(self.kv_write_queue_size),
             host_heap_reserve_bytes=int(self.host_heap_reserve),
+            warm_start_bytes=min(int(self.warm_start_size), int(self.warm_cache_size)),
             tier_dtype=self.kv_tier_dtype,
         )
 

@@ -159,14 +159,25 @@ def bench_serve_cmd(
     show_default=True,
     help="cache-aware / round-robin pairs run back to back; the ratios are the pairs' medians",
 )
+@click.option(
+    "--workload",
+    "kind",
+    type=click.Choice(["closed", "realistic"]),
+    default="closed",
+    show_default=True,
+    help="realistic: only the routing comparison on sessions with think time, lognormal lengths "
+    "and pools smaller than the working set (ops/bench/tiers/realistic.py)",
+)
 @engine_options
 def bench_tiers_cmd(
-    json_path: Path | None, quick: bool, skip: tuple[str, ...], workload_reps: int, **opts: Any
+    json_path: Path | None, quick: bool, skip: tuple[str, ...], workload_reps: int, kind: str, **opts: Any
 ) -> None:
     """Resume from Redis vs recompute; multi-turn hit rate and TTFT by routing policy."""
     from ops.bench.tiers.run import run_tier_bench
 
-    results = run_tier_bench(settings_from(opts), quick=quick, skip=set(skip), workload_reps=workload_reps)
+    results = run_tier_bench(
+        settings_from(opts), quick=quick, skip=set(skip), workload_reps=workload_reps, kind=kind
+    )
     _write_json(results, json_path)
 
 

@@ -32,6 +32,11 @@ def engine_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--warm-cache-size", help="host-memory tier for evicted blocks, e.g. 256M; 0 = none"),
         click.option("--redis-cache-size", help="byte cap of the shared Redis KV tier, e.g. 2G; 0 = none"),
         click.option(
+            "--warm-start-size",
+            help="KV bytes a starting worker loads from the Redis tier (the hottest prefixes) "
+            "before it takes work, e.g. 128M; 0 = none",
+        ),
+        click.option(
             "--session-ttl",
             "session_ttl_s",
             type=int,
@@ -46,6 +51,11 @@ def engine_options(fn: Callable[..., Any]) -> Callable[..., Any]:
             "--kv-cache-dtype",
             type=click.Choice(["auto", "float32", "bfloat16", "int8"]),
             help="the hot KV pool's dtype (auto: as --dtype; int8: a scale per token and head, opt-in)",
+        ),
+        click.option(
+            "--quantization",
+            type=click.Choice(["none", "int8"]),
+            help="the decoder linears' weights: int8 = weight-only, per-channel (computes in bf16)",
         ),
         click.option(
             "--kv-tier-dtype",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -140,6 +141,10 @@ def serve_cmd(
         settings = settings.with_overrides(scale_min_workers=bounds[0], scale_max_workers=bounds[1])
         num_workers = bounds[0]
     stack = Stack(settings, num_workers, run_dir=run_dir, ha=ha)
+    # the workers are sessions of their own (ops/stack/stack.py): a hangup or a SIGTERM of this
+    # process reaches them only through the stack's stop, as Ctrl-C does
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _stop_as_ctrl_c)
     click.echo(f"run directory: {stack.run_dir}")
     with stack:
         click.echo(f"URLs and secrets: {stack.stack_file} (mode 0600); waiting for the workers...")
@@ -161,6 +166,10 @@ def serve_cmd(
             stack.wait(tick=scaler.tick)
         finally:
             scaler.close()
+
+
+def _stop_as_ctrl_c(signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
 
 
 @click.command("submit")

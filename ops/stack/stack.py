@@ -101,7 +101,15 @@ class Stack:
         log = (self.run_dir / f"{name}.log").open("ab")
         child_env = {k: v for k, v in os.environ.items() if k not in drop}
         self.children[name] = subprocess.Popen(
-            args, env={**child_env, **env}, stdout=log, stderr=subprocess.STDOUT
+            args,
+            env={**child_env, **env},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            # A worker is its own session, so its own CPU scheduling group where the kernel groups
+            # by session (autogroup): as its own container would be. In one group the workers of a
+            # stack split one share of a busy machine, and a batch on one takes half the CPU an
+            # interactive request on another gets (docs/benchmarks.md, the batch TTFT rows).
+            start_new_session=name.startswith("worker"),
         )
 
     def _start_redis(self) -> None:

@@ -93,6 +93,9 @@ def start_worker(
             "PYTHONUNBUFFERED": "1",
             "KVFERRY_CACHE_DIR": str(kvferry_cache_dir),
             "KVFERRY_HEARTBEAT_TTL_S": "3",
+            # off unless a test asks (--warm-start-size): a worker started later would otherwise
+            # warm other tests' sessions, and their kv sources would change with the test order
+            "KVFERRY_WARM_START_SIZE": "0",
         }
         args = [
             sys.executable,

@@ -10,9 +10,6 @@ from typing import Any
 from transformers import PreTrainedModel
 
 from broker.sampling import SamplingParams
-from kvstore.chain import hash_blocks
-from kvstore.tiers.codec import decode_pack, encode_pack
-from kvstore.tiers.stored_block import StoredBlock
 from ops.bench.engine.hf_baseline import hf_greedy
 from workers.engine.config import EngineConfig
 from workers.engine.factory import build_engine, bytes_per_block
@@ -101,55 +98,6 @@ def random_prompt(rng: random.Random, length: int) -> list[int]:
     return [rng.randrange(VOCAB) for _ in range(length)]
 
 
-def warm_and_kept(
-    evicting: LLMEngine, keeping: LLMEngine, seed: int = 41
-) -> tuple[RequestOutput, RequestOutput]:
-    """One turn over a 64-token history on two engines of the same config: `evicting` (a small
-    pool and a warm tier) has pushed the history out to its warm tier with fillers, `keeping`
-    still holds it. Their outputs of the turn (the caller compares the tokens)."""
-    rng = random.Random(seed)
-    system = random_prompt(rng, 64)  # 4 full blocks
-    first = [*system, *random_prompt(rng, 9)]
-    filler = [random_prompt(rng, 70) for _ in range(3)]
-    again = [*system, *random_prompt(rng, 11)]
-    params = SamplingParams(max_tokens=8, **NO_EOS)
-    for engine in (evicting, keeping):
-        run_checked(engine, {"first": (first, params)})
-    for i, prompt in enumerate(filler):
-        run_checked(evicting, {f"filler{i}": (prompt, params)})
-    got = run_checked(evicting, {"again": (again, params)})["again"]
-    kept = run_checked(keeping, {"again": (again, params)})["again"]
-    assert got.warm_tokens == 64 and kept.pool_tokens == 64
-    return got, kept
-
-
-def cached_blocks(engine: LLMEngine, tokens: Sequence[int], block_size: int = 16) -> list[StoredBlock]:
-    """The full blocks of `tokens` cached in `engine`'s pool, as a tier stores them (bytes copied)."""
-    parent = engine.scheduler.blocks.root("")
-    blocks = []
-    for i, h in enumerate(hash_blocks(list(tokens), block_size, (), parent=parent)):
-        ids = tuple(tokens[i * block_size : (i + 1) * block_size])
-        cached = engine.pool.get_cached_block(h, list(ids))
-        assert cached is not None, f"block {i} is not cached"
-        blocks.append(StoredBlock(h, parent, ids, engine.executor.kv_cache.read_block(cached.block_id)))
-        parent = h
-    return blocks
-
-
-def move_history(source: LLMEngine, target: LLMEngine, history: Sequence[int]) -> bytes:
-    """`history` computed on `source`, its full blocks packed as the Redis tier packs them and
-    decoded into `target`'s warm tier (another worker reading the pack); the pack."""
-    assert target.tiers is not None
-    run_checked(source, {"history": (history, SamplingParams(max_tokens=1, **NO_EOS))})
-    blocks = cached_blocks(source, history)
-    pack = encode_pack(source.served.kv_format, blocks)
-    decoded = decode_pack(target.served.kv_format, pack)
-    assert decoded.reason is None and len(decoded.blocks) == len(blocks)
-    for block in decoded.blocks:
-        target.tiers.warm.put(block)
-    return pack
-
-
 def chat_prompt(tokenizer: Any, question: str, system: str | None = None) -> list[int]:
     """Token ids of a one-turn chat, ready for the assistant's answer."""
     messages = [{"role": "user", "content": question}]
@@ -173,3 +121,50 @@ def assert_tokens(got: Sequence[int], want: Sequence[int], what: str) -> None:
         f"{what}: outputs diverge at output token {at} (engine {len(got)} tokens, HF {len(want)})\n"
         f"  engine: {got}\n  HF:     {want}"
     )
+
+
+def pack_history(source: LLMEngine, history: Sequence[int], block_size: int = 16) -> bytes:
+    """The full blocks of `history` from `source`'s pool (it ran them), as one Redis-tier pack."""
+    from kvstore.chain import hash_blocks
+    from kvstore.tiers.codec import encode_pack
+    from kvstore.tiers.stored_block import StoredBlock
+
+    parent = source.scheduler.blocks.root("")
+    blocks = []
+    for i, h in enumerate(hash_blocks(list(history), block_size, (), parent=parent)):
+        tokens = history[i * block_size : (i + 1) * block_size]
+        cached = source.pool.get_cached_block(h, list(tokens))
+        assert cached is not None
+        blocks.append(
+            StoredBlock(h, parent, tuple(tokens), source.executor.kv_cache.read_block(cached.block_id))
+        )
+        parent = h
+    return encode_pack(source.served.kv_format, blocks)
+
+
+def warm_and_kept(
+    loaded: LoadedModel, seed: int, **config: Any
+) -> tuple[RequestOutput, RequestOutput, RequestOutput]:
+    """One turn over a 4-block history on two engines of `config`: (from the warm tier of one that
+    evicted it, from the pool of one that kept it, the kept one's second run of it)."""
+    rng = random.Random(seed)
+    system = random_prompt(rng, 64)  # 4 full blocks
+    first = [*system, *random_prompt(rng, 9)]
+    filler = [random_prompt(rng, 70) for _ in range(3)]
+    again = [*system, *random_prompt(rng, 11)]
+    params = SamplingParams(max_tokens=8, **NO_EOS)
+    evicting = make_engine(loaded, num_blocks=8, warm_cache_size_bytes=1 << 20, **config)
+    keeping = make_engine(loaded, num_blocks=64, **config)
+    from workers.engine.kernels import paged_decode
+
+    # where the kernels build, both run the fused stack
+    assert (evicting.executor.runner.fused is not None) == paged_decode.available()
+    for engine in (evicting, keeping):
+        run_checked(engine, {"first": (first, params)})
+    from_pool = run_checked(keeping, {"again": (again, params)})["again"]
+    for i, prompt in enumerate(filler):
+        run_checked(evicting, {f"filler{i}": (prompt, params)})
+    got = run_checked(evicting, {"again": (again, params)})["again"]
+    kept = run_checked(keeping, {"again": (again, params)})["again"]
+    assert got.warm_tokens == 64 and kept.pool_tokens == from_pool.pool_tokens == 64
+    return got, kept, from_pool

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from broker.defaults import DEFAULTS
-from workers.engine.model.dtype_names import DTYPES, KV_DTYPES
+from workers.engine.model.dtype_names import DTYPES, KV_DTYPES, QUANTIZATIONS
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +35,8 @@ class EngineConfig:
     # (workers/engine/model/precision.py). kv_cache_dtype: the hot pool's K/V; auto follows dtype.
     dtype: str = DEFAULTS.dtype
     kv_cache_dtype: str = DEFAULTS.kv_cache_dtype
+    # none | int8: the decoder linears' weights quantised at load time (kernels/int8_linear.py)
+    quantization: str = DEFAULTS.quantization
     device: str = DEFAULTS.device
     torch_threads: int | None = None  # None: leave torch's default
     # CPU fp32: the model's linears on kvferry's decode-step GEMM, else weights packed for oneDNN
@@ -81,6 +83,10 @@ class EngineConfig:
         if self.kv_cache_dtype not in KV_DTYPES:
             raise ValueError(
                 f"kv_cache_dtype must be one of {', '.join(KV_DTYPES)}, got {self.kv_cache_dtype}"
+            )
+        if self.quantization not in QUANTIZATIONS:
+            raise ValueError(
+                f"quantization must be one of {', '.join(QUANTIZATIONS)}, got {self.quantization}"
             )
         if not 0.0 <= self.first_token_hold_s <= 60.0:
             raise ValueError(f"first_token_hold_s must be in [0, 60], got {self.first_token_hold_s}")

@@ -3,6 +3,7 @@ benchmarks and the tests all build it here). Nothing here runs per step."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -48,7 +49,7 @@ def build_engine(
     if config.torch_threads:
         torch.set_num_threads(config.torch_threads)
     # The precision (model/precision.py): resolved here, applied to the model, part of its fingerprint.
-    precision = Precision.resolve(config.dtype, config.kv_cache_dtype, config.device)
+    precision = Precision.resolve(config.dtype, config.kv_cache_dtype, config.device, config.quantization)
     loaded, precision = precision.apply(
         model or load_model(config.model, precision.load_dtype, config.device, cache_dir or DEFAULT_CACHE_DIR)
     )
@@ -66,6 +67,8 @@ def build_engine(
         if writer is not None:
             tiers.attach(writer)
     scheduler = Scheduler(config, BlockManager(pool, loaded.fingerprint), tiers)
+    if device.type == "cpu" and torch.get_num_threads() == 1:  # this thread does a step's work alone
+        scheduler.cost.clock = time.thread_time
     runner = ModelRunner(
         loaded.model,
         kv_cache,
@@ -89,6 +92,6 @@ def build_engine(
     post = Postprocessor(Detokenizer(loaded.tokenizer), loaded.eos_token_ids, served.max_model_len)
     executor = Executor(kv_cache, runner, Sampler(device, loaded.eos_token_ids))
     report = EngineReport(
-        config, served.model_id, served.weights_bytes, kv_cache, scheduler, post, precision.weights
+        config, served.model_id, served.weights_bytes, kv_cache, scheduler, post, precision.weights_name
     )
     return LLMEngine(config, served, scheduler, executor, post, tiers, report)

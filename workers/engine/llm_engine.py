@@ -5,7 +5,6 @@ sampled tokens into outputs; the tier bridge and the report watch from the side.
 from __future__ import annotations
 
 import logging
-import time
 import uuid
 
 from broker.errors import InvalidRequestError
@@ -79,10 +78,11 @@ class LLMEngine:
         self._seqs[rid] = seq
         self.scheduler.add(seq)
 
-    def admit_prefetched(self, blocks: list[StoredBlock]) -> None:
-        """Blocks a task thread fetched from Redis for a prompt: into the warm tier."""
+    def admit_prefetched(self, blocks: list[StoredBlock], at_request: bool = True) -> None:
+        """Blocks a task thread fetched from Redis for a prompt: into the warm tier. at_request
+        False: a warm start's, loaded before the worker took work (they count as warm, not Redis)."""
         if self.tiers is not None and blocks:
-            self.tiers.admit(blocks)
+            self.tiers.admit(blocks, at_request)
 
     def abort_request(self, request_id: str) -> RequestOutput | None:
         if request_id in self._ready:
@@ -99,7 +99,8 @@ class LLMEngine:
         """One batch. A request whose sampling or detokenising raises ends alone with
         finish_reason "error" (its typed error in the output's `cause`); anything else that raises
         is the engine's failure: the caller must then call abort_all() before stepping again."""
-        started = time.perf_counter()
+        clock = self.scheduler.cost.clock
+        started = clock()
         step = self.scheduler.schedule()
         self.report.on_scheduled(step)
         outputs = [*self._ready.values(), *(self._finish(seq, "length", []) for seq in step.outgrown)]
@@ -107,7 +108,7 @@ class LLMEngine:
         if not step.scheduled:
             return outputs
         done = self._postprocess(step, self.executor.run(step))
-        self.scheduler.cost.record(step.num_decodes, step.num_prefill_tokens, time.perf_counter() - started)
+        self.scheduler.cost.record(step.num_decodes, step.num_prefill_tokens, clock() - started)
         return [*outputs, *done]
 
     def _postprocess(self, step: SchedulerOutput, sampled: Sampled) -> list[RequestOutput]:

@@ -131,6 +131,7 @@ class JobAttempt:
         )
         handle = loop.submit(request)
         self.stages["submitted"] = time.time()
+        presence = service.interactive_started() if job.job_class != "batch" else None
 
         def time_up() -> None:
             self.timed_out.set()
@@ -152,6 +153,8 @@ class JobAttempt:
         finally:
             handle.first_out()  # never left waiting for (it is a no-op once the token is out)
             timer.cancel()
+            if presence is not None:
+                presence.end()
         now = time.time()
         self.stages["finished"] = now
         if first_token_at is not None:

@@ -25,6 +25,7 @@ from workers.loop.protocol import Loop
 from workers.loop.simulated import SimulatedEngine, SimulatedLoop
 from workers.sessions.keeper import SessionKeeper
 from workers.tiers.config import TierConfig
+from workers.tiers.warm_start import WarmStartFigures
 
 if TYPE_CHECKING:  # torch's: imported where they are built, never in the simulated mode
     import torch
@@ -32,6 +33,8 @@ if TYPE_CHECKING:  # torch's: imported where they are built, never in the simula
     from kvstore.layout import KVFormat
     from kvstore.redis.tier import RedisTier
     from workers.engine.llm_engine import LLMEngine
+    from workers.jobs.interactive_presence import InteractivePresence
+    from workers.loop.engine_loop import EngineLoop
     from workers.tiers.writer import KVWriter
 
 log = logging.getLogger(__name__)
@@ -79,9 +82,11 @@ class EngineService:
         self._lock = threading.Lock()  # held through the model load: never taken by the heartbeat
         self._counts_lock = threading.Lock()
         self._loop: Loop | None = None
+        self.presence: InteractivePresence | None = None  # with an engine loop (not simulated)
         self._handed_back = False  # a drain past its timeout stopped the engine: never rebuilt
         self.load_error: Exception | None = None  # the last failed engine build, if any
         self._counts = JobCounts(0, 0, 0)
+        self.warm_started = WarmStartFigures()  # what warm_start() loaded
         self.sessions = SessionKeeper(
             self.redis, self.kv_redis, identity.name, self.served_model, self.tier_config
         )
@@ -109,7 +114,23 @@ class EngineService:
                     raise EngineFailedError(f"the engine could not be built: {exc}") from exc
                 if self.writer is not None:
                     self.writer.yielding.idle = loop.idle
+                self._start_presence(loop)
             return self._loop
+
+    def _start_presence(self, loop: EngineLoop) -> None:
+        from workers.engine.scheduling.batch_budget import INTERACTIVE_LINGER_S
+        from workers.jobs.interactive_presence import InteractivePresence
+
+        self.presence = InteractivePresence(self.redis, INTERACTIVE_LINGER_S, loop.interactive_flows_until)
+        self.presence.start()
+
+    def interactive_started(self) -> InteractivePresence | None:
+        """An interactive job starts here: the fleet's batch steps are sized until it ends (call
+        the presence's end()) and a linger after."""
+        presence = self.presence
+        if presence is not None:
+            presence.begin()
+        return presence
 
     def _build_engine(self) -> LLMEngine:
         """On the loop's own thread: the engine, with the Redis tier's writer attached."""
@@ -146,12 +167,18 @@ class EngineService:
         their tasks hand the messages back) and never build another; the writer keeps writing."""
         with self._lock:
             self._handed_back = True
+            if self.presence is not None:
+                self.presence.stop()
+                self.presence = None
             if self._loop is not None:
                 self._loop.stop()
                 self._loop = None
 
     def shutdown(self) -> None:
         with self._lock:
+            if self.presence is not None:
+                self.presence.stop()
+                self.presence = None
             if self._loop is not None:
                 self._loop.stop()
                 self._loop = None
@@ -172,6 +199,24 @@ class EngineService:
     def can_prefetch(self) -> bool:
         """Whether the engine and its Redis tier are built (prefetches before that are dropped)."""
         return self._loop is not None and self.redis_tier is not None
+
+    def warm_start(self) -> WarmStartFigures:
+        """Before the worker takes work, with the engine built: the hottest prefixes from the Redis
+        tier into the warm tier (workers/tiers/warm_start.py), up to tier_config.warm_start_bytes."""
+        loop, tier = self._loop, self.redis_tier
+        if loop is None or tier is None or self.tier_config.warm_start_bytes <= 0:
+            return self.warm_started
+        from workers.engine.kernels.omp_team import confine_to_this_thread
+        from workers.tiers.warm_start import warm_start
+
+        confine_to_this_thread()
+        try:
+            self.warm_started = warm_start(
+                self.redis, loop, tier, self.served_model, self.tier_config.warm_start_bytes
+            )
+        except KV_ERRORS as exc:  # a cold start (queue or KV Redis away), never a failed one
+            log.warning("warm start from the Redis tier failed: %s", exc)
+        return self.warm_started
 
     def prefetch(self, ids: list[int], salt: str) -> int:
         """On a job's (or the hint listener's) thread: a prompt's blocks from Redis into the warm

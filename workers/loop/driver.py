@@ -47,7 +47,7 @@ class Driver:
             self.handles[msg.request.request_id] = msg.handle
         elif isinstance(msg, WarmBlocks):
             try:
-                self.engine.admit_prefetched(msg.blocks)
+                self.engine.admit_prefetched(msg.blocks, msg.at_request)
             except Exception:  # a prefetch lost costs a recompute, never the loop
                 log.exception("prefetched blocks could not be admitted; dropped")
         elif isinstance(msg, Abort):

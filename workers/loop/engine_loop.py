@@ -117,13 +117,19 @@ class EngineLoop:
     def abort(self, request_id: str) -> None:
         self._put(Abort(request_id))
 
-    def warm(self, blocks: list[StoredBlock]) -> None:
+    def interactive_flows_until(self, deadline: float) -> None:
+        """Interactive requests flow elsewhere in the fleet until `deadline` (time.monotonic()):
+        batch steps stay sized meanwhile. One float stored, read by the loop thread at its next
+        step: no message, so it never waits behind a step."""
+        self.engine.scheduler.sizer.elsewhere_until = deadline
+
+    def warm(self, blocks: list[StoredBlock], at_request: bool = True) -> None:
         """Hand blocks fetched from Redis to the engine's warm tier (a request submitted after
-        this finds them there)."""
+        this finds them there). at_request False: a warm start's (they count as warm tokens)."""
         if blocks:
             if self.resident is not None:  # resident once they land: no second fetch of them meanwhile
                 self.resident.expect([b.block_hash for b in blocks])
-            self._put(WarmBlocks(blocks))
+            self._put(WarmBlocks(blocks, at_request))
 
     def check_integrity(self, timeout: float | None = 30.0) -> None:
         """The engine's invariants, checked on the loop thread between steps (AssertionError)."""

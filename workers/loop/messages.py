@@ -27,6 +27,7 @@ class WarmBlocks:
     Submit that follows it in the inbox is admitted."""
 
     blocks: list[StoredBlock]
+    at_request: bool = True  # False: a warm start's (LLMEngine.admit_prefetched)
 
 
 @dataclass(frozen=True, slots=True)

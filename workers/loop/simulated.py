@@ -147,7 +147,7 @@ class SimulatedLoop:
         self._wake.set()
         return handle
 
-    def warm(self, blocks: list[Any]) -> None:
+    def warm(self, blocks: list[Any], at_request: bool = True) -> None:
         return None  # no tiers: a prefetch never runs here
 
     def abort(self, request_id: str) -> None:

@@ -27,6 +27,7 @@ def flat_fields(status: WorkerStatus) -> dict[str, Any]:
         "kvferry.jobs_done": status.jobs_done,
         "kvferry.jobs_failed": status.jobs_failed,
         "kvferry.concurrency": f"{status.concurrency} jobs, {status.seats} engine seats",
+        "kvferry.warm_start": f"{status.warm_start_blocks} blocks ({_mib(status.warm_start_bytes)})",
     }
     e = status.engine
     if e is None:  # still loading its model

@@ -74,6 +74,9 @@ def run_worker(
     release_own(service.redis, identity.name, leases.owner)
     if preload:
         service.loop()
+        # before the consumer (and the heartbeat routing reads) starts: no message is taken until
+        # the hottest prefixes are warm (workers/tiers/warm_start.py)
+        service.warm_start()
     worker = app.Worker(
         hostname=identity.name,
         pool="threads",

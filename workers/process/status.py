@@ -83,6 +83,8 @@ class StatusReader:
             healthy=loop_healthy(loop),
             concurrency=self.concurrency,
             seats=self.seats,
+            warm_start_blocks=service.warm_started.blocks,
+            warm_start_bytes=service.warm_started.bytes,
         )
 
     def maintenance(self) -> MaintenanceFigures:

@@ -15,6 +15,7 @@ class TierConfig:
     prefix_digests_kept: int = 50_000  # per worker, for routing
     kv_write_queue_bytes: int = int(DEFAULTS.kv_write_queue_size)  # the KV writer's bound (kv_writer.py)
     kv_write_defer_s: float = DEFAULTS.kv_write_defer_s  # how long the writer may yield to the engine
+    warm_start_bytes: int = int(DEFAULTS.warm_start_size)  # workers/tiers/warm_start.py; 0 = off
     host_heap_reserve_bytes: int = int(DEFAULTS.host_heap_reserve)  # workers/process/host_heap.py; 0 = none
     tier_dtype: str = (
         DEFAULTS.kv_tier_dtype

@@ -1,14 +1,14 @@
-"""Decode TPOT at 16 sequences and KV bytes per token for each precision (`kvferry bench engine`'s
-`precision` part, and `kvferry bench quality`'s speed columns).
+"""Decode TPOT at 1, 8 and 16 sequences and KV bytes per token for each precision (`kvferry bench
+engine`'s `precision` part, and `kvferry bench quality`'s speed columns).
 
-`kvferry bench engine` runs each mode's engine in a process of its own (`python -m
-ops.bench.engine.precision`, its config as JSON on stdin, its figures as JSON on stdout): engines
-sharing a process share its allocator, caches and oneDNN's primitive cache, which moves TPOT by
-more than the modes differ. The modes' processes alternate round by round; best round each."""
+`precision_engines` builds one engine per mode in this process, their runs alternated round by
+round. `python -m ops.bench.engine.precision [--rounds R] [--context N]` runs each mode in a process
+of its own instead (one engine per process: no mode's oneDNN kernels, caches or threads beside
+another's), alternating the processes round by round, and prints the JSON (ratios to fp32 in it)."""
 
 from __future__ import annotations
 
-import dataclasses
+import argparse
 import json
 import math
 import random
@@ -19,90 +19,128 @@ from typing import Any
 
 from ops.bench.engine.decode import _decode_only
 from ops.settings import Settings
-from workers.engine.config import EngineConfig
 from workers.engine.factory import build_engine
 from workers.engine.llm_engine import LLMEngine
 from workers.engine.model.loader import load_model
 
-MODES = (  # (dtype, kv_cache_dtype); int8 K/V is opt-in, measured here beside the others
-    ("float32", "float32"),
-    ("bfloat16", "float32"),
-    ("bfloat16", "bfloat16"),
-    ("bfloat16", "int8"),
-    ("float32", "int8"),
+# (dtype, kv_cache_dtype, quantization)
+MODES = (
+    ("float32", "float32", "none"),
+    ("bfloat16", "float32", "none"),
+    ("bfloat16", "bfloat16", "none"),
+    ("bfloat16", "bfloat16", "int8"),
+    ("bfloat16", "int8", "none"),  # int8 K/V (opt-in)
+    ("float32", "int8", "none"),
 )
+COUNTS = (1, 8, 16)  # concurrent sequences timed
 
 
-def mode_name(dtype: str, kv: str) -> str:
-    return f"{dtype}/kv-{kv}"
+def mode_name(dtype: str, kv: str, quantization: str = "none") -> str:
+    weights = dtype if quantization == "none" else quantization
+    return f"{weights}/kv-{kv}"
 
 
-def decode_tpot_16(engines: dict[str, LLMEngine], rounds: int, new_tokens: int = 33) -> dict[str, Any]:
-    """Decode-only TPOT at 16 sequences of 128-token prompts for each engine, the engines' runs
-    alternated round by round (a shared machine drifts), best round each; ratios to the first."""
-    rng = random.Random(0)
-    prompts = [[rng.randrange(100, 40000) for _ in range(128)] for _ in range(16)]
-    best = dict.fromkeys(engines, math.inf)
+def _prompts(count: int, context: int) -> list[list[int]]:
+    rng = random.Random(count)
+    return [[rng.randrange(100, 40000) for _ in range(context)] for _ in range(count)]
+
+
+def decode_tpot(
+    engines: dict[str, LLMEngine],
+    rounds: int,
+    counts: tuple[int, ...] = COUNTS,
+    context: int = 128,
+    new_tokens: int = 33,
+) -> dict[str, Any]:
+    """Decode-only TPOT at each of `counts` sequences of `context`-token prompts for each engine,
+    the engines' runs alternated round by round (a shared machine drifts), best round each; ratios
+    to the first engine. `decode_tpot_ms_16` is the 16-sequence column."""
+    best = {c: dict.fromkeys(engines, math.inf) for c in counts}
     for _ in range(rounds):
-        for name, engine in engines.items():
-            engine.pool.reset_prefix_cache()
-            best[name] = min(best[name], _decode_only(engine, prompts, new_tokens) / (new_tokens - 1))
-    first = next(iter(best))
-    return {
-        "decode_tpot_ms_16": {k: 1e3 * v for k, v in best.items()},
-        "decode_tpot_ratio_vs_fp32_16": {k: v / best[first] for k, v in best.items()},
+        for count in counts:
+            prompts = _prompts(count, context)
+            for name, engine in engines.items():
+                engine.pool.reset_prefix_cache()
+                tpot = _decode_only(engine, prompts, new_tokens) / (new_tokens - 1)
+                best[count][name] = min(best[count][name], tpot)
+    first = next(iter(engines))
+    out: dict[str, Any] = {
+        "context_tokens": context,
+        "decode_tpot_ms": {str(c): {k: 1e3 * v for k, v in b.items()} for c, b in best.items()},
+        "decode_tpot_ratio_vs_fp32": {
+            str(c): {k: v / b[first] for k, v in b.items()} for c, b in best.items()
+        },
         "kv_bytes_per_token": {k: e.served.layout.bytes_per_token for k, e in engines.items()},
     }
+    if 16 in best:
+        out["decode_tpot_ms_16"] = out["decode_tpot_ms"]["16"]
+        out["decode_tpot_ratio_vs_fp32_16"] = out["decode_tpot_ratio_vs_fp32"]["16"]
+    return out
+
+
+def decode_tpot_16(engines: dict[str, LLMEngine], rounds: int) -> dict[str, Any]:
+    return decode_tpot(engines, rounds, (16,))
+
+
+def mode_engine(settings: Settings, dtype: str, kv: str, quantization: str) -> LLMEngine:
+    """An engine of one mode over its own copy of the weights."""
+    config = replace(settings.engine_config(), dtype=dtype, kv_cache_dtype=kv, quantization=quantization)
+    return build_engine(config, load_model(settings.model, "float32", settings.device, settings.cache_dir))
 
 
 def precision_engines(settings: Settings, rounds: int) -> dict[str, Any]:
-    """decode_tpot_16 for each of MODES, one engine per process, the modes alternated round by
-    round; best round each, ratios to the first mode's."""
-    best: dict[str, float] = {}
-    kv_bytes: dict[str, int] = {}
+    """decode_tpot over one engine of each of MODES, in this process."""
+    engines = {mode_name(*m): mode_engine(settings, *m) for m in MODES}
+    return decode_tpot(engines, rounds)
+
+
+def _one(mode: str, context: int) -> None:
+    """A child: one round of decode_tpot for one mode, its JSON on stdout's last line."""
+    settings = Settings.from_env()
+    (chosen,) = [m for m in MODES if mode_name(*m) == mode]
+    result = decode_tpot({mode: mode_engine(settings, *chosen)}, 1, COUNTS, context)
+    print(json.dumps(result))
+
+
+def per_process(rounds: int, context: int) -> dict[str, Any]:
+    """decode_tpot with each mode in a process of its own, the processes alternated round by round."""
+    best: dict[str, dict[str, float]] = {str(c): {} for c in COUNTS}
+    kv: dict[str, int] = {}
     for _ in range(rounds):
-        for dtype, kv in MODES:
-            config = replace(settings.engine_config(), dtype=dtype, kv_cache_dtype=kv)
-            job = {
-                "engine": dataclasses.asdict(config),
-                "model": settings.model,
-                "device": settings.device,
-                "cache_dir": str(settings.cache_dir),
-            }
-            done = subprocess.run(
-                [sys.executable, "-m", "ops.bench.engine.precision"],
-                input=json.dumps(job),
-                capture_output=True,
-                text=True,
-                check=True,
+        for m in MODES:
+            name = mode_name(*m)
+            cmd = [
+                sys.executable,
+                "-m",
+                "ops.bench.engine.precision",
+                "--one",
+                name,
+                "--context",
+                str(context),
+            ]
+            got = json.loads(
+                subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.splitlines()[-1]
             )
-            got = json.loads(done.stdout.strip().splitlines()[-1])
-            name = mode_name(dtype, kv)
-            print(f"precision: {name}: decode TPOT at 16 {got['decode_tpot_ms_16']:.1f} ms", flush=True)
-            best[name] = min(best.get(name, math.inf), got["decode_tpot_ms_16"])
-            kv_bytes[name] = got["kv_bytes_per_token"]
-    first = next(iter(best))
+            kv[name] = got["kv_bytes_per_token"][name]
+            for c, by_mode in got["decode_tpot_ms"].items():
+                best[c][name] = min(best[c].get(name, math.inf), by_mode[name])
+    first = mode_name(*MODES[0])
+    ratios = {c: {k: v / b[first] for k, v in b.items()} for c, b in best.items()}
     return {
-        "decode_tpot_ms_16": best,
-        "decode_tpot_ratio_vs_fp32_16": {k: v / best[first] for k, v in best.items()},
-        "kv_bytes_per_token": kv_bytes,
-        "one_engine_per_process": True,
-    }
-
-
-def _one_mode(job: dict[str, Any]) -> dict[str, Any]:
-    """One engine of the job's config: its TPOT at 16 (ms) and KV bytes per token."""
-    from pathlib import Path
-
-    loaded = load_model(job["model"], "float32", job["device"], Path(job["cache_dir"]))
-    engine = build_engine(EngineConfig(**job["engine"]), loaded)
-    measured = decode_tpot_16({"mode": engine}, rounds=1)
-    return {
-        "decode_tpot_ms_16": measured["decode_tpot_ms_16"]["mode"],
-        "kv_bytes_per_token": measured["kv_bytes_per_token"]["mode"],
-        "precision": engine.served.precision.describe(),
+        "context_tokens": context,
+        "decode_tpot_ms": best,
+        "decode_tpot_ratio_vs_fp32": ratios,
+        "kv_bytes_per_token": kv,
     }
 
 
 if __name__ == "__main__":
-    print(json.dumps(_one_mode(json.loads(sys.stdin.read()))), flush=True)
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--one", help="a child: the mode to time")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--context", type=int, default=600, help="prompt tokens of each sequence")
+    args = parser.parse_args()
+    if args.one:
+        _one(args.one, args.context)
+    else:
+        print(json.dumps(per_process(args.rounds, args.context), indent=1))

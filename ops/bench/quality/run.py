@@ -1,9 +1,9 @@
 """`kvferry bench quality`: what each precision costs in quality and buys in speed and memory, on
 one model, in one run (issue 41).
 
-For each mode (dtype, kv_cache_dtype): the perplexity of a fixed held-out text (heldout.txt) from
-the engine's prompt logprobs, as a ratio to HF transformers' fp32 forward over the same tokens
-(`ppl_ratio_vs_hf_fp32`); greedy agreement with HF `generate` in fp32 and in the mode's dtype
+For each mode (dtype, kv_cache_dtype, quantization): the perplexity of a fixed held-out text
+(heldout.txt) from the engine's prompt logprobs, as a ratio to HF transformers' fp32 forward over
+the same tokens (`ppl_ratio_vs_hf_fp32`); greedy agreement with HF `generate` in fp32 and in the mode's dtype
 (`greedy_agree_tokens*`: tokens until the first difference, averaged over chat prompts); decode
 TPOT at 16 concurrent sequences (`decode_tpot_ms_16`, the modes' runs alternated, best of the
 rounds, with its ratio to fp32 measured in the same run); and `kv_bytes_per_token`.
@@ -105,16 +105,17 @@ def run_quality_bench(settings: Settings, quick: bool = False) -> dict[str, Any]
         "modes": {},
     }
     engines: dict[str, LLMEngine] = {}
-    for dtype, kv in MODES:
-        config = replace(settings.engine_config(), dtype=dtype, kv_cache_dtype=kv)
+    for dtype, kv, quantization in MODES:
+        config = replace(settings.engine_config(), dtype=dtype, kv_cache_dtype=kv, quantization=quantization)
         loaded = (
             base if dtype == "float32" else load_model(settings.model, "float32", "cpu", settings.cache_dir)
         )
-        engine = engines[mode_name(dtype, kv)] = build_engine(config, loaded)
+        engine = engines[mode_name(dtype, kv, quantization)] = build_engine(config, loaded)
         nll = _engine_nll(engine, ids)
         got = _greedy(engine, prompts, new)
-        results["modes"][mode_name(dtype, kv)] = {
+        results["modes"][mode_name(dtype, kv, quantization)] = {
             "dtype": engine.served.precision.weights,
+            "quantization": engine.served.precision.quantization,
             "kv_cache_dtype": engine.served.precision.kv,
             "ppl": math.exp(nll),
             "ppl_ratio_vs_hf_fp32": math.exp(nll - hf_nll),

@@ -6,7 +6,6 @@ hit rate has a ceiling below 1: `hit_rate_ceiling_after_first_turn` says where i
 from __future__ import annotations
 
 import asyncio
-import json
 import random
 import statistics
 import time
@@ -16,6 +15,7 @@ from typing import Any
 
 import httpx
 
+from ops.bench.tiers.chat_turn import chat_turn
 from ops.redis.server import free_port
 from ops.settings import Settings
 from ops.stack.stack import Stack
@@ -50,42 +50,11 @@ async def _session(
             "messages": messages,
             "max_tokens": max_tokens,
             "temperature": 0,
-            "stream": True,
-            "stream_options": {"include_usage": True},
             "session_id": sid,
         }
-        started = time.perf_counter()
-        ttft, last, text, worker = float("nan"), float("nan"), [], ""
-        usage: dict[str, Any] = {}
-        async with client.stream("POST", "/v1/chat/completions", json=body) as response:
-            async for line in response.aiter_lines():
-                if not line.startswith("data: {"):
-                    continue
-                chunk = json.loads(line[6:])
-                if chunk.get("choices") and chunk["choices"][0].get("delta", {}).get("content"):
-                    last = time.perf_counter() - started
-                    if ttft != ttft:
-                        ttft = last
-                    text.append(chunk["choices"][0]["delta"]["content"])
-                usage = chunk.get("usage") or usage
-                worker = (chunk.get("x_kvferry") or {}).get("worker", worker)
-        messages.append({"role": "assistant", "content": "".join(text)})
-        rows.append(
-            {
-                "sid": sid,
-                "turn": turn,
-                "ttft_s": ttft,
-                "prompt": usage.get("prompt_tokens", 0),
-                "cached": (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0),
-                "completion": usage.get("completion_tokens", 0),
-                # per output token after the first, as vLLM's bench serve counts TPOT
-                "tpot_s": (last - ttft) / (usage["completion_tokens"] - 1)
-                if usage.get("completion_tokens", 0) > 1
-                else float("nan"),
-                "sources": usage.get("kv_sources", {}),
-                "worker": worker,
-            }
-        )
+        answer = await chat_turn(client, body)
+        messages.append({"role": "assistant", "content": answer.text})
+        rows.append(answer.row(sid, turn))
 
 
 def workload(
@@ -129,6 +98,16 @@ def workload(
         started = time.perf_counter()
         asyncio.run(run())
         wall = time.perf_counter() - started
+    return {
+        "routing": routing,
+        "redis_tier": stack_settings.redis_tier_on,
+        "wall_s": wall,
+        **figures(rows),
+    }
+
+
+def figures(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """A workload's figures from its turns' records (ChatTurn.row)."""
     later = [r for r in rows if r["turn"] > 0]
     # What no cache can serve after the first turn: the turn's new messages (its prompt less the
     # last turn's prompt and output) and the last output token, which no step ever computed.
@@ -138,10 +117,7 @@ def workload(
     tpots = sorted(r["tpot_s"] for r in rows if r["tpot_s"] == r["tpot_s"])
     workers = Counter(r["worker"] for r in rows)
     return {
-        "routing": routing,
-        "redis_tier": stack_settings.redis_tier_on,
         "requests": len(rows),
-        "wall_s": wall,
         "hit_rate": sum(r["cached"] for r in rows) / max(1, sum(r["prompt"] for r in rows)),
         "hit_rate_after_first_turn": sum(r["cached"] for r in later)
         / max(1, sum(r["prompt"] for r in later)),

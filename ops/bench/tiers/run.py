@@ -19,12 +19,17 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from ops.bench.tiers.api_ttft import bench_api_ttft
 from ops.bench.tiers.multiturn import workload
+from ops.bench.tiers.realistic import realistic_bench
 from ops.bench.tiers.resume import bench_resume
 from ops.bench.tiers.resume_figures import headline, headline_keys
 from ops.settings import Settings
+from workers.engine.model.kv_layout import kv_layout
 from workers.engine.model.loader import load_model
+from workers.engine.model.precision import Precision
 from workers.process.host_heap import keep_freed_memory
 
 # Repetitions per case in a full run, the median reported: the resume and API rows sit near their
@@ -33,10 +38,15 @@ from workers.process.host_heap import keep_freed_memory
 FULL_REPS = 5
 
 
-def run_tier_bench(settings: Settings, quick: bool, skip: set[str], workload_reps: int = 1) -> dict[str, Any]:
-    results: dict[str, Any] = {"model": settings.served_model, "quick": quick}
+def run_tier_bench(
+    settings: Settings, quick: bool, skip: set[str], workload_reps: int = 1, kind: str = "closed"
+) -> dict[str, Any]:
+    results: dict[str, Any] = {"model": settings.served_model, "quick": quick, "workload_kind": kind}
     with tempfile.TemporaryDirectory(prefix="kvferry-tiers-") as tmp:
         run_dir = Path(tmp)
+        if kind == "realistic":  # the routing comparison on it alone (ops/bench/tiers/realistic.py)
+            results.update(_realistic(settings, quick, workload_reps, run_dir))
+            return results
         if "resume" not in skip:
             # this process plays the worker that resumes: its host heap set up as a worker's is,
             # before the model load (workers/process/main.py)
@@ -131,6 +141,32 @@ def run_tier_bench(settings: Settings, quick: bool, skip: set[str], workload_rep
     width = max(len(a) for a, _ in rows)
     print("\n".join(f"{a.ljust(width)}  {b}" for a, b in rows), flush=True)
     return results
+
+
+def _realistic(settings: Settings, quick: bool, reps: int, run_dir: Path) -> dict[str, Any]:
+    loaded = load_model(settings.model, settings.dtype, settings.device, settings.cache_dir)
+    kv = Precision.resolve(settings.dtype, settings.kv_cache_dtype, settings.device).kv
+    per_token = kv_layout(loaded, settings.block_size, getattr(torch, kv)).bytes_per_token
+    del loaded
+    out = realistic_bench(settings, quick, per_token, run_dir, reps)
+    for key in (
+        "ttft_p50_ratio",
+        "ttft_p95_ratio",
+        "redis_tier_bytes_per_turn_ratio",
+        "redis_tier_bytes_used_per_turn_ratio",
+        "tpot_p50_ratio",
+    ):
+        print(f"realistic workload, cache-aware vs round-robin: {key} {out[key]:.3f}", flush=True)
+    for r in out["runs"]:
+        print(
+            f"  {r['routing']}: TTFT p50 / p95 {r['ttft_p50_s'] * 1000:.0f} / "
+            f"{r['ttft_p95_s'] * 1000:.0f} ms, hit {r['hit_share_of_reusable']:.1%} of reusable, "
+            f"Redis read {r['redis_tier_bytes_read_per_turn'] / 1e6:.2f} MB/turn, "
+            f"{r['redis_tier_bytes_used_per_turn'] / 1e6:.2f} of it used, "
+            f"busiest worker {r['busiest_worker_share']:.0%}, {r['preemptions']} preemptions",
+            flush=True,
+        )
+    return out
 
 
 def _routing_ratios(runs: list[dict[str, Any]], first_configs: int) -> dict[str, Any]:

@@ -7,12 +7,15 @@ model (step_cost.py) recovers a step's fixed part and its cost per decode row.""
 from __future__ import annotations
 
 import random
+import time
 
 import pytest
+import torch
 
 from broker.sampling import SamplingParams
 from tests.workers._helpers import TinyModel, assert_tokens, make_engine, random_prompt
 from tests.workers.engine.test_admission_hold import Clock, PinnedCost
+from workers.engine.llm_engine import LLMEngine
 from workers.engine.requests.request import GenerationRequest
 from workers.engine.scheduling.batch_budget import INTERACTIVE_LINGER_S
 from workers.engine.scheduling.scheduler import SchedulerOutput
@@ -96,3 +99,51 @@ def test_steps_carry_a_share_of_batch_rows_while_interactive_requests_flow(
             step()
     for rid, prompt in {**batch, "i": late}.items():
         assert_tokens(done[rid], tiny.expected(prompt, 10), rid)
+
+
+def test_interactive_traffic_elsewhere_in_the_fleet_sizes_the_batch_steps(tiny: TinyModel) -> None:
+    """No interactive request here, but one flows on another worker (InteractivePresence sets
+    elsewhere_until): the steps are sized as if it were here, and fill again once it is past."""
+    rng = random.Random(7)
+    engine = make_engine(tiny.loaded, num_blocks=64, interactive_batch_step=2.0)
+    cost = PinnedCost(decode_s=BASE_S + ROW_S, prefill_row_s=PREFILL_S)
+    cost.decode_base_s, cost.decode_row_s = BASE_S, ROW_S
+    engine.scheduler.cost = cost
+    clock = Clock()
+    engine.scheduler.clock = clock
+    for i in range(10):
+        engine.add_request(GenerationRequest(f"b{i}", random_prompt(rng, 5 + i), PARAMS, job_class="batch"))
+    engine.step()  # the batch's prefill
+    clock.now += INTERACTIVE_LINGER_S  # past the batch's own arrival
+    assert _batch_decodes(_step(engine)) == 10
+    engine.scheduler.sizer.elsewhere_until = clock.now + 0.5
+    assert _batch_decodes(_step(engine)) == 6  # (2 - 1) x t(1 decode) = 12 ms of 2 ms rows
+    clock.now += 0.5
+    assert _batch_decodes(_step(engine)) == 10
+
+
+def _step(engine: LLMEngine) -> SchedulerOutput:
+    plan = engine.scheduler.schedule
+    seen: list[SchedulerOutput] = []
+
+    def recording() -> SchedulerOutput:
+        seen.append(plan())
+        return seen[-1]
+
+    engine.scheduler.schedule = recording  # type: ignore[method-assign]
+    try:
+        engine.step()
+    finally:
+        del engine.scheduler.schedule
+    return seen[-1]
+
+
+def test_a_one_thread_cpu_engine_times_its_steps_on_its_threads_cpu_clock(tiny: TinyModel) -> None:
+    """A busy machine's wait for a core is not a step's cost (step_cost.py): a CPU engine on one
+    torch thread times steps with time.thread_time, any other with the wall clock."""
+    threads = torch.get_num_threads()
+    try:
+        assert make_engine(tiny.loaded, 8, torch_threads=1).scheduler.cost.clock is time.thread_time
+        assert make_engine(tiny.loaded, 8, torch_threads=2).scheduler.cost.clock is time.perf_counter
+    finally:
+        torch.set_num_threads(threads)

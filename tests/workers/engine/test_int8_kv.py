@@ -19,14 +19,14 @@ from tests.workers._helpers import (
     NO_EOS,
     TinyModel,
     make_engine,
-    move_history,
+    pack_history,
     random_prompt,
     run_checked,
-    warm_and_kept,
 )
 from workers.engine.kernels import paged_decode
 from workers.engine.llm_engine import LLMEngine
 from workers.engine.model.precision import Precision
+from workers.engine.requests.output import RequestOutput
 
 INT8 = {"kv_cache_dtype": "int8"}  # fp32 weights: runs on any CPU
 PATHS = {
@@ -66,6 +66,34 @@ def _engine(tiny: TinyModel, num_blocks: int, path: str, **config: Any) -> LLMEn
     return make_engine(tiny.loaded, num_blocks=num_blocks, **INT8, **PATHS[path], **config)
 
 
+def _warm_and_kept(evicting: LLMEngine, keeping: LLMEngine) -> tuple[RequestOutput, RequestOutput]:
+    """One turn over a 64-token history: `evicting` pushed it out to its warm tier, `keeping` holds it."""
+    rng = random.Random(41)
+    system = random_prompt(rng, 64)  # 4 full blocks
+    first, again = [*system, *random_prompt(rng, 9)], [*system, *random_prompt(rng, 11)]
+    params = SamplingParams(max_tokens=8, **NO_EOS)
+    for engine in (evicting, keeping):
+        run_checked(engine, {"first": (first, params)})
+    for i in range(3):
+        run_checked(evicting, {f"filler{i}": (random_prompt(rng, 70), params)})
+    got = run_checked(evicting, {"again": (again, params)})["again"]
+    kept = run_checked(keeping, {"again": (again, params)})["again"]
+    assert got.warm_tokens == 64 and kept.pool_tokens == 64
+    return got, kept
+
+
+def _move_history(source: LLMEngine, target: LLMEngine, history: list[int]) -> bytes:
+    """`history` computed on `source`, packed, decoded into `target`'s warm tier; the pack."""
+    assert target.tiers is not None
+    run_checked(source, {"history": (history, SamplingParams(max_tokens=1, **NO_EOS))})
+    pack = pack_history(source, history)
+    decoded = decode_pack(target.served.kv_format, pack)
+    assert decoded.reason is None and len(decoded.blocks) == len(history) // 16
+    for block in decoded.blocks:
+        target.tiers.warm.put(block)
+    return pack
+
+
 @pytest.mark.parametrize("path", list(PATHS))
 def test_every_path_writes_an_int8_pool_and_its_history_from_the_warm_tier_is_invisible(
     tiny_model: Any, path: str
@@ -79,7 +107,7 @@ def test_every_path_writes_an_int8_pool_and_its_history_from_the_warm_tier_is_in
     runner = evicting.executor.runner
     assert runner.decode_kernel == (path != "modules" and paged_decode.available())
     assert (runner.fused is not None) == (path == "fused" and paged_decode.available())
-    got, kept = warm_and_kept(evicting, keeping)
+    got, kept = _warm_and_kept(evicting, keeping)
     assert got.token_ids == kept.token_ids
 
 
@@ -94,7 +122,7 @@ def test_int8_blocks_moved_through_a_pack_give_the_tokens_of_the_engine_that_mad
     source = _engine(tiny, 32, "fused")
     target = _engine(tiny, 32, "fused", warm_cache_size_bytes=1 << 20)
     assert target.tiers is not None
-    pack = move_history(source, target, history)
+    pack = _move_history(source, target, history)
     # an engine of the same weights with an fp32 pool refuses the pack (another chain root and dtype)
     fp32 = make_engine(tiny.loaded, num_blocks=4)
     refused = decode_pack(fp32.served.kv_format, pack)

@@ -18,7 +18,7 @@ from tests.workers._helpers import (
     NO_EOS,
     TinyModel,
     make_engine,
-    move_history,
+    pack_history,
     random_prompt,
     run_checked,
     warm_and_kept,
@@ -80,13 +80,8 @@ def test_bf16_history_from_the_warm_tier_gives_the_tokens_of_a_kept_one(
 ) -> None:
     if not bf16_linear.runs():
         pytest.skip("oneDNN's bf16 GEMM does not run here")
-    tiny = bf16_tiny(arch)
-    evicting = make_engine(tiny.loaded, num_blocks=8, warm_cache_size_bytes=1 << 20, **BF16)
-    keeping = make_engine(tiny.loaded, num_blocks=64, **BF16)
-    # where the kernels build, both run the fused stack over the bf16 pool
-    assert (evicting.executor.runner.fused is not None) == paged_decode.available()
-    got, kept = warm_and_kept(evicting, keeping)
-    assert got.token_ids == kept.token_ids
+    got, kept, from_pool = warm_and_kept(bf16_tiny(arch).loaded, 41, **BF16)
+    assert got.token_ids == kept.token_ids == from_pool.token_ids
 
 
 def test_bf16_blocks_moved_through_a_pack_give_the_tokens_of_the_engine_that_made_them(
@@ -102,7 +97,12 @@ def test_bf16_blocks_moved_through_a_pack_give_the_tokens_of_the_engine_that_mad
     source = make_engine(tiny.loaded, num_blocks=32, **BF16)
     target = make_engine(tiny.loaded, num_blocks=32, warm_cache_size_bytes=1 << 20, **BF16)
     assert target.tiers is not None and source.served.kv_format.dtype == "bfloat16"
-    pack = move_history(source, target, history)
+    run_checked(source, {"history": (history, SamplingParams(max_tokens=1, **NO_EOS))})
+    pack = pack_history(source, history)
+    decoded = decode_pack(target.served.kv_format, pack)
+    assert decoded.reason is None and len(decoded.blocks) == 3
+    for block in decoded.blocks:
+        target.tiers.warm.put(block)
     # an fp32 engine of the same weights refuses the pack: another fingerprint (the chain's root)
     fp32 = dataclasses.replace(
         source.served.kv_format, model_fingerprint=tiny.loaded.fingerprint, dtype="float32"

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Protocol
 
 import torch
 from torch import nn
@@ -56,7 +57,14 @@ class Bf16Linear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, bf16 {layout}"
 
 
-def _best(modules: Sequence[Bf16Linear], rows: int) -> float:
+class _Linear(Protocol):
+    in_features: int
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor: ...
+
+
+def best_time(modules: Sequence[_Linear], rows: int) -> float:
+    """Best of a few passes over `modules` at `rows` rows, seconds."""
     inputs = {m.in_features: torch.randn(rows, m.in_features) for m in modules}
     best = float("inf")
     for _ in range(_REPEATS):
@@ -75,13 +83,13 @@ def choose(linears: Sequence[nn.Linear]) -> str:
         total = dict.fromkeys(candidates, 0.0)
         for rows in _ROWS:
             for name, modules in candidates.items():
-                total[name] += _best(modules, rows)
+                total[name] += best_time(modules, rows)
     chosen = min(total, key=lambda k: total[k])
     log.info("bf16 linears: %s (%s)", chosen, ", ".join(f"{k} {1e3 * v:.2f} ms" for k, v in total.items()))
     return chosen
 
 
-def _decoder_linears(model: nn.Module) -> list[tuple[str, nn.Linear]]:
+def decoder_linears(model: nn.Module) -> list[tuple[str, nn.Linear]]:
     """Every nn.Linear of the model's decoder (not lm_head)."""
     prefix = str(getattr(model, "base_model_prefix", "model"))
     return [
@@ -98,7 +106,7 @@ def converted(model: nn.Module) -> bool:
 def convert(model: nn.Module) -> int:
     """Replace every decoder nn.Linear of `model` (on CPU) by a Bf16Linear; how many were replaced
     (0: none runs here, the model is unchanged)."""
-    linears = _decoder_linears(model)
+    linears = decoder_linears(model)
     if not linears or not runs() or linears[0][1].weight.device.type != "cpu":
         return 0
     probe = [m for name, m in linears if ".layers.0." in name] or [m for _, m in linears[:7]]
@@ -107,11 +115,18 @@ def convert(model: nn.Module) -> int:
     except RuntimeError as err:  # an op missing from this build
         log.warning("oneDNN's bf16 GEMM does not run here (%s)", err)
         return 0
+    replace_linears(model, linears, lambda linear: Bf16Linear(linear, packed))
+    return len(linears)
+
+
+def replace_linears(
+    model: nn.Module, linears: Sequence[tuple[str, nn.Linear]], make: Callable[[nn.Linear], nn.Module]
+) -> None:
+    """Each (name, linear) of `model` replaced by make(linear)."""
     with torch.inference_mode():
         for name, linear in linears:
             parent_name, _, attr = name.rpartition(".")
-            setattr(model.get_submodule(parent_name), attr, Bf16Linear(linear, packed))
-    return len(linears)
+            setattr(model.get_submodule(parent_name), attr, make(linear))
 
 
 def bf16_bytes(model: nn.Module) -> int:

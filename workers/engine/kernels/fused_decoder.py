@@ -12,9 +12,10 @@ module, so any rope scaling holds), the final norm and lm_head stay the model's.
 
 It applies on CPU fp32 activations to a Llama-family decoder (Llama, Mistral, Qwen2, Qwen3:
 optional biases and q/k norms) whose linears all run kvferry's GEMM, or all oneDNN's bf16 GEMM
-(bf16_linear.py: a bf16 engine), and whose decodes run the in-place attention kernel (both probed at
-start-up), over an fp32, bf16 or int8 pool, with SiLU, one RMSNorm eps and no sliding window. Anything
-else keeps the modules' forward."""
+(bf16_linear.py: a bf16 engine), or all are int8 (int8_linear.py: their int8 weights and scales go
+in beside the bf16 copies, with the row count up to which torch's int8 kernel runs), and whose
+decodes run the in-place attention kernel (both probed at start-up), over an fp32, bf16 or int8 pool,
+with SiLU, one RMSNorm eps and no sliding window. Anything else keeps the modules' forward."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from kvstore.pool.kv_cache import KVCache
 from workers.engine.kernels import fused_crossover
 from workers.engine.kernels.bf16_linear import Bf16Linear
 from workers.engine.kernels.fused_crossover import FusedPlan
+from workers.engine.kernels.int8_linear import Int8Linear
 from workers.engine.kernels.packed_linear import SkinnyLinear
 
 MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3"})
@@ -49,11 +51,10 @@ def _layer_weights(layer: Any) -> tuple[list[torch.Tensor], set[float]] | None:
     if attn is None or mlp is None or getattr(attn, "sliding_window", None) is not None:
         return None
     found = {n: getattr(attn, n, None) for n in _ATTN} | {n: getattr(mlp, n, None) for n in _MLP}
-    linears: dict[str, SkinnyLinear | Bf16Linear] = {
-        n: m for n, m in found.items() if isinstance(m, SkinnyLinear)
-    }
-    if len(linears) != len(found):
-        linears = {n: m for n, m in found.items() if isinstance(m, Bf16Linear)}
+    linears: dict[str, SkinnyLinear | Bf16Linear | Int8Linear] = {}
+    for kind in (SkinnyLinear, Bf16Linear, Int8Linear):
+        if len(linears) != len(found):
+            linears = {n: m for n, m in found.items() if isinstance(m, kind)}
     if len(linears) != len(found):
         return None
     norms = [getattr(layer, "input_layernorm", None), getattr(layer, "post_attention_layernorm", None)]
@@ -90,6 +91,7 @@ class FusedDecoder:
         eps: float,
         plan: FusedPlan,
         bf16: bool = False,
+        int8: tuple[list[torch.Tensor], int] = ([], 0),
     ) -> None:
         self.decoder = decoder  # the model's base model: embed_tokens, rotary_emb, norm
         self.kv_cache = kv_cache
@@ -98,6 +100,7 @@ class FusedDecoder:
         self.eps = eps
         self.plan = plan
         self.bf16 = bf16  # the linears' weights are bf16 (oneDNN's bf16 GEMM)
+        self.int8, self.int8_rows = int8  # (q, s) of each linear, int8_linear.py's crossover
 
     @classmethod
     def build(cls, model: nn.Module, kv_cache: KVCache) -> FusedDecoder | None:
@@ -132,8 +135,18 @@ class FusedDecoder:
             return None
         first = decoder.layers[0]
         linears = [getattr(first.self_attn, n) for n in _ATTN] + [getattr(first.mlp, n) for n in _MLP]
+        every_row = FusedPlan(True, None)
         if all(isinstance(m, Bf16Linear) for m in linears):  # every row count on oneDNN's bf16 GEMM
-            return cls(decoder, kv_cache, weights, scales.pop(), eps.pop(), FusedPlan(True, None), bf16=True)
+            return cls(decoder, kv_cache, weights, scales.pop(), eps.pop(), every_row, bf16=True)
+        if all(isinstance(m, Int8Linear) for m in linears):
+            int8 = [
+                t
+                for layer in decoder.layers
+                for m in [getattr(layer.self_attn, n) for n in _ATTN] + [getattr(layer.mlp, n) for n in _MLP]
+                for t in (m.qweight, m.scales)
+            ]
+            plan = (int8, int(first.self_attn.q_proj.max_int8_rows))
+            return cls(decoder, kv_cache, weights, scales.pop(), eps.pop(), every_row, bf16=True, int8=plan)
         if not all(isinstance(m, SkinnyLinear) for m in linears):
             return None
         return cls(decoder, kv_cache, weights, scales.pop(), eps.pop(), fused_crossover.plan(linears))
@@ -179,5 +192,7 @@ class FusedDecoder:
             self.skinny_rows,
             self.plan.onednn,
             self.bf16,
+            self.int8,
+            self.int8_rows,
         )
         return self.decoder.norm(hidden)

@@ -16,6 +16,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTra
 
 from broker.errors import UnknownModelError
 from workers.engine.kernels.bf16_linear import bf16_bytes
+from workers.engine.kernels.int8_linear import int8_bytes
 from workers.engine.kernels.packed_linear import packed_bytes
 from workers.engine.model.fingerprint import dir_fingerprint, file_fingerprint
 
@@ -39,7 +40,7 @@ class LoadedModel:
     @property
     def weights_bytes(self) -> int:
         dense = sum(p.numel() * p.element_size() for p in self.model.parameters())
-        return dense + packed_bytes(self.model) + bf16_bytes(self.model)
+        return dense + packed_bytes(self.model) + bf16_bytes(self.model) + int8_bytes(self.model)
 
 
 def smollm2_gguf_path() -> Path:

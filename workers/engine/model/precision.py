@@ -11,6 +11,9 @@ block computed in one precision is never read by an engine of another.
 
 `int8` K/V (opt-in, never `auto`): each token's K and V per KV head are int8 values with their own
 fp32 scale (kvstore/pool/int8_rows.py), quantised as written, dequantised by every reader.
+
+`quantization` int8 (CPU): every decoder linear's weights per-channel int8 (kernels/int8_linear.py),
+the products in bf16 as a bf16 engine's (so `weights` resolves to bfloat16; float32 is refused).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from typing import Any, Protocol, TypeVar, cast
 import torch
 from torch import nn
 
-from workers.engine.model.dtype_names import DTYPES, KV_DTYPES
+from workers.engine.model.dtype_names import DTYPES, KV_DTYPES, QUANTIZATIONS
 
 log = logging.getLogger(__name__)
 _SHORT = {"float32": "f32", "bfloat16": "bf16", "float16": "f16", "int8": "int8"}
@@ -54,17 +57,24 @@ class Precision:
     weights: str  # float32 | bfloat16 | float16
     kv: str  # float32 | bfloat16 | int8
     device: str = "cpu"
+    quantization: str = "none"  # none | int8: the decoder linears' weights
 
     @classmethod
-    def resolve(cls, dtype: str, kv_cache_dtype: str, device: str) -> Precision:
+    def resolve(cls, dtype: str, kv_cache_dtype: str, device: str, quantization: str = "none") -> Precision:
         if dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
         if kv_cache_dtype not in KV_DTYPES:
             raise ValueError(f"kv_cache_dtype must be one of {', '.join(KV_DTYPES)}, got {kv_cache_dtype!r}")
+        if quantization not in QUANTIZATIONS:
+            raise ValueError(f"quantization must be one of {', '.join(QUANTIZATIONS)}, got {quantization!r}")
         dev = torch.device(device)
+        if quantization == "int8":
+            if dev.type != "cpu" or dtype not in ("auto", "bfloat16"):
+                raise ValueError("quantization int8 runs on CPU, computing in bf16: dtype auto or bfloat16")
+            dtype = "bfloat16"
         weights = dtype if dtype != "auto" else ("bfloat16" if native_bf16(dev) else "float32")
         kv = kv_cache_dtype if kv_cache_dtype != "auto" else ("float32" if weights == "float32" else weights)
-        return cls(weights, kv, dev.type)
+        return cls(weights, kv, dev.type, quantization)
 
     @property
     def cpu_mixed(self) -> bool:
@@ -85,23 +95,38 @@ class Precision:
     def tag(self) -> str:
         """'' for fp32 weights and K/V (the fingerprint stays the weights'), else e.g. '+w-bf16+kv-bf16'
         or '+w-bf16+kv-int8'."""
-        if self.weights == "float32" and self.kv == "float32":
+        if self.weights == "float32" and self.kv == "float32" and self.quantization == "none":
             return ""
-        return f"+w-{_SHORT[self.weights]}+kv-{_SHORT[self.kv]}"
+        weights = _SHORT[self.weights] if self.quantization == "none" else self.quantization
+        return f"+w-{weights}+kv-{_SHORT[self.kv]}"
+
+    @property
+    def weights_name(self) -> str:
+        """What the heartbeat, /metrics and /version show as the dtype: the weights' (int8 when quantised)."""
+        return self.weights if self.quantization == "none" else self.quantization
 
     def describe(self) -> str:
-        return f"weights {self.weights}, kv cache {self.kv}"
+        quantized = "" if self.quantization == "none" else f" ({self.quantization} weight-only)"
+        return f"weights {self.weights}{quantized}, kv cache {self.kv}"
 
     def apply(self, loaded: Loaded) -> tuple[Loaded, Precision]:
         """Make `loaded`'s model compute in this precision (in place: engines sharing it share
         this); the model with its fingerprint covering the precision, and the precision it runs in
         (fp32 weights where no bf16 GEMM runs here)."""
-        from workers.engine.kernels import bf16_linear
+        from workers.engine.kernels import bf16_linear, int8_linear
 
         model = loaded.model
         converted = bf16_linear.converted(model)
+        quantized = int8_linear.converted(model)
         actual = self
-        if self.cpu_mixed:
+        if self.quantization == "int8":
+            if converted:
+                raise ValueError("this model's linears were converted to bf16 by another engine")
+            if not quantized and int8_linear.convert(model) == 0:
+                raise ValueError("quantization int8: torch's int8 or oneDNN's bf16 GEMM does not run here")
+        elif quantized:
+            raise ValueError("this model's linears were quantised to int8 by another engine")
+        elif self.cpu_mixed:
             if not converted and bf16_linear.convert(model) == 0:
                 log.warning("no bf16 GEMM runs here: the weights stay fp32")
                 actual = replace(self, weights="float32")

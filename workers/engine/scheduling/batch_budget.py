@@ -9,6 +9,10 @@ predicted cost of the step without them (at least one decode row: what an intera
 costs once it decodes), by the step cost model's row costs (step_cost.py): decode rows at the
 fitted row cost, prompt rows at the prefill row cost, the oldest running batch sequences first. The
 first batch sequence always goes in, so a batch always makes progress.
+
+Interactive traffic counts as flowing when it flows on any worker of the fleet, not only this one
+(`elsewhere_until`, set from workers/jobs/interactive_presence.py): the next interactive request
+may be routed here, and it waits out the step in flight whichever worker served the last one.
 """
 
 from __future__ import annotations
@@ -53,6 +57,9 @@ class BatchSizer:
     def __init__(self, factor: float) -> None:
         self.factor = factor  # interactive_batch_step; 0: never sized
         self.last_interactive = float("-inf")  # when an interactive sequence last arrived or ended
+        # Until when (the scheduler's clock) interactive traffic flows elsewhere in the fleet; a
+        # float stored by another thread and read here at each step.
+        self.elsewhere_until = float("-inf")
 
     def seen(self, seq: EngineRequest, now: float) -> None:
         """seq arrived or ended."""
@@ -63,7 +70,11 @@ class BatchSizer:
         self, plan: StepPlan, cost: StepCost, seqs: Iterable[EngineRequest], now: float
     ) -> BatchBudget:
         """The batch budget of the step planned so far (`seqs`: the running and waiting ones)."""
-        flows = now - self.last_interactive < INTERACTIVE_LINGER_S or any(not s.is_batch for s in seqs)
+        flows = (
+            now - self.last_interactive < INTERACTIVE_LINGER_S
+            or now < self.elsewhere_until
+            or any(not s.is_batch for s in seqs)
+        )
         if self.factor <= 0 or not flows or cost.decode_row_s is None:
             return BatchBudget(None)
         alone = cost.predict_rows(max(plan.num_decodes, 1), plan.num_prefill)

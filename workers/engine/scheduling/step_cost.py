@@ -14,11 +14,19 @@ lines, and its attention): the batch sizing (batch_budget.py) needs a row's own 
 decode-only steps are also fitted as t(d) = base + row * d, least squares over the last
 _FIT_STEPS of them, refitted only when their d spread enough to tell the two apart (the last
 fit is kept otherwise, as when the sizing itself holds d steady).
+
+What a step costs is read on `clock`: wall time by default; the engine thread's CPU time where
+that thread does all of a step's work (a CPU engine with one torch thread: factory.py). On a busy
+machine a step's wall time is mostly its wait for a core, which comes and goes with the other
+processes: the row fit then found a base of most of a step and a row of almost nothing, and the
+batch sizing let whole batch steps through (the 2-worker `kvferry bench batch`).
 """
 
 from __future__ import annotations
 
+import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 _WEIGHT = 0.2  # each new sample's share of the averages: about the last ten steps count
@@ -35,6 +43,7 @@ class StepCost:
     decode_base_s: float = 0.0  # the fit's fixed part of a decode-only step
     decode_row_s: float | None = None  # the fit's cost of one decode row
     _recent: deque[tuple[int, float]] = field(default_factory=lambda: deque(maxlen=_FIT_STEPS))
+    clock: Callable[[], float] = time.perf_counter  # what the engine times its steps with
 
     @property
     def ready(self) -> bool:

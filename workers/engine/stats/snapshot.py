@@ -40,7 +40,7 @@ class EngineStats:
     seconds_with_prefill: float = 0.0
     num_held_steps: int = 0
     prefill_tokens_pending: int = 0  # prompt tokens of running sequences not computed yet
-    dtype: str = "float32"  # weights and GEMMs (workers/engine/model/precision.py)
+    dtype: str = "float32"  # weights and GEMMs, or int8 (workers/engine/model/precision.py)
     kv_cache_dtype: str = "float32"  # the hot pool's K/V
 
     def to_dict(self) -> dict[str, Any]:

@@ -113,16 +113,19 @@ class TierBridge:
             self._persisted |= fresh
         return fresh
 
-    def admit(self, blocks: Sequence[StoredBlock]) -> None:
+    def admit(self, blocks: Sequence[StoredBlock], at_request: bool = True) -> None:
         """Blocks a prefetch brought from Redis: into the warm tier, known to be in Redis (but
-        not those the pool indexed meanwhile: it holds them, and the tiers are exclusive)."""
+        not those the pool indexed meanwhile: it holds them, and the tiers are exclusive). A
+        request served from them counts them as Redis tokens, unless a warm start brought them
+        (at_request False: loaded before the worker took work, they count as warm)."""
         for block in blocks:
             if block.block_hash not in self._meta:
                 self.warm.put(block)
         hashes = [b.block_hash for b in blocks]
         self.resident.arrived(hashes)
         with self._lock:
-            self.from_redis.update(hashes)
+            if at_request:
+                self.from_redis.update(hashes)
             self._persisted.update(hashes)
 
     def mark_persisted(self, hashes: Sequence[BlockHash]) -> None:

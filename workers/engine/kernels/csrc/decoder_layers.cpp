@@ -27,6 +27,8 @@
 // everything else stays fp32. The pool may be fp32 or bf16 (K/V rounded as written, widened as read),
 // or int8 ([layers, 2, slots, Hkv, D + 4]: each row quantised as written with its own scale,
 // dequantised as read; kv_rows.cpp).
+// int8 (with bf16): per layer, per linear in order, (q int8 [out, in] or empty, s bf16 [out]); the weights are
+// q widened to bf16, each linear (x q^T) * s + b (int8_linear.cpp), torch's int8 kernel up to int8_rows rows.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -55,6 +57,8 @@ constexpr int64_t PER_LAYER = 18;
 
 constexpr bool IS_LINEAR[PER_LAYER] = {false, true,  false, true,  false, true,  false, false, false,
                                        true,  false, false, true,  false, true,  false, true,  false};
+constexpr int64_t INT8_PER_LAYER = 14;  // (q, s) for each of a layer's 7 linears
+constexpr int64_t LINEAR_SLOT[PER_LAYER] = {-1, 0, -1, 1, -1, 2, -1, -1, -1, 3, -1, -1, 4, -1, 5, -1, 6, -1};
 
 const float* tensor_ptr(const at::Tensor& t, const std::vector<int64_t>& shape, bool optional, int64_t layer,
                         int64_t index, bool bf16) {
@@ -112,7 +116,8 @@ void add_into(float* h, const float* x, int64_t count) {
 void decoder_layers(at::Tensor hidden, const at::Tensor& cos, const at::Tensor& sin, at::Tensor kv,
                     const at::Tensor& slots, const at::Tensor& tables, const at::Tensor& lens, const at::Tensor& chunks,
                     at::TensorList weights, int64_t block_size, double scale, double eps, int64_t skinny_rows,
-                    bool onednn, bool bf16) {
+                    bool onednn, bool bf16, std::optional<at::TensorList> int8_opt, int64_t int8_rows) {
+  const at::TensorList int8 = int8_opt.value_or(at::TensorList());
   TORCH_CHECK(
       hidden.dim() == 2 && hidden.is_contiguous() && hidden.device().is_cpu() && hidden.scalar_type() == at::kFloat,
       "kvferry::decoder_layers: hidden must be a contiguous fp32 CPU [n, H]");
@@ -178,11 +183,28 @@ void decoder_layers(at::Tensor hidden, const at::Tensor& cos, const at::Tensor& 
   for (int64_t l = 0; l < layers; ++l)
     for (int64_t i = 0; i < PER_LAYER; ++i)
       ptrs[l * PER_LAYER + i] = tensor_ptr(weights[l * PER_LAYER + i], shapes[i].first, shapes[i].second, l, i, bf16);
+  const bool quant = !int8.empty();
+  TORCH_CHECK(!quant || (bf16 && static_cast<int64_t>(int8.size()) == layers * INT8_PER_LAYER),
+              "kvferry::decoder_layers: int8 takes bf16 and ", INT8_PER_LAYER, " tensors a layer");
+  if (quant)
+    for (int64_t l = 0; l < layers; ++l)
+      for (int64_t i = 0; i < PER_LAYER; ++i)
+        if (IS_LINEAR[i])
+          kvferry::check_int8_linear(int8[l * INT8_PER_LAYER + 2 * LINEAR_SLOT[i]],
+                                     int8[l * INT8_PER_LAYER + 2 * LINEAR_SLOT[i] + 1], shapes[i].first[0],
+                                     shapes[i].first[1], n <= int8_rows, l, i);
   if (n == 0) return;
 
   // kvferry's GEMM up to skinny_rows rows (the crossover measured at start-up), ATen's or oneDNN's above.
   const bool skinny = !bf16 && n <= skinny_rows;
-  const auto large_linear = bf16 ? kvferry::onednn_bf16_linear : onednn ? kvferry::onednn_linear : kvferry::aten_linear;
+  const auto gemm = bf16 ? kvferry::onednn_bf16_linear : onednn ? kvferry::onednn_linear : kvferry::aten_linear;
+  const bool int8_kernel = n <= int8_rows;
+  const at::Tensor *t = nullptr, *qs = nullptr;  // the layer's weights (the large GEMM's), its int8 ones
+  auto large_linear = [&](const float* in, int64_t rows, const at::Tensor& w, const at::Tensor& b, float* out) {
+    if (!quant) return gemm(in, rows, w, b, out);
+    const int64_t slot = LINEAR_SLOT[&w - t];  // w is t[i]: its index in the layer
+    kvferry::int8_linear(in, rows, w, qs[2 * slot], qs[2 * slot + 1], b, out, int8_kernel);
+  };
   const int64_t kv_slot_bytes = hkv * kv.size(4) * kv.element_size();  // one slot of one layer's K (or V)
   std::vector<float> x(n * h), q(n * qd), k(n * kd), v(n * kd), attn(n * qd), o(n * h), gate(n * inter),
       up(skinny ? 0 : n * inter);
@@ -195,7 +217,7 @@ void decoder_layers(at::Tensor hidden, const at::Tensor& cos, const at::Tensor& 
     const float *ln1 = w[0], *wq = w[1], *bq = w[2], *wk = w[3], *bk = w[4], *wv = w[5], *bv = w[6];
     const float *qn = w[7], *kn = w[8], *wo = w[9], *bo = w[10], *ln2 = w[11];
     const float *wg = w[12], *bg = w[13], *wu = w[14], *bu = w[15], *wd = w[16], *bd = w[17];
-    const at::Tensor* t = weights.data() + l * PER_LAYER;  // the same weights, for the large GEMM
+    t = weights.data() + l * PER_LAYER, qs = quant ? int8.data() + l * INT8_PER_LAYER : nullptr;
 
     // Attention block.
     kvferry::rms_norm(hp, ln1, x.data(), n, h, e);
@@ -253,7 +275,7 @@ TORCH_LIBRARY_FRAGMENT(kvferry, m) {
   m.def(
       "decoder_layers(Tensor(a!) hidden, Tensor cos, Tensor sin, Tensor(b!) kv, Tensor slots, Tensor tables, "
       "Tensor lens, Tensor chunks, Tensor[] weights, int block_size, float scale, float eps, int skinny_rows, "
-      "bool onednn=False, bool bf16=False) -> ()");
+      "bool onednn=False, bool bf16=False, Tensor[]? int8=None, int int8_rows=0) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(kvferry, CPU, m) { m.impl("decoder_layers", &decoder_layers); }

@@ -78,5 +78,11 @@ void rotary(float* x, const float* cos, const float* sin, int64_t heads, int64_t
 void aten_linear(const float* x, int64_t m, const at::Tensor& w, const at::Tensor& b, float* out);
 void onednn_linear(const float* x, int64_t m, const at::Tensor& w, const at::Tensor& b, float* out);
 void onednn_bf16_linear(const float* x, int64_t m, const at::Tensor& w, const at::Tensor& b, float* out);
+// int8 weight-only (int8_linear.cpp): out = (x q^T) * s + b, w16 = q widened to bf16 (plain or in
+// oneDNN's layout), q int8 [n, k] (read when int8_kernel), s bf16 [n].
+void check_int8_linear(const at::Tensor& q, const at::Tensor& s, int64_t out_features, int64_t in_features,
+                       bool int8_kernel, int64_t layer, int64_t index);
+void int8_linear(const float* x, int64_t m, const at::Tensor& w16, const at::Tensor& q, const at::Tensor& s,
+                 const at::Tensor& b, float* out, bool int8_kernel);
 
 }  // namespace kvferry
