@@ -74,7 +74,7 @@ class SettingsFields(BaseModel):
     enable_prefix_caching: bool = True
     warm_cache_size: Size = ByteSize(256 * MiB)  # host-memory tier for evicted blocks; 0 = none
     dtype: str = "auto"  # auto (bf16 where the CPU has AVX512-BF16 or AMX, or CUDA) | float32 | bfloat16
-    kv_cache_dtype: str = "auto"  # the hot pool's K/V: auto (as dtype) | float32 | bfloat16
+    kv_cache_dtype: str = "auto"  # the hot pool's K/V: auto (as dtype) | float32 | bfloat16 | int8
     quantization: str = "none"  # none | int8 (weight-only, per-channel; computes in bf16)
     device: str = "cpu"
     torch_threads: int | None = None  # None: torch's default

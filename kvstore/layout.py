@@ -11,7 +11,9 @@ from typing import cast
 
 import torch
 
-ELEMENT_SIZES = {"float32": 4, "float16": 2, "bfloat16": 2}
+ELEMENT_SIZES = {"float32": 4, "float16": 2, "bfloat16": 2, "int8": 1}
+# An int8 pool's head row: head_dim int8 values, then that row's fp32 scale (kvstore/pool/int8_rows.py).
+INT8_SCALE_BYTES = 4
 # A block's KV bytes: bytes from the pool, or a read-only memoryview into a received Redis pack
 # (no copy on the read path). Anything with the buffer protocol and len() in bytes.
 KVBytes = bytes | memoryview
@@ -28,10 +30,16 @@ class KVLayout:
     dtype: torch.dtype
 
     @property
+    def row(self) -> int:
+        """The pool's last dimension, in elements of its dtype: head_dim, or for an int8 pool
+        head_dim values then the row's fp32 scale (4 int8 elements)."""
+        return self.head_dim + (INT8_SCALE_BYTES if self.dtype == torch.int8 else 0)
+
+    @property
     def bytes_per_token(self) -> int:
-        # K and V, every layer: 2 x layers x kv heads x head dim x element size
+        # K and V, every layer: 2 x layers x kv heads x row x element size
         elem = self.dtype.itemsize  # no tensor made for it: engine stats read it after steps
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * elem
+        return 2 * self.num_layers * self.num_kv_heads * self.row * elem
 
     @property
     def bytes_per_block(self) -> int:
@@ -46,8 +54,10 @@ class KVFormat:
     """What a worker's pool holds; a block of another format is foreign and must be refused."""
 
     model_fingerprint: str
-    dtype: str  # "float32" | "float16" | "bfloat16"
-    shape: tuple[int, ...]  # one block: (layers, 2, block_size, kv_heads, head_dim)
+    dtype: str  # "float32" | "float16" | "bfloat16" | "int8"
+    # one block: (layers, 2, block_size, kv_heads, row), row = head_dim (int8: head_dim + 4, the
+    # row's fp32 scale after its values: a pack of an int8 pool carries its scales)
+    shape: tuple[int, ...]
     layout_version: int = 2  # of the pack format (kvstore/tiers/codec.py): 1 was one msgpack map
 
     def __post_init__(self) -> None:
@@ -56,7 +66,7 @@ class KVFormat:
         if self.dtype not in ELEMENT_SIZES:
             raise ValueError(f"dtype must be one of {sorted(ELEMENT_SIZES)}, got {self.dtype!r}")
         if not isinstance(self.shape, tuple) or len(self.shape) != 5 or self.shape[1] != 2:
-            raise ValueError(f"shape must be (layers, 2, block_size, kv_heads, head_dim), got {self.shape}")
+            raise ValueError(f"shape must be (layers, 2, block_size, kv_heads, row), got {self.shape}")
         if min(self.shape) < 1:
             raise ValueError(f"shape has an empty dimension: {self.shape}")
 
@@ -65,13 +75,18 @@ class KVFormat:
         return self.shape[2]
 
     @property
+    def torch_dtype(self) -> torch.dtype:
+        dtype: torch.dtype = getattr(torch, self.dtype)
+        return dtype
+
+    @property
     def nbytes(self) -> int:
         """Bytes of one block's KV."""
         return math.prod(self.shape) * ELEMENT_SIZES[self.dtype]
 
     @classmethod
     def from_layout(cls, layout: KVLayout, model_fingerprint: str) -> KVFormat:
-        shape = (layout.num_layers, 2, layout.block_size, layout.num_kv_heads, layout.head_dim)
+        shape = (layout.num_layers, 2, layout.block_size, layout.num_kv_heads, layout.row)
         return cls(model_fingerprint, str(layout.dtype).removeprefix("torch."), shape)
 
 

@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from kvstore.layout import KVBytes, KVLayout, bytes_view
+from kvstore.pool import int8_rows
 
 # A load of this many bytes or more is copied by two threads on a CPU pool: numpy's copies release
 # the GIL, and one thread's strided copy leaves memory bandwidth unused (docs/benchmarks.md).
@@ -21,9 +22,10 @@ BlockWriter = Callable[[torch.Tensor, int, Sequence[tuple[int, KVBytes]]], None]
 class KVCache:
     """Storage only: block bookkeeping lives in BlockPool, which never touches this tensor.
 
-    Layout [layers, 2 (k, v), slots, kv_heads, head_dim] with slot = block_id * block_size + offset,
+    Layout [layers, 2 (k, v), slots, kv_heads, row] with slot = block_id * block_size + offset,
     so one layer's keys are a flat slot array that a slot mapping can write and a block table can
-    gather, and one block of one layer is a contiguous run of block_size slots.
+    gather, and one block of one layer is a contiguous run of block_size slots. row = head_dim, or
+    for an int8 pool head_dim values and their scale (int8_rows.py): read them through `dense`.
     """
 
     def __init__(self, layout: KVLayout, num_blocks: int, device: torch.device | str) -> None:
@@ -45,7 +47,7 @@ class KVCache:
             2,
             self.num_slots,
             layout.num_kv_heads,
-            layout.head_dim,
+            layout.row,
             dtype=layout.dtype,
             device=device,
         )
@@ -59,22 +61,33 @@ class KVCache:
         return self.tensor.numel() * self.tensor.element_size()
 
     def keys(self, layer: int) -> torch.Tensor:
-        return self.tensor[layer, 0]  # [slots, kv_heads, head_dim]
+        return self.tensor[layer, 0]  # [slots, kv_heads, row]
 
     def values(self, layer: int) -> torch.Tensor:
-        return self.tensor[layer, 1]  # [slots, kv_heads, head_dim]
+        return self.tensor[layer, 1]  # [slots, kv_heads, row]
+
+    @property
+    def quantized(self) -> bool:
+        """An int8 pool: rows carry their scales; read them through `dense`."""
+        return self.tensor.dtype == torch.int8
+
+    def dense(self, rows: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """K or V read out of this pool ([..., row]) as [..., head_dim] of `dtype`."""
+        return int8_rows.dequantize(rows, dtype) if self.quantized else rows.to(dtype)
 
     def write(self, layer: int, slots: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> None:
         """key, value: [tokens, kv_heads, head_dim]; slots: [tokens] (int64, on the cache's device).
-        Rounded to the pool's dtype where it is narrower (a bf16 pool under fp32 activations)."""
-        self.tensor[layer, 0].index_copy_(0, slots, key.to(self.tensor.dtype))
-        self.tensor[layer, 1].index_copy_(0, slots, value.to(self.tensor.dtype))
+        Rounded to the pool's dtype where it is narrower (a bf16 pool under fp32 activations), or
+        quantised with a scale per token and head (an int8 pool)."""
+        store = int8_rows.quantize if self.quantized else (lambda x: x.to(self.tensor.dtype))
+        self.tensor[layer, 0].index_copy_(0, slots, store(key))
+        self.tensor[layer, 1].index_copy_(0, slots, store(value))
 
     # -- one block's bytes, for the warm and cold tiers ------------------------------------------
 
     def _block_view(self, block_id: int) -> torch.Tensor:
         bs = self.layout.block_size
-        return self.tensor[:, :, block_id * bs : (block_id + 1) * bs]  # [layers, 2, bs, kv_heads, head_dim]
+        return self.tensor[:, :, block_id * bs : (block_id + 1) * bs]  # [layers, 2, bs, kv_heads, row]
 
     def by_block(self) -> torch.Tensor:
         """The pool as [blocks, layers, 2, block_size, kv_heads, head_dim]: a view (no copy), so

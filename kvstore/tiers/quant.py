@@ -38,9 +38,12 @@ def _num_scales(fmt: KVFormat) -> int:
 
 
 def encoded_nbytes(fmt: KVFormat, tier_dtype: TierDtype) -> int:
-    """Bytes one block takes in a pack of this tier dtype."""
+    """Bytes one block takes in a pack of this tier dtype. An int8 pool's blocks (values and
+    scales) are stored exact only: they are already the small form."""
     if tier_dtype == "exact":
         return fmt.nbytes
+    if fmt.dtype not in _TORCH:
+        raise ValueError(f"a {fmt.dtype} pool's blocks are stored exact, not {tier_dtype}")
     numel = math.prod(fmt.shape)
     if tier_dtype == "int8":
         return 4 * _num_scales(fmt) + numel
@@ -51,6 +54,7 @@ def encode(fmt: KVFormat, tier_dtype: TierDtype, kvs: Sequence[object]) -> list[
     """Each block's stored bytes (bytes-like, ``encoded_nbytes`` each), from its pool bytes."""
     if tier_dtype == "exact" or not kvs:
         return list(kvs)
+    encoded_nbytes(fmt, tier_dtype)  # raises for a pool of no lossy form
     x = torch.stack([bytes_view(kv).view(_TORCH[fmt.dtype]) for kv in kvs]).float()
     x = x.view(len(kvs), *fmt.shape)  # [n, layers, 2, bs, heads, dim]
     if tier_dtype in _HALF:

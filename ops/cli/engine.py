@@ -198,7 +198,7 @@ def bench_tier_dtype_cmd(json_path: Path | None, quick: bool, **opts: Any) -> No
 @click.option("--quick", is_flag=True, help="256 held-out tokens, 3 prompts, one timing round")
 @engine_options
 def bench_quality_cmd(json_path: Path | None, quick: bool, **opts: Any) -> None:
-    """Each precision (fp32, bf16 weights, bf16 KV) vs HF fp32: perplexity ratio, greedy agreement,
+    """Each precision (fp32, bf16 weights, bf16 or int8 KV) vs HF fp32: perplexity ratio, greedy agreement,
     decode TPOT at 16 and KV bytes per token."""
     from ops.bench.quality.run import report, run_quality_bench
 

@@ -49,8 +49,8 @@ def engine_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         ),
         click.option(
             "--kv-cache-dtype",
-            type=click.Choice(["auto", "float32", "bfloat16"]),
-            help="the hot KV pool's dtype (auto: as --dtype)",
+            type=click.Choice(["auto", "float32", "bfloat16", "int8"]),
+            help="the hot KV pool's dtype (auto: as --dtype; int8: a scale per token and head, opt-in)",
         ),
         click.option(
             "--quantization",

@@ -57,7 +57,7 @@ class ModelRunner:
             and self.device.type == "cpu"
             and self.model.dtype == torch.float32  # the activations (bf16 CPU engines: linears only)
             and kv_cache.tensor.dtype in kernel.POOL_DTYPES
-            and kv_cache.tensor.shape[-1] in kernel.HEAD_DIMS
+            and kv_cache.layout.head_dim in kernel.HEAD_DIMS
             and kernel.available()
         )
         # Every step runs the whole decoder stack in one C++ call where the model allows it, up to

@@ -150,7 +150,8 @@ class EngineService:
             fmt,
             self.tier_config.redis_capacity_bytes,
             tenant_quota_bytes=self.tier_config.tenant_kv_quota_bytes,
-            tier_dtype=self.tier_config.tier_dtype,
+            # an int8 pool's blocks are already the small form: stored exact (kvstore/tiers/quant.py)
+            tier_dtype=self.tier_config.tier_dtype if fmt.dtype != "int8" else "exact",
         )
         self.writer = KVWriter(
             self.redis_tier,

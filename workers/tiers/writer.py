@@ -40,7 +40,6 @@ from workers.tiers.writer_yield import EngineYield
 log = logging.getLogger(__name__)
 DEFAULT_QUEUE_BYTES = 256 * 1024**2  # ~4 turns of 1,300 tokens of SmolLM2-135M (fp32)
 DEFAULT_BATCH_BYTES = 64 * 1024**2
-_TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,7 +75,7 @@ class KVWriter:
         self._flushing = 0  # threads in flush(): the writer then never yields
         capacity = max(1, max_queued_bytes // tier.fmt.nbytes)
         block_shape = tuple(tier.fmt.shape)
-        self._arena = StagingArena(block_shape, _TORCH_DTYPES[tier.fmt.dtype], capacity, pinned_memory)
+        self._arena = StagingArena(block_shape, tier.fmt.torch_dtype, capacity, pinned_memory)
         self._cond = threading.Condition()
         self._queue = WriteQueue(self._arena, max_queued_bytes)
         self._pending_drops: list[BlockHash] = []  # dropped under the lock, reported after it

@@ -29,6 +29,8 @@ MODES = (
     ("bfloat16", "float32", "none"),
     ("bfloat16", "bfloat16", "none"),
     ("bfloat16", "bfloat16", "int8"),
+    ("bfloat16", "int8", "none"),  # int8 K/V (opt-in)
+    ("float32", "int8", "none"),
 )
 COUNTS = (1, 8, 16)  # concurrent sequences timed
 

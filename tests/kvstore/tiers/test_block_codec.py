@@ -29,7 +29,7 @@ def test_format_from_layout_matches_the_pool(tiny_fmt: KVFormat) -> None:
 
 @pytest.mark.parametrize(
     ("dtype", "shape"),
-    [("int8", (2, 2, 16, 2, 16)), ("float32", (2, 2, 16, 2)), ("float32", (2, 3, 16, 2, 16))],
+    [("int4", (2, 2, 16, 2, 16)), ("float32", (2, 2, 16, 2)), ("float32", (2, 3, 16, 2, 16))],
 )
 def test_format_rejects_bad_dtype_or_shape(dtype: str, shape: tuple[int, ...]) -> None:
     with pytest.raises(ValueError):

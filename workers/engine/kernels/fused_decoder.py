@@ -14,7 +14,7 @@ It applies on CPU fp32 activations to a Llama-family decoder (Llama, Mistral, Qw
 optional biases and q/k norms) whose linears all run kvferry's GEMM, or all oneDNN's bf16 GEMM
 (bf16_linear.py: a bf16 engine), or all are int8 (int8_linear.py: their int8 weights and scales go
 in beside the bf16 copies, with the row count up to which torch's int8 kernel runs), and whose
-decodes run the in-place attention kernel (both probed at start-up), over an fp32 or bf16 pool,
+decodes run the in-place attention kernel (both probed at start-up), over an fp32, bf16 or int8 pool,
 with SiLU, one RMSNorm eps and no sliding window. Anything else keeps the modules' forward."""
 
 from __future__ import annotations
@@ -116,7 +116,7 @@ class FusedDecoder:
             or getattr(config, "hidden_act", None) != "silu"
             or (config.model_type == "mistral" and getattr(config, "sliding_window", None) is not None)
             or pool.device.type != "cpu"
-            or pool.dtype not in (torch.float32, torch.bfloat16)
+            or pool.dtype not in (torch.float32, torch.bfloat16, torch.int8)
             or not all(hasattr(decoder, n) for n in ("embed_tokens", "rotary_emb", "norm", "layers"))
             or not hasattr(torch.ops.kvferry, "decoder_layers")
         ):

@@ -83,16 +83,18 @@ def paged_attention_forward(
     groups = num_heads // num_kv_heads
 
     meta.kv_cache.write(layer, meta.slot_mapping, key[0].transpose(0, 1), value[0].transpose(0, 1))
-    pool = meta.kv_cache.tensor[layer]  # [2, slots, Hkv, D]
+    pool = meta.kv_cache.tensor[layer]  # [2, slots, Hkv, row]
     # Contexts are gathered whole blocks at a time (one contiguous block_size * Hkv * D run each)
     # with index_select, K and V in one pass: on a CPU pool far cheaper than `pool[:, slots]`
     # indexing slot by slot (docs/benchmarks.md). The tail of a last block is masked.
     bs = meta.block_size
-    by_block = pool.view(2, pool.shape[1] // bs, bs * num_kv_heads * head_dim)
+    row = pool.shape[-1]  # head_dim, or an int8 pool's values and scale
+    by_block = pool.view(2, pool.shape[1] // bs, bs * num_kv_heads * row)
 
     def gather(blocks: torch.Tensor) -> torch.Tensor:  # [...] block ids -> [2, ..., slots, Hkv, D]
-        kv = by_block.index_select(1, blocks.flatten()).to(query.dtype)  # a narrower pool: widened
-        return kv.view(2, *blocks.shape[:-1], blocks.shape[-1] * bs, num_kv_heads, head_dim)
+        kv = by_block.index_select(1, blocks.flatten())
+        kv = kv.view(2, *blocks.shape[:-1], blocks.shape[-1] * bs, num_kv_heads, row)
+        return meta.kv_cache.dense(kv, query.dtype)  # a narrower pool widened, an int8 one dequantised
 
     out = query.new_empty(num_tokens, num_heads, head_dim)
 

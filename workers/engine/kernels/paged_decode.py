@@ -22,7 +22,7 @@ from workers.engine.kernels import build
 
 log = logging.getLogger(__name__)
 HEAD_DIMS = (16, 32, 64, 128, 256)  # the head sizes the kernel is instantiated for
-POOL_DTYPES = (torch.float32, torch.bfloat16)  # the pools it reads (fp32 queries and outputs)
+POOL_DTYPES = (torch.float32, torch.bfloat16, torch.int8)  # the pools it reads (fp32 queries and outputs)
 _lock = threading.Lock()
 _built: bool | None = None
 
@@ -54,7 +54,8 @@ def paged_decode(
     scale: float,
 ) -> None:
     """out[i] = attention of query[i] ([Hq, D]) over the first lens[i] slots of blocks[i] in pool
-    ([2, slots, Hkv, D], K then V). The kernel checks shapes, dtypes and every block id."""
+    ([2, slots, Hkv, D], K then V; an int8 pool [2, slots, Hkv, D + 4], each row's scale after its
+    values: kvstore/pool/int8_rows.py). The kernel checks shapes, dtypes and every block id."""
     torch.ops.kvferry.paged_decode(out, query, pool, blocks, lens, block_size, scale)
 
 

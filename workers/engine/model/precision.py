@@ -9,6 +9,9 @@ bytes, the products accumulate in fp32. Anything but fp32 weights and fp32 K/V c
 bytes, so it is part of the chain's root (`fingerprint`), as the weights' own fingerprint is: a
 block computed in one precision is never read by an engine of another.
 
+`int8` K/V (opt-in, never `auto`): each token's K and V per KV head are int8 values with their own
+fp32 scale (kvstore/pool/int8_rows.py), quantised as written, dequantised by every reader.
+
 `quantization` int8 (CPU): every decoder linear's weights per-channel int8 (kernels/int8_linear.py),
 the products in bf16 as a bf16 engine's (so `weights` resolves to bfloat16; float32 is refused).
 """
@@ -25,7 +28,7 @@ from torch import nn
 from workers.engine.model.dtype_names import DTYPES, KV_DTYPES, QUANTIZATIONS
 
 log = logging.getLogger(__name__)
-_SHORT = {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}
+_SHORT = {"float32": "f32", "bfloat16": "bf16", "float16": "f16", "int8": "int8"}
 
 
 class _Loaded(Protocol):  # loader.LoadedModel (which resolves "auto" through this module)
@@ -52,7 +55,7 @@ def native_bf16(device: torch.device) -> bool:
 @dataclass(frozen=True, slots=True)
 class Precision:
     weights: str  # float32 | bfloat16 | float16
-    kv: str  # float32 | bfloat16
+    kv: str  # float32 | bfloat16 | int8
     device: str = "cpu"
     quantization: str = "none"  # none | int8: the decoder linears' weights
 
@@ -90,7 +93,8 @@ class Precision:
 
     @property
     def tag(self) -> str:
-        """'' for fp32 weights and K/V (the fingerprint stays the weights'), else e.g. '+w-bf16+kv-bf16'."""
+        """'' for fp32 weights and K/V (the fingerprint stays the weights'), else e.g. '+w-bf16+kv-bf16'
+        or '+w-bf16+kv-int8'."""
         if self.weights == "float32" and self.kv == "float32" and self.quantization == "none":
             return ""
         weights = _SHORT[self.weights] if self.quantization == "none" else self.quantization

@@ -24,7 +24,9 @@
 // or oneDNN's where `onednn` is set (whichever fused_crossover.py measured faster on this CPU).
 // bf16: the linears' weights are bf16 (plain or in oneDNN's layout: kernels/bf16_linear.py) and
 // every linear runs oneDNN's bf16 GEMM (its input rounded to bf16, its output widened to fp32);
-// everything else stays fp32. The pool may be fp32 or bf16 (K/V rounded as written, widened as read).
+// everything else stays fp32. The pool may be fp32 or bf16 (K/V rounded as written, widened as read),
+// or int8 ([layers, 2, slots, Hkv, D + 4]: each row quantised as written with its own scale,
+// dequantised as read; kv_rows.cpp).
 // int8 (with bf16): per layer, per linear in order, (q int8 [out, in] or empty, s bf16 [out]); the weights are
 // q widened to bf16, each linear (x q^T) * s + b (int8_linear.cpp), torch's int8 kernel up to int8_rows rows.
 #include <ATen/Parallel.h>
@@ -80,6 +82,7 @@ const float* tensor_ptr(const at::Tensor& t, const std::vector<int64_t>& shape, 
 void chunk_attention(float* out, const float* q, int64_t m, int64_t hq, int64_t d, const void* pool_half_k,
                      const void* pool_half_v, at::ScalarType kv_type, int64_t num_blocks, int64_t hkv, const int64_t* table, int64_t len,
                      int64_t block_size, double scale) {
+  const int64_t row = kvferry::row_elems(kv_type, d);
   const auto f32 = at::TensorOptions().dtype(at::kFloat);
   const int64_t nb = (len - 1) / block_size + 1, start = len - m;
   at::Tensor blocks = at::from_blob(const_cast<int64_t*>(table), {nb}, at::TensorOptions().dtype(at::kLong));
@@ -87,15 +90,13 @@ void chunk_attention(float* out, const float* q, int64_t m, int64_t hq, int64_t 
   // free queue, the usual case) is read in place; any other is gathered into a copy first.
   bool consecutive = table[0] >= 0;  // narrow would wrap a negative start; index_select refuses it
   for (int64_t i = 1; i < nb && consecutive; ++i) consecutive = table[i] == table[0] + i;
-  auto gather = [&](const void* half) {  // [1, Hkv, len, D] fp32 (a bf16 pool's context widened)
-    at::Tensor by_block = at::from_blob(const_cast<void*>(half), {num_blocks, block_size * hkv * d},
+  auto gather = [&](const void* half) {  // [1, Hkv, len, D] fp32 (a bf16 or int8 pool's context widened)
+    at::Tensor by_block = at::from_blob(const_cast<void*>(half), {num_blocks, block_size * hkv * row},
                                         at::TensorOptions().dtype(kv_type));
-    return (consecutive ? by_block.narrow(0, table[0], nb) : by_block.index_select(0, blocks))
-        .view({nb * block_size, hkv, d})
-        .narrow(0, 0, len)
-        .permute({1, 0, 2})
-        .unsqueeze(0)
-        .to(at::kFloat);
+    at::Tensor rows = (consecutive ? by_block.narrow(0, table[0], nb) : by_block.index_select(0, blocks))
+                          .view({nb * block_size, hkv, row})
+                          .narrow(0, 0, len);
+    return kvferry::widen_rows(rows, d).permute({1, 0, 2}).unsqueeze(0);
   };
   at::Tensor mask = at::empty({m, len}, at::TensorOptions().dtype(at::kBool));
   bool* mp = mask.data_ptr<bool>();
@@ -122,10 +123,10 @@ void decoder_layers(at::Tensor hidden, const at::Tensor& cos, const at::Tensor& 
       "kvferry::decoder_layers: hidden must be a contiguous fp32 CPU [n, H]");
   TORCH_CHECK(
       kv.dim() == 5 && kv.size(1) == 2 && kv.is_contiguous() && kv.device().is_cpu() &&
-          (kv.scalar_type() == at::kFloat || kv.scalar_type() == at::kBFloat16),
-      "kvferry::decoder_layers: kv must be the contiguous fp32 or bf16 CPU pool [layers, 2, slots, Hkv, D]");
+          (kv.scalar_type() == at::kFloat || kv.scalar_type() == at::kBFloat16 || kv.scalar_type() == at::kChar),
+      "kvferry::decoder_layers: kv must be the contiguous fp32, bf16 or int8 CPU pool [layers, 2, slots, Hkv, row]");
   const int64_t n = hidden.size(0), h = hidden.size(1), layers = kv.size(0), num_slots = kv.size(2);
-  const int64_t hkv = kv.size(3), d = kv.size(4);
+  const int64_t hkv = kv.size(3), d = kv.size(4) - kvferry::row_elems(kv.scalar_type(), 0);
   TORCH_CHECK(layers > 0 && static_cast<int64_t>(weights.size()) == layers * PER_LAYER,
               "kvferry::decoder_layers: ", PER_LAYER, " weights per layer, ", layers, " layers: got ", weights.size());
   // Hkv and D divide the shapes below: checked first, so a malformed pool raises, never divides by zero.
@@ -204,8 +205,7 @@ void decoder_layers(at::Tensor hidden, const at::Tensor& cos, const at::Tensor& 
     const int64_t slot = LINEAR_SLOT[&w - t];  // w is t[i]: its index in the layer
     kvferry::int8_linear(in, rows, w, qs[2 * slot], qs[2 * slot + 1], b, out, int8_kernel);
   };
-  const bool kv_bf16 = kv.scalar_type() == at::kBFloat16;
-  const size_t kv_elem = kv.element_size();
+  const int64_t kv_slot_bytes = hkv * kv.size(4) * kv.element_size();  // one slot of one layer's K (or V)
   std::vector<float> x(n * h), q(n * qd), k(n * kd), v(n * kd), attn(n * qd), o(n * h), gate(n * inter),
       up(skinny ? 0 : n * inter);
   float* hp = hidden.data_ptr<float>();
@@ -231,36 +231,19 @@ void decoder_layers(at::Tensor hidden, const at::Tensor& cos, const at::Tensor& 
     }
     if (qn != nullptr) kvferry::rms_norm(q.data(), qn, q.data(), n * hq, d, e);
     if (kn != nullptr) kvferry::rms_norm(k.data(), kn, k.data(), n * hkv, d, e);
-    char* kpool = static_cast<char*>(kv.data_ptr()) + l * 2 * num_slots * kd * kv_elem;
-    char* vpool = kpool + num_slots * kd * kv_elem;
+    char* kpool = static_cast<char*>(kv.data_ptr()) + l * 2 * num_slots * kv_slot_bytes;
+    char* vpool = kpool + num_slots * kv_slot_bytes;
     for (int64_t i = 0; i < n; ++i) {
       kvferry::rotary(q.data() + i * qd, cp + i * d, snp + i * d, hq, d);
       kvferry::rotary(k.data() + i * kd, cp + i * d, snp + i * d, hkv, d);
-      if (kv_bf16) {  // rounded to nearest even, as torch's .to(bfloat16) (the modules' path)
-        auto* kd16 = reinterpret_cast<c10::BFloat16*>(kpool) + sp[i] * kd;
-        auto* vd16 = reinterpret_cast<c10::BFloat16*>(vpool) + sp[i] * kd;
-        for (int64_t j = 0; j < kd; ++j) {
-          kd16[j] = c10::BFloat16(k[i * kd + j]);
-          vd16[j] = c10::BFloat16(v[i * kd + j]);
-        }
-      } else {
-        std::memcpy(kpool + sp[i] * kd * kv_elem, k.data() + i * kd, sizeof(float) * kd);
-        std::memcpy(vpool + sp[i] * kd * kv_elem, v.data() + i * kd, sizeof(float) * kd);
-      }
+      kvferry::store_kv(kpool, vpool, kv.scalar_type(), sp[i], k.data() + i * kd, v.data() + i * kd, hkv, d);
     }
     for (int64_t c = 0, r0 = 0; c < chunks.size(0); r0 += cl[c++])
       chunk_attention(attn.data() + r0 * qd, q.data() + r0 * qd, cl[c], hq, d, kpool, vpool, kv.scalar_type(),
                       num_slots / block_size, hkv, tp + r0 * width, lp[r0 + cl[c] - 1], block_size, scale);
-    if (kv_bf16)
-      kvferry::paged_attention(attn.data() + prefill_rows * qd, q.data() + prefill_rows * qd, n - prefill_rows, hq, d,
-                               reinterpret_cast<const c10::BFloat16*>(kpool),
-                               reinterpret_cast<const c10::BFloat16*>(vpool), hkv, tp + prefill_rows * width, width,
-                               lp + prefill_rows, block_size, static_cast<float>(scale));
-    else
-      kvferry::paged_attention(attn.data() + prefill_rows * qd, q.data() + prefill_rows * qd, n - prefill_rows, hq, d,
-                               reinterpret_cast<const float*>(kpool), reinterpret_cast<const float*>(vpool), hkv,
-                               tp + prefill_rows * width, width, lp + prefill_rows, block_size,
-                               static_cast<float>(scale));
+    kvferry::paged_attention(attn.data() + prefill_rows * qd, q.data() + prefill_rows * qd, n - prefill_rows, hq, d,
+                             kpool, vpool, kv.scalar_type(), hkv, tp + prefill_rows * width, width, lp + prefill_rows,
+                             block_size, static_cast<float>(scale));
     if (skinny)
       kvferry::skinny_gemm(attn.data(), n, qd, wo, h, bo, o.data());
     else

@@ -43,6 +43,26 @@ void paged_attention(float* out, const float* q, int64_t n, int64_t hq, int64_t 
                      const c10::BFloat16* v_pool, int64_t hkv, const int64_t* tables, int64_t width,
                      const int64_t* lens, int64_t block_size, float scale);
 
+// The same over an int8 pool ([slots, Hkv, D + 4] each: a row's D values, then its fp32 scale).
+void paged_attention(float* out, const float* q, int64_t n, int64_t hq, int64_t d, const int8_t* k_pool,
+                     const int8_t* v_pool, int64_t hkv, const int64_t* tables, int64_t width, const int64_t* lens,
+                     int64_t block_size, float scale);
+// Whichever of the three `type` (kFloat, kBFloat16, kChar) names.
+void paged_attention(float* out, const float* q, int64_t n, int64_t hq, int64_t d, const void* k_pool,
+                     const void* v_pool, at::ScalarType type, int64_t hkv, const int64_t* tables, int64_t width,
+                     const int64_t* lens, int64_t block_size, float scale);
+
+// The pool's rows (kv_rows.cpp). An int8 pool's row: D int8 values, then the row's fp32 scale.
+constexpr int64_t INT8_SCALE_BYTES = 4;
+// Elements of one head row in a pool of `type`: D, or D + 4 for int8.
+int64_t row_elems(at::ScalarType type, int64_t d);
+// One token's K and V ([Hkv, D] fp32 each) into `slot` of one layer's K and V pools: copied,
+// rounded to bf16, or quantised with a scale per head (kvstore/pool/int8_rows.py's arithmetic).
+void store_kv(char* k_pool, char* v_pool, at::ScalarType type, int64_t slot, const float* k, const float* v,
+              int64_t hkv, int64_t d);
+// Rows read out of a pool ([..., row] of its type) as [..., D] fp32: widened, or dequantised.
+at::Tensor widen_rows(const at::Tensor& rows, int64_t d);
+
 // Raises (TORCH_CHECK) unless every row's length fits its table and its blocks lie in the pool.
 void check_tables(const int64_t* tables, int64_t n, int64_t width, const int64_t* lens, int64_t block_size,
                   int64_t num_blocks);
