@@ -142,6 +142,30 @@ def pack_history(source: LLMEngine, history: Sequence[int], block_size: int = 16
     return encode_pack(source.served.kv_format, blocks)
 
 
+def move_history(source: LLMEngine, target: LLMEngine, history: list[int]) -> bytes:
+    """`history` computed on `source`, packed, decoded into `target`'s warm tier; the pack."""
+    from kvstore.tiers.codec import decode_pack
+
+    assert target.tiers is not None
+    run_checked(source, {"history": (history, SamplingParams(max_tokens=1, **NO_EOS))})
+    pack = pack_history(source, history)
+    decoded = decode_pack(target.served.kv_format, pack)
+    assert decoded.reason is None and len(decoded.blocks) == len(history) // 16
+    for block in decoded.blocks:
+        target.tiers.warm.put(block)
+    return pack
+
+
+def moved_and_kept(
+    source: LLMEngine, target: LLMEngine, history: list[int], turn: list[int], params: SamplingParams
+) -> tuple[RequestOutput, RequestOutput]:
+    """`turn` on `target` (its history from the moved blocks) and on `source` (its pool)."""
+    got = run_checked(target, {"turn": (turn, params)})["turn"]
+    kept = run_checked(source, {"turn": (turn, params)})["turn"]
+    assert got.warm_tokens == len(history) and kept.pool_tokens == len(history)
+    return got, kept
+
+
 def warm_and_kept(
     loaded: LoadedModel, seed: int, **config: Any
 ) -> tuple[RequestOutput, RequestOutput, RequestOutput]:

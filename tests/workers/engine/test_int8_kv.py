@@ -19,7 +19,8 @@ from tests.workers._helpers import (
     NO_EOS,
     TinyModel,
     make_engine,
-    pack_history,
+    move_history,
+    moved_and_kept,
     random_prompt,
     run_checked,
 )
@@ -82,18 +83,6 @@ def _warm_and_kept(evicting: LLMEngine, keeping: LLMEngine) -> tuple[RequestOutp
     return got, kept
 
 
-def _move_history(source: LLMEngine, target: LLMEngine, history: list[int]) -> bytes:
-    """`history` computed on `source`, packed, decoded into `target`'s warm tier; the pack."""
-    assert target.tiers is not None
-    run_checked(source, {"history": (history, SamplingParams(max_tokens=1, **NO_EOS))})
-    pack = pack_history(source, history)
-    decoded = decode_pack(target.served.kv_format, pack)
-    assert decoded.reason is None and len(decoded.blocks) == len(history) // 16
-    for block in decoded.blocks:
-        target.tiers.warm.put(block)
-    return pack
-
-
 @pytest.mark.parametrize("path", list(PATHS))
 def test_every_path_writes_an_int8_pool_and_its_history_from_the_warm_tier_is_invisible(
     tiny_model: Any, path: str
@@ -122,14 +111,12 @@ def test_int8_blocks_moved_through_a_pack_give_the_tokens_of_the_engine_that_mad
     source = _engine(tiny, 32, "fused")
     target = _engine(tiny, 32, "fused", warm_cache_size_bytes=1 << 20)
     assert target.tiers is not None
-    pack = _move_history(source, target, history)
+    pack = move_history(source, target, history)
     # an engine of the same weights with an fp32 pool refuses the pack (another chain root and dtype)
     fp32 = make_engine(tiny.loaded, num_blocks=4)
     refused = decode_pack(fp32.served.kv_format, pack)
     assert not refused.blocks and refused.reason is not None
-    got = run_checked(target, {"turn": (turn, params)})["turn"]
-    kept = run_checked(source, {"turn": (turn, params)})["turn"]
-    assert got.warm_tokens == 48 and kept.pool_tokens == 48
+    got, kept = moved_and_kept(source, target, history, turn, params)
     assert got.token_ids == kept.token_ids
 
 

@@ -19,7 +19,8 @@ from tests.workers._helpers import (
     NO_EOS,
     TinyModel,
     make_engine,
-    pack_history,
+    move_history,
+    moved_and_kept,
     random_prompt,
     run_checked,
     warm_and_kept,
@@ -130,20 +131,13 @@ def test_int8_blocks_moved_through_a_pack_give_the_tokens_of_the_engine_that_mad
     source = make_engine(tiny.loaded, num_blocks=32, **INT8)
     target = make_engine(tiny.loaded, num_blocks=32, warm_cache_size_bytes=1 << 20, **INT8)
     assert target.tiers is not None
-    run_checked(source, {"history": (history, SamplingParams(max_tokens=1, **NO_EOS))})
-    pack = pack_history(source, history)
-    decoded = decode_pack(target.served.kv_format, pack)
-    assert decoded.reason is None and len(decoded.blocks) == 3
-    for block in decoded.blocks:
-        target.tiers.warm.put(block)
+    pack = move_history(source, target, history)
     # a bf16 engine of the same weights and pool dtype refuses the pack: another chain root
     bf16_fingerprint = tiny.loaded.fingerprint + Precision("bfloat16", "bfloat16").tag
     bf16 = dataclasses.replace(source.served.kv_format, model_fingerprint=bf16_fingerprint)
     refused = decode_pack(bf16, pack)
     assert not refused.blocks and refused.reason is not None
-    got = run_checked(target, {"turn": (turn, params)})["turn"]
-    kept = run_checked(source, {"turn": (turn, params)})["turn"]
-    assert got.warm_tokens == 48 and kept.pool_tokens == 48
+    got, kept = moved_and_kept(source, target, history, turn, params)
     assert got.token_ids == kept.token_ids
 
 
