@@ -18,8 +18,20 @@ from workers.engine.model.loader import LoadedModel, load_model
 os.environ.setdefault("KVFERRY_DTYPE", "float32")
 
 # Files whose tests start processes (workers, apis, stacks, clusters): under pytest-xdist they go
-# first, so the many quick files fill the gaps at the end instead of one long file running alone.
-_SLOW_FIRST = ("tests/integration/", "tests/ops/", "tests/workers/engine/")
+# first, so the many quick files fill the gaps at the end instead of one long file running alone;
+# the longest of them (`--durations`: each a minute or more of kills, restarts and chaos) lead.
+_SLOW_FIRST = (
+    "tests/ops/test_chaos",
+    "tests/integration/test_batches_faults.py",
+    "tests/integration/test_kv_cluster.py",
+    "tests/integration/test_responses_faults.py",
+    "tests/integration/test_move_prefetch.py",
+    "tests/integration/test_drain.py",
+    "tests/integration/test_deferred_writes.py",
+    "tests/integration/",
+    "tests/ops/",
+    "tests/workers/engine/",
+)
 
 
 def pytest_configure(config: pytest.Config) -> None:
