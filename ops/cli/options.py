@@ -10,6 +10,7 @@ import click
 
 from broker.defaults import DEFAULTS
 from ops.settings import Settings
+from workers.engine.model.dtype_names import DTYPES, KV_DTYPES, QUANTIZATIONS
 
 
 def engine_options(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -44,17 +45,17 @@ def engine_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         ),
         click.option(
             "--dtype",
-            type=click.Choice(["auto", "float32", "bfloat16", "float16"]),
+            type=click.Choice(DTYPES),
             help="weights and GEMMs (auto: bf16 where the CPU has AVX512-BF16 or AMX, or on CUDA; else fp32)",
         ),
         click.option(
             "--kv-cache-dtype",
-            type=click.Choice(["auto", "float32", "bfloat16", "int8"]),
+            type=click.Choice(KV_DTYPES),
             help="the hot KV pool's dtype (auto: as --dtype; int8: a scale per token and head, opt-in)",
         ),
         click.option(
             "--quantization",
-            type=click.Choice(["none", "int8"]),
+            type=click.Choice(QUANTIZATIONS),
             help="the decoder linears' weights: int8 = weight-only, per-channel (computes in bf16)",
         ),
         click.option(
