@@ -14,8 +14,19 @@ from workers.engine.model.loader import LoadedModel, load_model
 
 # The suite compares fp32 outputs with HF fp32 token for token: every engine, worker and stack it
 # starts computes in fp32 unless a test asks for another precision (dtype "auto" picks bf16 on a
-# CPU with AVX512-BF16 or AMX). Worker processes inherit it.
-os.environ.setdefault("KVFERRY_DTYPE", "float32")
+# CPU with AVX512-BF16 or AMX). Worker processes inherit it. KVFERRY_TEST_DTYPE,
+# KVFERRY_TEST_KV_CACHE_DTYPE and KVFERRY_TEST_QUANTIZATION run the workers and stacks of the same
+# tests in another precision (docs/operations.md); tests marked `fp32_only` then skip.
+TEST_PRECISION = {
+    "KVFERRY_DTYPE": os.environ.get("KVFERRY_TEST_DTYPE", "float32"),
+    "KVFERRY_KV_CACHE_DTYPE": os.environ.get("KVFERRY_TEST_KV_CACHE_DTYPE", "auto"),
+    "KVFERRY_QUANTIZATION": os.environ.get("KVFERRY_TEST_QUANTIZATION", "none"),
+}
+os.environ.update(TEST_PRECISION)
+FP32_RUN = (TEST_PRECISION["KVFERRY_DTYPE"], TEST_PRECISION["KVFERRY_QUANTIZATION"]) == (
+    "float32",
+    "none",
+) and (TEST_PRECISION["KVFERRY_KV_CACHE_DTYPE"] in ("auto", "float32"))
 
 # Files whose tests start processes (workers, apis, stacks, clusters): under pytest-xdist they go
 # first, so the many quick files fill the gaps at the end instead of one long file running alone;
@@ -44,6 +55,13 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not FP32_RUN:
+        precision = ", ".join(f"{k}={v}" for k, v in TEST_PRECISION.items())
+        for item in items:
+            marker = item.get_closest_marker("fp32_only")
+            if marker is not None:
+                why = marker.kwargs.get("reason") or (marker.args[0] if marker.args else "")
+                item.add_marker(pytest.mark.skip(reason=f"fp32 only ({why}); this run: {precision}"))
     if "PYTEST_XDIST_WORKER" not in os.environ:
         return  # a plain run keeps the collection order
     root = Path(__file__).resolve().parents[1]

@@ -9,6 +9,7 @@ import click
 from ops.cli.batch import batch_cmd
 from ops.cli.bench_autoscale import bench_autoscale_cmd  # noqa: F401  (registers `bench autoscale`)
 from ops.cli.bench_batch import bench_batch_cmd  # noqa: F401  (registers `bench batch`)
+from ops.cli.bench_lm_eval import bench_lm_eval_cmd  # noqa: F401  (registers `bench lm-eval`)
 from ops.cli.bench_responses import bench_responses_cmd  # noqa: F401  (registers `bench responses`)
 from ops.cli.bench_served import bench_served_decode_cmd  # noqa: F401  (`bench served-decode`)
 from ops.cli.bench_sessions import bench_sessions_cmd  # noqa: F401  (registers `bench sessions`)
