@@ -18,10 +18,22 @@ import redis
 from broker import keys
 from broker.celery_app import BrokerConfig, make_celery
 from broker.worker_registry import live_workers
+from kvstore.layout import KVLayout
 from ops.redis.server import RedisServer
+from workers.engine.model.precision import Precision
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = "tiny"
+
+
+def tiny_block_bytes(block_size: int = 16) -> int:
+    """One KV block of the tiny Llama (2 layers, 2 KV heads of 16) in the pool dtype of this run's
+    workers: fp32 unless KVFERRY_TEST_* say otherwise (tests/conftest.py)."""
+    env = os.environ
+    precision = Precision.resolve(
+        env["KVFERRY_DTYPE"], env["KVFERRY_KV_CACHE_DTYPE"], "cpu", env["KVFERRY_QUANTIZATION"]
+    )
+    return KVLayout(2, 2, 16, block_size, precision.kv_torch).bytes_per_block
 
 
 @pytest.fixture(scope="session")

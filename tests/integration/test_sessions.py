@@ -7,20 +7,21 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 import redis
 
 from broker import keys
 from broker.messages import GenerateResult
 from broker.sessions import store as session_store
 from ops.redis.server import RedisServer
-from tests.integration.conftest import MODEL, WorkerProcess, wait_for
+from tests.integration.conftest import MODEL, WorkerProcess, tiny_block_bytes, wait_for
 from tests.integration.jobs import chat as _chat
 from tests.integration.jobs import wait_settled
 
 Reference = Callable[[list[int], int], list[int]]
 SYSTEM = "You are a patient assistant who answers every question in full sentences. " * 4  # ~64+ tokens
 BLOCK = 16
-BLOCK_BYTES = 2 * 2 * BLOCK * 2 * 16 * 4  # tiny Llama: layers, k+v, tokens, kv heads, head dim, fp32
+BLOCK_BYTES = tiny_block_bytes()  # in the run's KV dtype (fp32 unless KVFERRY_TEST_* say otherwise)
 
 
 def _expected(tokenizer: Any, reference: Reference, messages: list[dict[str, str]], n: int) -> list[int]:
@@ -182,6 +183,7 @@ def test_sessions_survive_redis_and_worker_restarts(
         worker.stop()
 
 
+@pytest.mark.fp32_only(reason="the preloaded turn's tokens equal HF fp32 generate's")
 def test_preload_pins_a_system_prompt_for_every_worker(
     two_workers: tuple[WorkerProcess, WorkerProcess],
     redis_server: RedisServer,

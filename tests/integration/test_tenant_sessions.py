@@ -25,11 +25,11 @@ from kvstore.redis import pins as tier_pins
 from kvstore.redis.keys import PinOwner, TierKeys
 from kvstore.redis.report import read_report
 from ops.redis.server import RedisServer, free_port
-from tests.integration.conftest import MODEL, ROOT, WorkerProcess, wait_for
+from tests.integration.conftest import MODEL, ROOT, WorkerProcess, tiny_block_bytes, wait_for
 from tests.integration.jobs import wait_settled
 
 SYSTEM = "You are a patient assistant who answers every question in full sentences. " * 4
-BLOCK_BYTES = 2 * 2 * 16 * 2 * 16 * 4  # tiny Llama: layers, k+v, tokens, kv heads, head dim, fp32
+BLOCK_BYTES = tiny_block_bytes()  # in the run's KV dtype (fp32 unless KVFERRY_TEST_* say otherwise)
 ALICE, BOB = "key-alice", "key-bob"
 
 
