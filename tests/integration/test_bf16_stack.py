@@ -38,9 +38,14 @@ def own_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]
 def bf16_api(
     own_redis: RedisServer, start_worker: Callable[..., WorkerProcess], tmp_path_factory: Any
 ) -> Iterator[str]:
-    start_worker("wbf16", "--dtype", "bfloat16", "--kv-cache-dtype", "bfloat16", redis_url=own_redis.url)
+    worker = start_worker(
+        "wbf16", "--dtype", "bfloat16", "--kv-cache-dtype", "bfloat16", redis_url=own_redis.url
+    )
     log: Path = tmp_path_factory.mktemp("bf16-api") / "api.log"
-    yield from running_api(["--redis-url", own_redis.url, "--model", MODEL], dict(os.environ), log)
+    try:
+        yield from running_api(["--redis-url", own_redis.url, "--model", MODEL], dict(os.environ), log)
+    finally:
+        worker.stop()  # before its Redis (this module's) goes
 
 
 def test_the_worker_computes_in_bf16(bf16_api: str, own_redis: RedisServer) -> None:
