@@ -15,7 +15,7 @@ from tqdm import tqdm
 SYSTEM = "You are the batch benchmark's assistant. Answer in one short paragraph."
 TERMINAL = {"completed", "failed", "expired", "cancelled"}
 ENDPOINT = "/v1/chat/completions"
-VLLM_FIELDS = ("ignore_eos",)  # fields the openai client has no argument for
+VLLM_FIELDS = ("ignore_eos", "cache_salt")  # fields the openai client has no argument for
 
 
 def chat_body(model: str, text: str, max_tokens: int) -> dict[str, Any]:

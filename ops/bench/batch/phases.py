@@ -1,8 +1,10 @@
 """The three measurements of `kvferry bench batch` (ops/bench/batch/run.py runs them on one stack):
 
 - throughput: a batch's output tok/s against the same requests sent online, at the best of a few
-  concurrencies (the batch runs first, so any cache the online runs find is the batch's doing:
-  the comparison leans against the batch);
+  concurrencies. The concurrency scan runs first (it warms the stack for both), then the batch,
+  then the online run; the online requests carry a cache salt of their own (the scan's another),
+  so neither side finds the other's prompts in the pool: each computes all of its prompts and
+  shares only its own system prompt's blocks;
 - ttft: interactive streaming requests, one at a time, on an idle stack and then while a large
   batch runs (it is cancelled afterwards); the batch's output tok/s (the workers' generated tokens,
   from their heartbeats, less the probes') while the probes run against the same batch alone just
@@ -64,19 +66,20 @@ def throughput(
     client: OpenAI, base_url: str, key: str, model: str, lines: int, max_tokens: int, concurrencies: list[int]
 ) -> dict[str, Any]:
     bodies = {f"line-{i}": bc.chat_body(model, bc.question("batch", i), max_tokens) for i in range(lines)}
+    sample = [{**b, "cache_salt": "scan"} for b in list(bodies.values())[: max(concurrencies) * 2]]
+    scan = {}
+    for c in concurrencies:  # the best concurrency, on a sample
+        tokens, seconds = asyncio.run(_online(base_url, key, sample, c))
+        scan[c] = tokens / seconds
+    best = max(scan, key=lambda c: scan[c])
     started = time.perf_counter()
     batch = bc.submit(client, bc.jsonl(bodies))
     batch = bc.wait(client, batch.id, 3600, f"batch of {lines}")
     batch_s = time.perf_counter() - started
     output = bc.read_lines(client, batch.output_file_id)
     batch_tokens = bc.completion_tokens(output)
-    sample = list(bodies.values())[: max(concurrencies) * 2]
-    scan = {}
-    for c in concurrencies:  # the best concurrency, on a sample
-        tokens, seconds = asyncio.run(_online(base_url, key, sample, c))
-        scan[c] = tokens / seconds
-    best = max(scan, key=lambda c: scan[c])
-    online_tokens, online_s = asyncio.run(_online(base_url, key, list(bodies.values()), best))
+    online = [{**b, "cache_salt": "online"} for b in bodies.values()]
+    online_tokens, online_s = asyncio.run(_online(base_url, key, online, best))
     batch_tok_s, online_tok_s = batch_tokens / batch_s, online_tokens / online_s
     return {
         "batch_lines": lines,
