@@ -165,9 +165,13 @@ class RedisTier:
         return sent.written
 
     def get_run(
-        self, hashes: Sequence[BlockHash], token_ids: Sequence[Sequence[int]] | None = None
+        self,
+        hashes: Sequence[BlockHash],
+        token_ids: Sequence[Sequence[int]] | None = None,
+        cause: str = "job",
     ) -> list[StoredBlock]:
-        """The valid blocks of hashes[0], hashes[1], ... up to the first one missing.
+        """The valid blocks of hashes[0], hashes[1], ... up to the first one missing. `cause`: why
+        (kvstore/redis/keys.py READ_CAUSES), counted in the shared counters.
 
         A block whose tokens differ from ``token_ids[i]`` counts as missing. A corrupt or foreign
         pack ends the run and is deleted, so the next reader does not fetch it again; a pack Redis
@@ -181,7 +185,7 @@ class RedisTier:
         read = TierRead([], 0, 0, 0)
         if time.monotonic() >= self._down_until:
             try:
-                read = self._reader.read_run(hashes, token_ids)
+                read = self._reader.read_run(hashes, token_ids, cause)
             except KV_ERRORS as exc:  # the KV Redis (or the tier's metadata shard) is away: all misses
                 log.warning("reading the Redis tier failed, misses for %g s: %s", DOWN_S, exc)
                 self._down_until = time.monotonic() + DOWN_S

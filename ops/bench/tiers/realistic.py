@@ -23,6 +23,7 @@ import httpx
 
 from broker.redis.client import connect
 from broker.worker_registry import live_workers
+from kvstore.redis.keys import READ_CAUSES
 from ops.bench.tiers.chat_turn import chat_turn
 from ops.bench.tiers.multiturn import figures
 from ops.queue_client import redis_tier_report
@@ -135,6 +136,8 @@ def run_realistic(
     out["redis_tier_bytes_read"] = tier["bytes_read"]
     out["redis_tier_bytes_written"] = tier["bytes_written"]
     out["redis_tier_blocks_hit"] = tier["hits"]
+    out["redis_tier_blocks_fetched"] = tier["blocks_fetched"]  # packs are read whole: hit or not
+    out["redis_tier_bytes_read_by_cause"] = {c: tier[f"bytes_read_{c}"] for c in READ_CAUSES}
     out["redis_tier_bytes_read_per_turn"] = tier["bytes_read"] / turns
     out["redis_tier_bytes_written_per_turn"] = tier["bytes_written"] / turns
     # what the turns' prompts took from Redis (kv_sources), against what was read: the rest was
