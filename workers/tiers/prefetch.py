@@ -55,10 +55,10 @@ def prefetch(
     cause: str = "job",
 ) -> int:
     """Fetch the blocks of `ids` that this worker holds neither in its pool nor warm; returns how
-    many came from Redis. `tails` (a session's turn): also the partial last block of the turn that
-    ended where the blocks this worker will hold end, unless it keeps one there (a turn moved
-    here: its previous turn ran elsewhere and wrote it through, kvstore/tiers/tail.py). `cause`: the
-read's, for the tier's counters ("job", or "hint": HintListener's)."""
+        many came from Redis. `tails` (a session's turn): also the partial last block of the turn that
+        ended where the blocks this worker will hold end, unless it keeps one there (a turn moved
+        here: its previous turn ran elsewhere and wrote it through, kvstore/tiers/tail.py). `cause`: the
+    read's, for the tier's counters ("job", or "hint": HintListener's)."""
     resident = target.resident
     if resident is None:
         return 0
