@@ -17,7 +17,7 @@ import redis
 from broker import keys
 from broker.routing import prefetch_hint
 from broker.sessions import store as session_store
-from kvstore.chain import chain
+from kvstore.chain import BlockHash, chain
 from kvstore.redis.tails import get_tail
 
 if TYPE_CHECKING:  # torch's: a worker in the simulated mode never loads them
@@ -55,10 +55,12 @@ def prefetch(
     cause: str = "job",
 ) -> int:
     """Fetch the blocks of `ids` that this worker holds neither in its pool nor warm; returns how
-        many came from Redis. `tails` (a session's turn): also the partial last block of the turn that
-        ended where the blocks this worker will hold end, unless it keeps one there (a turn moved
-        here: its previous turn ran elsewhere and wrote it through, kvstore/tiers/tail.py). `cause`: the
-    read's, for the tier's counters ("job", or "hint": HintListener's)."""
+    many came from Redis. `tails` (a session's turn): also the partial last block of the turn that
+    ended where the blocks this worker will hold end, unless it keeps one there (a turn moved
+    here: its previous turn ran elsewhere and wrote it through, kvstore/tiers/tail.py). `cause`: the
+    read's, for the tier's counters ("job", or "hint": HintListener's). While another prefetch here
+    reads the first block missing (a hint ahead of this turn), it waits for that read to land, then
+    reads only what is still missing (workers/engine/tiers/in_flight.py)."""
     resident = target.resident
     if resident is None:
         return 0
@@ -66,6 +68,24 @@ def prefetch(
     n_blocks = (len(ids) - 1) // bs  # the last prompt token is always computed
     hashes = chain(ids[: n_blocks * bs], bs, target.fingerprint, tenant)
     first = resident.first_missing(hashes)
+    if first == n_blocks:
+        return _fetch(target, tier, ids, hashes, first, tails, cause)
+    with resident.reading.claim(hashes[first:]):  # a concurrent fetch of them lands first
+        return _fetch(target, tier, ids, hashes, resident.first_missing(hashes), tails, cause)
+
+
+def _fetch(
+    target: PrefetchTarget,
+    tier: RedisTier,
+    ids: list[int],
+    hashes: list[BlockHash],
+    first: int,
+    tails: bool,
+    cause: str,
+) -> int:
+    """prefetch's read from `first`, the first block this worker does not hold."""
+    resident, bs, n_blocks = target.resident, target.block_size, len(hashes)
+    assert resident is not None
     run = []
     if first < n_blocks:
         run = tier.get_run(
