@@ -56,7 +56,10 @@ class _SlowTier(RedisTier):
     delay_s = 0.5
 
     def get_run(
-        self, hashes: Sequence[BlockHash], token_ids: Sequence[Sequence[int]] | None = None, cause: str = "job"
+        self,
+        hashes: Sequence[BlockHash],
+        token_ids: Sequence[Sequence[int]] | None = None,
+        cause: str = "job",
     ) -> list[StoredBlock]:
         time.sleep(self.delay_s)
         return super().get_run(hashes, token_ids, cause)
