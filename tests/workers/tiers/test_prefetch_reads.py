@@ -11,11 +11,10 @@ from __future__ import annotations
 import random
 import threading
 import time
-from collections.abc import Sequence
+from typing import Any
 
 import redis
 
-from kvstore.chain import BlockHash
 from kvstore.redis.tier import RedisTier
 from kvstore.tiers.stored_block import StoredBlock
 from ops.bench.engine.target import EngineTarget
@@ -55,14 +54,9 @@ class _SlowTier(RedisTier):
 
     delay_s = 0.5
 
-    def get_run(
-        self,
-        hashes: Sequence[BlockHash],
-        token_ids: Sequence[Sequence[int]] | None = None,
-        cause: str = "job",
-    ) -> list[StoredBlock]:
+    def get_run(self, *args: Any, **kwargs: Any) -> list[StoredBlock]:
         time.sleep(self.delay_s)
-        return super().get_run(hashes, token_ids, cause)
+        return super().get_run(*args, **kwargs)
 
 
 def test_a_hint_and_its_turn_read_the_blocks_once(tiny: TinyModel, redis_client: redis.Redis) -> None:
