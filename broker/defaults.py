@@ -70,6 +70,7 @@ class SettingsFields(BaseModel):
     interactive_batch_step: float = (
         1.5  # while interactive requests flow, a step with batch rows / without; 0 = off
     )
+    interactive_batch_duty: float = 0.33  # ... and the share of time batch-only steps may take; 1 = all
     max_model_len: int | None = None  # None: the model's own context length
     enable_prefix_caching: bool = True
     warm_cache_size: Size = ByteSize(256 * MiB)  # host-memory tier for evicted blocks; 0 = none

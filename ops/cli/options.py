@@ -103,6 +103,13 @@ def engine_options(fn: Callable[..., Any]) -> Callable[..., Any]:
             help="while interactive requests flow, a step carrying batch sequences costs at most this "
             f"many times the predicted step without them ({DEFAULTS.interactive_batch_step}; 0 = no limit)",
         ),
+        click.option(
+            "--interactive-batch-duty",
+            "interactive_batch_duty",
+            type=float,
+            help="while interactive requests flow, the share of time steps carrying only batch "
+            f"sequences may take: an idle gap follows each ({DEFAULTS.interactive_batch_duty}; 1 = no gap)",
+        ),
         click.option("--torch-threads", type=int, help="torch intra-op threads"),
         click.option("--cache-dir", type=click.Path(path_type=Path), help="converted-model cache"),
     ]

@@ -26,6 +26,9 @@ class EngineConfig:
     # Batch sizing (batch_budget.py): while interactive requests flow, a step's batch rows cost at
     # most (this - 1) times the predicted step without them (step_cost.py). 0: never sized.
     interactive_batch_step: float = DEFAULTS.interactive_batch_step
+    # ... and a step that carried batch rows alone is followed by an idle gap, so such steps take
+    # at most this share of the time (the loop takes a message at once during the gap). 1: no gap.
+    interactive_batch_duty: float = DEFAULTS.interactive_batch_duty
     max_model_len: int | None = None  # None: the model's own context length
     enable_prefix_caching: bool = DEFAULTS.enable_prefix_caching
     # A bare engine (tests, benchmarks) has no warm tier and no max_tokens default unless given;
@@ -77,6 +80,10 @@ class EngineConfig:
         if self.interactive_batch_step != 0.0 and not 1.0 <= self.interactive_batch_step <= 100.0:
             raise ValueError(
                 f"interactive_batch_step must be 0 or in [1, 100], got {self.interactive_batch_step}"
+            )
+        if not 0.05 <= self.interactive_batch_duty <= 1.0:
+            raise ValueError(
+                f"interactive_batch_duty must be in [0.05, 1], got {self.interactive_batch_duty}"
             )
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype}")

@@ -55,6 +55,8 @@ class LLMEngine:
         self.limits = RequestLimits(served.vocab_size, served.max_model_len, *limits)
         self._seqs: dict[str, EngineRequest] = {}
         self._ready: dict[str, RequestOutput] = {}  # resumed requests complete on arrival
+        # Seconds the loop should leave idle before the next step (BatchSizer.pause), set by step().
+        self.batch_pause_s = 0.0
 
     # -- requests ---------------------------------------------------------------------------
 
@@ -110,6 +112,7 @@ class LLMEngine:
         is the engine's failure: the caller must then call abort_all() before stepping again."""
         clock = self.scheduler.cost.clock
         started = clock()
+        self.batch_pause_s = 0.0
         step = self.scheduler.schedule()
         self.report.on_scheduled(step)
         outputs = [*self._ready.values(), *(self._finish(seq, "length", []) for seq in step.outgrown)]
@@ -117,7 +120,9 @@ class LLMEngine:
         if not step.scheduled:
             return outputs
         done = self._postprocess(step, self.executor.run(step))
-        self.scheduler.cost.record(step.num_decodes, step.num_prefill_tokens, clock() - started)
+        seconds = clock() - started
+        self.scheduler.cost.record(step.num_decodes, step.num_prefill_tokens, seconds)
+        self.batch_pause_s = self.scheduler.sizer.pause(self.scheduler.batch_only_flowing, seconds)
         return [*outputs, *done]
 
     def _postprocess(self, step: SchedulerOutput, sampled: Sampled) -> list[RequestOutput]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import TypeVar
@@ -56,6 +57,9 @@ class EngineLoop:
         # Set while the loop waits with nothing to run, cleared by a submit and while stepping: the
         # KV writer writes through once it has been set a while (it yields the cores otherwise).
         self.idle = IdleEvent()
+        # No step before this (time.monotonic()): the gap after a batch-only step while interactive
+        # traffic flows (BatchSizer.pause), ended early by an interactive submit.
+        self._pause_until = 0.0
 
     @property
     def healthy(self) -> bool:
@@ -166,10 +170,11 @@ class EngineLoop:
     def _run(self) -> None:
         try:
             self._work.refresh_stats(force=True)
-            while self._drain(block=not self.engine.has_unfinished()):
-                if self.engine.has_unfinished():
+            while self._drain(block=not self.engine.has_unfinished(), pause=self._pause_left()):
+                if self.engine.has_unfinished() and self._pause_left() <= 0:
                     self.idle.clear()
                     self._work.step(self._inbox.empty)
+                    self._pause_until = time.monotonic() + self.engine.batch_pause_s
         except BaseException as exc:
             self.failure = exc
             log.exception("the engine loop thread died; failing every request")
@@ -180,6 +185,9 @@ class EngineLoop:
             err = self._stopped_error()
             self._work.fail_all(err)
             self._fail_queued(err)
+
+    def _pause_left(self) -> float:
+        return max(0.0, self._pause_until - time.monotonic())
 
     def _fail_queued(self, err: EngineFailedError) -> None:
         while True:
@@ -192,18 +200,23 @@ class EngineLoop:
             elif isinstance(msg, Call):
                 msg.future.set_exception(err)
 
-    def _drain(self, block: bool) -> bool:
-        """Handle every waiting message (waiting up to STATS_IDLE_S for one when idle); False once
-        asked to stop."""
+    def _drain(self, block: bool, pause: float = 0.0) -> bool:
+        """Handle every waiting message (waiting up to STATS_IDLE_S for one when idle, or `pause`
+        seconds: the gap after a batch-only step, BatchSizer.pause); False once asked to stop."""
         if block and self._inbox.empty():
             self.idle.set()
         try:
-            msg = self._inbox.get(timeout=STATS_IDLE_S) if block else self._inbox.get_nowait()
+            if block or pause > 0:
+                msg = self._inbox.get(timeout=STATS_IDLE_S if block else pause)
+            else:
+                msg = self._inbox.get_nowait()
         except queue.Empty:
             if block:
                 self._work.refresh_stats(force=True)
             return True
         while msg is not None:
+            if isinstance(msg, Submit) and not msg.request.is_batch:
+                self._pause_until = 0.0  # an interactive arrival ends the gap: it starts now
             self._work.handle(msg)
             try:
                 msg = self._inbox.get_nowait()

@@ -147,3 +147,34 @@ def test_a_one_thread_cpu_engine_times_its_steps_on_its_threads_cpu_clock(tiny: 
         assert make_engine(tiny.loaded, 8, torch_threads=2).scheduler.cost.clock is time.perf_counter
     finally:
         torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("duty", [0.5, 1.0])
+def test_a_gap_follows_only_batch_only_steps_while_interactive_traffic_flows(
+    tiny: TinyModel, duty: float
+) -> None:
+    """batch_pause_s after each step: step seconds x (1 / duty - 1) for a step of batch rows alone
+    while traffic flows; 0 for a step with an interactive row, once the traffic is past, or at duty 1."""
+    rng = random.Random(9)
+    engine = make_engine(tiny.loaded, num_blocks=64, interactive_batch_duty=duty)
+    ticks = iter(range(10_000))
+    engine.scheduler.cost.clock = lambda: next(ticks) * 0.01  # each step: 10 ms on the cost clock
+    clock = Clock()
+    engine.scheduler.clock = clock
+    for i in range(4):
+        engine.add_request(GenerationRequest(f"b{i}", random_prompt(rng, 6 + i), PARAMS, job_class="batch"))
+    engine.step()
+    assert engine.batch_pause_s == 0.0  # nothing interactive has been seen
+    engine.scheduler.sizer.elsewhere_until = clock.now + 10
+    engine.step()
+    assert engine.batch_pause_s == pytest.approx(0.01 * (1 / duty - 1))
+    engine.add_request(GenerationRequest("i", random_prompt(rng, 5), PARAMS))
+    engine.step()
+    assert engine.batch_pause_s == 0.0  # the interactive prompt's step
+    engine.step()
+    assert engine.batch_pause_s == 0.0  # its decode rides with the batch rows
+    engine.scheduler.sizer.elsewhere_until = float("-inf")
+    while engine.has_unfinished():
+        engine.step()
+        clock.now += INTERACTIVE_LINGER_S
+    assert engine.batch_pause_s == 0.0  # past the linger: no gap

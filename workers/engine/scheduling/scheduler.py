@@ -54,7 +54,9 @@ class Scheduler:
         self.clock: Callable[[], float] = time.monotonic
         self.hold = AdmissionHold(config, block_manager, tiers)
         self.num_held_steps = 0  # steps that held waiting prompts back (admission hold)
-        self.sizer = BatchSizer(config.interactive_batch_step)
+        self.sizer = BatchSizer(config.interactive_batch_step, config.interactive_batch_duty)
+        # The last step carried batch rows alone while interactive traffic flowed (BatchSizer.pause).
+        self.batch_only_flowing = False
 
     def add(self, seq: EngineRequest) -> None:
         self.hold.arrive(seq, self.clock())
@@ -65,6 +67,14 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     def schedule(self) -> SchedulerOutput:
+        out = self._schedule()
+        batch_only = bool(out.scheduled) and all(s.seq.is_batch for s in out.scheduled)
+        self.batch_only_flowing = batch_only and self.sizer.flows(
+            [*self.running, *self.waiting], self.clock()
+        )
+        return out
+
+    def _schedule(self) -> SchedulerOutput:
         plan = StepPlan(self.config.max_num_batched_tokens)
         # Running sequences first: decodes, then unfinished prefill chunks; each oldest first.
         ordered = sorted(self.running, key=lambda s: not is_decoding(s))
