@@ -130,6 +130,10 @@ _TIER = {
     "hits": ("Blocks found in the Redis tier", True),
     "misses": ("Blocks looked up in the Redis tier and not found", True),
     "bytes_read": ("Bytes read from the Redis tier", True),
+    "blocks_fetched": (
+        "Blocks in the packs read from the Redis tier, used or not (packs are read whole)",
+        True,
+    ),
     "bytes_written": ("Bytes written to the Redis tier", True),
     "packs_evicted": ("Block packs the tier's LRU evicted", True),
     "writes_dropped": ("Block writes to the Redis tier dropped by a full writer queue", True),
@@ -143,6 +147,12 @@ def _tier(report: dict[str, Any]) -> Iterator[Metric]:
         if name in report:
             kind = CounterMetricFamily if counter else GaugeMetricFamily
             yield kind(f"kvferry_redis_tier_{name}", text, value=report[name])
+    by_cause = CounterMetricFamily(
+        "kvferry_redis_tier_bytes_read_by_cause", "Bytes read from the Redis tier, by why", labels=["cause"]
+    )
+    for name in sorted(n for n in report if n.startswith("bytes_read_")):  # kvstore/redis/keys.py READ_CAUSES
+        by_cause.add_metric([name.removeprefix("bytes_read_")], report[name])
+    yield by_cause
     pinned = GaugeMetricFamily(
         "kvferry_redis_tier_pinned_bytes", "Bytes of session-pinned blocks by tenant", labels=["tenant"]
     )

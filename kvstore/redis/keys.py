@@ -16,6 +16,10 @@ HASH_LEN = 32  # sha256 block hashes; the pack metadata concatenates them
 TIER_REGISTRY = "kvferry:kv:tiers"  # SET of the fingerprints that have a tier in this Redis
 PACK_PREFIX = "kvferry:kv:pack:"  # every tier's packs: PACK_PREFIX + "{digest}:{fingerprint}"
 PACK_TTL_S = 30 * 86400  # what makes packs (and only packs) evictable under volatile-lru
+# Why a read was made, each with its own bytes counter (bytes_read_<cause>, beside bytes_read): a
+# job's prefetch of its prompt, a routing hint's ahead of a moved turn, a session turn's partial last
+# block, a new worker's warm start.
+READ_CAUSES = ("job", "hint", "tail", "warm_start")
 _UNSAFE_FINGERPRINT_CHARS = set("{}*?[]\\ \t\r\n")
 
 OwnerKind = Literal["s", "p"]  # a session's pins, or a tenant's preloaded templates

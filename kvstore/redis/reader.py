@@ -50,8 +50,11 @@ class TierReader:
         """The pack key of each block, None where the index has none (one round trip)."""
         return cast("list[bytes | None]", self.client.hmget(self.keys.index, list(hashes)))
 
-    def read_run(self, hashes: Sequence[BlockHash], token_ids: Sequence[Sequence[int]] | None) -> TierRead:
-        """The valid blocks of hashes[0], hashes[1], ... up to the first one missing (RedisTier.get_run)."""
+    def read_run(
+        self, hashes: Sequence[BlockHash], token_ids: Sequence[Sequence[int]] | None, cause: str = "job"
+    ) -> TierRead:
+        """The valid blocks of hashes[0], hashes[1], ... up to the first one missing (RedisTier.get_run);
+        `cause`: one of keys.READ_CAUSES, for the counters."""
         lead = leading(self.locate(hashes))
         stream = self.fetcher.stream(list(dict.fromkeys(lead)))
         bytes_read = 0
@@ -85,7 +88,7 @@ class TierReader:
             if not used or used[-1] != pack_key:
                 used.append(pack_key)
         stream.close()
-        self._touch(used, hits=len(run), misses=len(hashes) - len(run), bytes_read=bytes_read)
+        self._touch(used, len(run), len(hashes) - len(run), bytes_read, blocks_read, cause)
         if corrupt or missing:
             self._repair(corrupt, missing)
         return TierRead(run, blocks_read, bytes_read, len(corrupt))
@@ -104,9 +107,12 @@ class TierReader:
         except KV_ERRORS:  # e.g. OOM, a shard away: the next reader repairs it
             log.warning("repairing the Redis tier failed", exc_info=True)
 
-    def _touch(self, used: list[bytes], hits: int, misses: int, bytes_read: int) -> None:
+    def _touch(
+        self, used: list[bytes], hits: int, misses: int, bytes_read: int, blocks_read: int, cause: str
+    ) -> None:
         """A read's bookkeeping: the packs used are the most recent now, their TTL renewed, the
-        shared counters raised. Best effort: a Redis at maxmemory may refuse it, the read stands."""
+        shared counters raised (blocks_fetched: the blocks of the packs fetched, used or not: a
+        pack is read whole). Best effort: a Redis at maxmemory may refuse it, the read stands."""
         pipe = self.client.pipeline(transaction=False)
         if used:
             now = time.time()
@@ -115,7 +121,14 @@ class TierReader:
                 for key in used:
                     pipe.expire(key, PACK_TTL_S)
         c = self.keys.counters
-        for name, value in (("hits", hits), ("misses", misses), ("bytes_read", bytes_read)):
+        counts = (
+            ("hits", hits),
+            ("misses", misses),
+            ("bytes_read", bytes_read),
+            (f"bytes_read_{cause}", bytes_read),
+            ("blocks_fetched", blocks_read),
+        )
+        for name, value in counts:
             if value:
                 pipe.hincrby(c, name, value)
         try:

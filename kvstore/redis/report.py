@@ -16,7 +16,7 @@ import redis
 from broker import keys
 from kvstore.redis import pins as tier_pins
 from kvstore.redis.client import KVClient
-from kvstore.redis.keys import TierKeys
+from kvstore.redis.keys import READ_CAUSES, TierKeys
 
 # writes_dropped: raised by the workers' writers (workers/tiers/writer.py), not by the tier itself
 COUNTERS = (
@@ -27,6 +27,8 @@ COUNTERS = (
     "blocks_written",
     "packs_evicted",
     "writes_dropped",
+    "blocks_fetched",
+    *(f"bytes_read_{cause}" for cause in READ_CAUSES),
 )
 
 

@@ -33,6 +33,6 @@ def get_tail(tier: RedisTier, parent: BlockHash, following: Sequence[int]) -> Ta
     for (block_hash, length), where in reversed(list(zip(wanted, located, strict=True))):
         if where is None:
             continue
-        run = tier.get_run([block_hash], [padded(following[:length], bs)])
+        run = tier.get_run([block_hash], [padded(following[:length], bs)], cause="tail")
         return Tail.of(run[0], length) if run else None
     return None

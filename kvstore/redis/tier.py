@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 
 import redis
 
@@ -43,6 +43,7 @@ from kvstore.tiers.stats import RedisTierStats
 from kvstore.tiers.stored_block import StoredBlock
 
 log = logging.getLogger(__name__)
+Hook = Callable[[], None] | None
 __all__ = ["HASH_LEN", "PACK_TTL_S", "PinChange", "RedisTier", "TierIntegrityError", "TierKeys"]
 
 # Packs per MULTI/EXEC, in bytes: Redis runs a transaction whole, so a turn's write-through
@@ -103,8 +104,12 @@ class RedisTier:
         self._down_until = 0.0  # reads failed: until then every read is a miss at once (DOWN_S)
         self.oom_pause: Callable[[], None] = lambda: time.sleep(OOM_RETRY_S)  # tests drain Redis here
 
-    def put(self, blocks: Sequence[StoredBlock], before_tx: Callable[[], None] | None = None) -> int:
+    def put(
+        self, blocks: Sequence[StoredBlock], before_tx: Hook = None, alone: Collection[BlockHash] = ()
+    ) -> int:
         """Write the blocks not yet indexed, consecutive ones packed together; returns blocks written.
+        Those in ``alone`` get a pack of their own (a pack is read whole, and a session turn's tail
+        is read alone, kvstore/tiers/tail.py).
 
         Packs are encoded and written a transaction (TX_BYTES) at a time; ``before_tx`` is called
         before each (the KV writer yields the cores to a busy engine there). Then evicts least
@@ -119,7 +124,7 @@ class RedisTier:
         unique = list({b.block_hash: b for b in blocks}.values())
         if not unique:
             return 0
-        groups = self._new_packs(unique, self._reader.locate([b.block_hash for b in unique]))
+        groups = self._new_packs(unique, self._reader.locate([b.block_hash for b in unique]), alone)
         now = time.time()
         written, first, size = 0, 0, 0
         tx_packs: list[bytes] = []
@@ -165,9 +170,13 @@ class RedisTier:
         return sent.written
 
     def get_run(
-        self, hashes: Sequence[BlockHash], token_ids: Sequence[Sequence[int]] | None = None
+        self,
+        hashes: Sequence[BlockHash],
+        token_ids: Sequence[Sequence[int]] | None = None,
+        cause: str = "job",
     ) -> list[StoredBlock]:
-        """The valid blocks of hashes[0], hashes[1], ... up to the first one missing.
+        """The valid blocks of hashes[0], hashes[1], ... up to the first one missing. `cause`: why
+        (kvstore/redis/keys.py READ_CAUSES), counted in the shared counters.
 
         A block whose tokens differ from ``token_ids[i]`` counts as missing. A corrupt or foreign
         pack ends the run and is deleted, so the next reader does not fetch it again; a pack Redis
@@ -181,7 +190,7 @@ class RedisTier:
         read = TierRead([], 0, 0, 0)
         if time.monotonic() >= self._down_until:
             try:
-                read = self._reader.read_run(hashes, token_ids)
+                read = self._reader.read_run(hashes, token_ids, cause)
             except KV_ERRORS as exc:  # the KV Redis (or the tier's metadata shard) is away: all misses
                 log.warning("reading the Redis tier failed, misses for %g s: %s", DOWN_S, exc)
                 self._down_until = time.monotonic() + DOWN_S
@@ -265,12 +274,18 @@ class RedisTier:
         self._count(packs_evicted=change.packs_evicted)
         return change
 
-    def _new_packs(self, blocks: list[StoredBlock], indexed: list[bytes | None]) -> list[list[StoredBlock]]:
-        """The blocks not indexed yet, in runs cut at indexed ones and at blocks_per_pack."""
+    def _new_packs(
+        self, blocks: list[StoredBlock], indexed: list[bytes | None], alone: Collection[BlockHash] = ()
+    ) -> list[list[StoredBlock]]:
+        """The blocks not indexed yet, in runs cut at indexed ones, at blocks_per_pack and around
+        those in `alone`."""
         groups: list[list[StoredBlock]] = []
         extend = False
         for block, pack_key in zip(blocks, indexed, strict=True):
             if pack_key is not None:
+                extend = False
+            elif block.block_hash in alone:
+                groups.append([block])
                 extend = False
             elif extend and len(groups[-1]) < self.blocks_per_pack:
                 groups[-1].append(block)

@@ -154,7 +154,8 @@ def test_metrics_show_the_redis_tier(fresh_api: Served, rds: redis.Redis) -> Non
 
     rds.sadd(TIER_REGISTRY, "fp1")
     rds.hset(
-        TierKeys("fp1").counters, mapping={"hits": 5, "misses": 2, "bytes_read": 640, "bytes_written": 1280}
+        TierKeys("fp1").counters,
+        mapping={"hits": 5, "misses": 2, "bytes_read": 640, "bytes_read_tail": 40, "bytes_written": 1280},
     )
     with fresh_api.client() as c:
         assert "kvferry_redis_tier_hits_total" not in c.get("/metrics").text  # nothing published yet
@@ -164,6 +165,8 @@ def test_metrics_show_the_redis_tier(fresh_api: Served, rds: redis.Redis) -> Non
         "kvferry_redis_tier_hits_total 5.0",
         "kvferry_redis_tier_misses_total 2.0",
         "kvferry_redis_tier_bytes_read_total 640.0",
+        'kvferry_redis_tier_bytes_read_by_cause_total{cause="tail"} 40.0',
+        'kvferry_redis_tier_bytes_read_by_cause_total{cause="job"} 0.0',
         "kvferry_redis_tier_bytes_written_total 1280.0",
         "kvferry_redis_tier_orphan_pins 0.0",
         "# TYPE kvferry_redis_tier_hits_total counter",

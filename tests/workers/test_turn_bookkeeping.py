@@ -114,7 +114,9 @@ def test_the_answer_does_not_wait_for_other_sessions_writes(
     gate, entered = threading.Event(), threading.Event()
     real_put = tier.put
 
-    def put(blocks: Sequence[StoredBlock], before_tx: Callable[[], None] | None = None) -> int:
+    def put(
+        blocks: Sequence[StoredBlock], before_tx: Callable[[], None] | None = None, alone: object = ()
+    ) -> int:
         if any(b.block_hash == SLOW for b in blocks):
             entered.set()
             gate.wait(60)  # another session's write through a slow Redis

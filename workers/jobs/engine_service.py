@@ -218,7 +218,7 @@ class EngineService:
             log.warning("warm start from the Redis tier failed: %s", exc)
         return self.warm_started
 
-    def prefetch(self, ids: list[int], salt: str, tails: bool = False) -> int:
+    def prefetch(self, ids: list[int], salt: str, tails: bool = False, cause: str = "job") -> int:
         """On a job's (or the hint listener's) thread: a prompt's blocks from Redis into the warm
         tier; how many came. Never builds the engine: 0 before it is built."""
         loop, tier = self._loop, self.redis_tier
@@ -229,7 +229,7 @@ class EngineService:
 
         confine_to_this_thread()  # decoding lossy tier blocks runs torch ops: no second OpenMP pool
         try:
-            return prefetch(loop, tier, ids, salt, tails)
+            return prefetch(loop, tier, ids, salt, tails, cause)
         except KV_ERRORS as exc:  # the tier only ever misses: the engine computes it
             log.warning("prefetch from the Redis tier failed: %s", exc)
             return 0

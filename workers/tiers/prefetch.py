@@ -17,7 +17,7 @@ import redis
 from broker import keys
 from broker.routing import prefetch_hint
 from broker.sessions import store as session_store
-from kvstore.chain import chain
+from kvstore.chain import BlockHash, chain
 from kvstore.redis.tails import get_tail
 
 if TYPE_CHECKING:  # torch's: a worker in the simulated mode never loads them
@@ -47,12 +47,20 @@ class PrefetchTarget(Protocol):
 
 
 def prefetch(
-    target: PrefetchTarget, tier: RedisTier, ids: list[int], tenant: str, tails: bool = False
+    target: PrefetchTarget,
+    tier: RedisTier,
+    ids: list[int],
+    tenant: str,
+    tails: bool = False,
+    cause: str = "job",
 ) -> int:
     """Fetch the blocks of `ids` that this worker holds neither in its pool nor warm; returns how
     many came from Redis. `tails` (a session's turn): also the partial last block of the turn that
     ended where the blocks this worker will hold end, unless it keeps one there (a turn moved
-    here: its previous turn ran elsewhere and wrote it through, kvstore/tiers/tail.py)."""
+    here: its previous turn ran elsewhere and wrote it through, kvstore/tiers/tail.py). `cause`: the
+    read's, for the tier's counters ("job", or "hint": HintListener's). While another prefetch here
+    reads the first block missing (a hint ahead of this turn), it waits for that read to land, then
+    reads only what is still missing (workers/engine/tiers/in_flight.py)."""
     resident = target.resident
     if resident is None:
         return 0
@@ -60,9 +68,29 @@ def prefetch(
     n_blocks = (len(ids) - 1) // bs  # the last prompt token is always computed
     hashes = chain(ids[: n_blocks * bs], bs, target.fingerprint, tenant)
     first = resident.first_missing(hashes)
+    if first == n_blocks:
+        return _fetch(target, tier, ids, hashes, first, tails, cause)
+    with resident.reading.claim(hashes[first:]):  # a concurrent fetch of them lands first
+        return _fetch(target, tier, ids, hashes, resident.first_missing(hashes), tails, cause)
+
+
+def _fetch(
+    target: PrefetchTarget,
+    tier: RedisTier,
+    ids: list[int],
+    hashes: list[BlockHash],
+    first: int,
+    tails: bool,
+    cause: str,
+) -> int:
+    """prefetch's read from `first`, the first block this worker does not hold."""
+    resident, bs, n_blocks = target.resident, target.block_size, len(hashes)
+    assert resident is not None
     run = []
     if first < n_blocks:
-        run = tier.get_run(hashes[first:], [ids[i * bs : (i + 1) * bs] for i in range(first, n_blocks)])
+        run = tier.get_run(
+            hashes[first:], [ids[i * bs : (i + 1) * bs] for i in range(first, n_blocks)], cause
+        )
     held = first + len(run)  # the blocks this worker holds once the run lands
     tail = None
     if tails and held and not resident.has_tail(hashes[held - 1]):
@@ -77,14 +105,14 @@ class HintListener:
     turn here that its last worker would have served): each hint loads the session's blocks from
     Redis into the warm tier, on this thread, while the turn waits in the queue. The job's own
     prefetch then finds them warm, and the partial last block of the session's last turn kept. `fetch(ids,
-    salt, tails)` is the worker's prefetch; it never builds the engine: until `ready()`, hints are
+    salt, tails, cause)` is the worker's prefetch; it never builds the engine: until `ready()`, hints are
     dropped unread."""
 
     def __init__(
         self,
         client: redis.Redis,
         worker: str,
-        fetch: Callable[[list[int], str, bool], int],
+        fetch: Callable[[list[int], str, bool, str], int],
         ready: Callable[[], bool],
         block_s: float = 1.0,
     ) -> None:
@@ -135,6 +163,6 @@ class HintListener:
         if not ids:
             return 0
         # +1: the next turn adds tokens, so every block of these ids is a full prompt block then.
-        n = self.fetch([*ids, 0], hint.kv_salt, True)  # with the turn's tail: it moves here
+        n = self.fetch([*ids, 0], hint.kv_salt, True, "hint")  # with the turn's tail: it moves here
         self.loaded_blocks += n
         return n

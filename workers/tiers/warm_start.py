@@ -91,7 +91,7 @@ def warm_start(
         first = target.resident.first_missing(hashes)
         if first == len(hashes):
             continue
-        run = tier.get_run(hashes[first:], ids[first:])
+        run = tier.get_run(hashes[first:], ids[first:], cause="warm_start")
         kept = []
         for block in run:
             if loaded >= budget_bytes:

@@ -244,10 +244,12 @@ class KVWriter:
                 ]
             else:
                 blocks += item.ready
+        alone = {m.block_hash for item in items for m in item.metas if m.alone}
         written, failed = 0, False
         deadline = self.yielding.deadline()
         try:
-            written = self.tier.put(blocks, before_tx=lambda: self.yielding.wait(deadline, self._hurried))
+            wait = lambda: self.yielding.wait(deadline, self._hurried)  # noqa: E731
+            written = self.tier.put(blocks, before_tx=wait, alone=alone)
         except KV_ERRORS as exc:  # Redis (or a cluster shard) away: no bug, no traceback
             failed = True
             what = "some" if isinstance(exc, PacksNotWritten) else "all"  # a shard down: the rest went in

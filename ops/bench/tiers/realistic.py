@@ -23,6 +23,7 @@ import httpx
 
 from broker.redis.client import connect
 from broker.worker_registry import live_workers
+from kvstore.redis.keys import READ_CAUSES
 from ops.bench.tiers.chat_turn import chat_turn
 from ops.bench.tiers.multiturn import figures
 from ops.queue_client import redis_tier_report
@@ -135,6 +136,8 @@ def run_realistic(
     out["redis_tier_bytes_read"] = tier["bytes_read"]
     out["redis_tier_bytes_written"] = tier["bytes_written"]
     out["redis_tier_blocks_hit"] = tier["hits"]
+    out["redis_tier_blocks_fetched"] = tier["blocks_fetched"]  # packs are read whole: hit or not
+    out["redis_tier_bytes_read_by_cause"] = {c: tier[f"bytes_read_{c}"] for c in READ_CAUSES}
     out["redis_tier_bytes_read_per_turn"] = tier["bytes_read"] / turns
     out["redis_tier_bytes_written_per_turn"] = tier["bytes_written"] / turns
     # what the turns' prompts took from Redis (kv_sources), against what was read: the rest was
@@ -145,11 +148,28 @@ def run_realistic(
     # per session: an upper bound of the working set)
     last = {r["sid"]: r["prompt"] + r["completion"] for r in sorted(rows, key=lambda r: r["turn"])}
     out["history_tokens_at_end"] = sum(last.values())
+    out["session_moves"] = _moves(rows)
+    out["turns_by_worker"] = {
+        w: sum(1 for r in rows if r["worker"] == w) for w in sorted({r["worker"] for r in rows})
+    }
+    out["turn_rows"] = [
+        {k: r[k] for k in ("sid", "turn", "worker", "ttft_s", "prompt", "cached")} for r in rows
+    ]
     by_turn: dict[int, list[float]] = {}
     for r in rows:
         by_turn.setdefault(r["turn"], []).append(r["ttft_s"])
     out["ttft_p50_by_turn_s"] = {t: sorted(v)[len(v) // 2] for t, v in sorted(by_turn.items())}
     return out
+
+
+def _moves(rows: list[dict[str, Any]]) -> int:
+    """Turns served on another worker than their session's previous turn."""
+    last: dict[str, str] = {}
+    moves = 0
+    for r in sorted(rows, key=lambda r: (r["sid"], r["turn"])):
+        moves += r["sid"] in last and last[r["sid"]] != r["worker"]
+        last[r["sid"]] = r["worker"]
+    return moves
 
 
 def realistic_bench(

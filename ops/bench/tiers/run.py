@@ -158,12 +158,15 @@ def _realistic(settings: Settings, quick: bool, reps: int, run_dir: Path) -> dic
     ):
         print(f"realistic workload, cache-aware vs round-robin: {key} {out[key]:.3f}", flush=True)
     for r in out["runs"]:
+        causes = ", ".join(f"{c} {b / 1e6:.1f}" for c, b in r["redis_tier_bytes_read_by_cause"].items())
         print(
             f"  {r['routing']}: TTFT p50 / p95 {r['ttft_p50_s'] * 1000:.0f} / "
             f"{r['ttft_p95_s'] * 1000:.0f} ms, hit {r['hit_share_of_reusable']:.1%} of reusable, "
             f"Redis read {r['redis_tier_bytes_read_per_turn'] / 1e6:.2f} MB/turn, "
-            f"{r['redis_tier_bytes_used_per_turn'] / 1e6:.2f} of it used, "
-            f"busiest worker {r['busiest_worker_share']:.0%}, {r['preemptions']} preemptions",
+            f"{r['redis_tier_bytes_used_per_turn'] / 1e6:.2f} of it used (MB read by cause: {causes}), "
+            f"blocks fetched {r['redis_tier_blocks_fetched']} / hit {r['redis_tier_blocks_hit']}, "
+            f"{r['session_moves']} moves, busiest worker {r['busiest_worker_share']:.0%}, "
+            f"{r['preemptions']} preemptions",
             flush=True,
         )
     return out

@@ -11,7 +11,7 @@ from __future__ import annotations
 import random
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 
 import pytest
 import redis
@@ -43,7 +43,9 @@ class GatedTier:
         self.fail = fail
         self.puts: list[list[StoredBlock]] = []
 
-    def put(self, blocks: Sequence[StoredBlock], before_tx: Callable[[], None] | None = None) -> int:
+    def put(
+        self, blocks: Sequence[StoredBlock], before_tx: Callable[[], None] | None = None, alone: object = ()
+    ) -> int:
         if before_tx is not None:  # one transaction
             before_tx()
         self.entered.set()
@@ -173,9 +175,14 @@ def test_the_engine_never_waits_for_a_slow_or_unreachable_redis(tiny: TinyModel,
 class GatedRedisTier(RedisTier):
     gate = threading.Event()
 
-    def put(self, blocks: Sequence[StoredBlock], before_tx: Callable[[], None] | None = None) -> int:
+    def put(
+        self,
+        blocks: Sequence[StoredBlock],
+        before_tx: Callable[[], None] | None = None,
+        alone: Collection[bytes] = (),
+    ) -> int:
         self.gate.wait(30)
-        return super().put(blocks, before_tx)
+        return super().put(blocks, before_tx, alone)
 
 
 def test_a_turn_written_through_the_writer_resumes_exactly_on_a_fresh_engine(

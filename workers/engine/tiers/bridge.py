@@ -203,7 +203,7 @@ class TierBridge:
                 metas.append(BlockMeta(block_hash, parent, tuple(token_ids[i * bs : (i + 1) * bs])))
         if tail is not None and last in fresh:
             picked.append(block_ids[tail[0]])
-            metas.append(BlockMeta(last, tail[1], padded(tail[2], bs)))
+            metas.append(BlockMeta(last, tail[1], padded(tail[2], bs), alone=True))
         if self.writer is not None:
             self.writer.stage(metas, self.kv_cache.by_block(), picked, pinned=True)
         elif self.cold_sink is not None:

@@ -20,6 +20,7 @@ class BlockMeta:
     block_hash: BlockHash
     parent_hash: BlockHash
     token_ids: tuple[int, ...]
+    alone: bool = False  # in a pack of its own (a session turn's tail: RedisTier.put)
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from kvstore.chain import BlockHash
 from kvstore.pool.events import AllBlocksCleared, BlockEvent, BlockRemoved, BlockStored
 from kvstore.tiers.warm import WarmTier
+from workers.engine.tiers.in_flight import InFlight
 
 MAX_EXPECTED = 100_000
 
@@ -28,6 +29,7 @@ class ResidentBlocks:
         # tells), or one is on its way from Redis: a prefetch then fetches no tail.
         self._tails: set[BlockHash] = set()
         self._lock = threading.Lock()
+        self.reading = InFlight()  # blocks a prefetch is reading from Redis now (not expected yet)
 
     def expect(self, hashes: Sequence[BlockHash]) -> None:
         """On the fetching thread: these blocks are on their way (EngineLoop.warm)."""
