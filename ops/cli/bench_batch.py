@@ -20,7 +20,7 @@ from ops.cli.options import engine_options, settings_from
 )
 @click.option("--max-tokens", type=int, default=32, show_default=True)
 @click.option(
-    "--probes", type=int, default=20, show_default=True, help="interactive requests, idle and under batch"
+    "--probes", type=int, default=40, show_default=True, help="interactive requests, idle and under batch"
 )
 @click.option("--fair-jobs", type=int, default=500, show_default=True, help="tenant A's queued jobs")
 @click.option("--fair-requests", type=int, default=20, show_default=True, help="tenant B's requests (1/s)")

@@ -30,7 +30,7 @@ def run_batch_bench(
     lines: int = 512,
     flood_lines: int = 2000,
     max_tokens: int = 32,
-    probes: int = 20,
+    probes: int = 40,
     alone_s: float = 20.0,
     fair_jobs: int = 500,
     fair_requests: int = 20,
