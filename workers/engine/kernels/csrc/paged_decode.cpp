@@ -16,6 +16,7 @@
 #include <c10/util/Exception.h>
 #include <torch/library.h>
 
+#include "attend_avx512.h"
 #include "kernels.h"
 
 #include <algorithm>
@@ -115,11 +116,16 @@ void run(float* op, const float* qp, int64_t n, int64_t hq, const KV* kp, const 
       // each thread's contiguous share a mix of long and short contexts instead of all the long.
       const int64_t s = i % 2 == 0 ? i / 2 : n - 1 - i / 2;
       const int64_t len = lp[s];
-      score.resize(hq * len);
+      score.resize(hq * ((len + 15) / 16 * 16 + 1));  // avx512::attend's tiles of 16, and Hq inverses
       slots.resize(len);
       for (int64_t t = 0; t < len; ++t) slots[t] = tp[s * width + t / block_size] * block_size + t % block_size;
+#if defined(__AVX512F__)
+      kvferry::avx512::attend<KV, D>(qp + s * hq * D, kp, vp, slots.data(), len, hq, hkv, Row<KV, D>::SIZE, scale,
+                                     score.data(), op + s * hq * D);
+#else
       attend<KV, D>(qp + s * hq * D, kp, vp, slots.data(), len, hq, hkv, scale, score.data(), acc.data(),
-                op + s * hq * D);
+                    op + s * hq * D);
+#endif
     }
   });
 }
