@@ -1,8 +1,8 @@
 // One sequence's decode attention over the paged pool with AVX-512 (paged_decode.cpp's `attend` on
 // CPUs that have it; the portable loop there elsewhere).
 //
-// The context is walked in tiles of 16 tokens (their slots' rows: contiguous within a block, any
-// block across a boundary), one KV head at a time. Each row of a tile is read once and, for a
+// The context is walked in tiles of 16 tokens (their slots' rows, all KV heads: contiguous within
+// a block, any block across a boundary; the next tile's asked for ahead). Each row of a tile is read once and, for a
 // narrower pool, widened to fp32 once into a 16-row scratch tile in L1 (bf16: its 16 bits shifted
 // into the high half, exact; int8: value * the row's scale, as int8_rows.dequantize), then shared
 // by the g query heads of that KV head. Scores: each (token, head) dot product accumulates its D/16
@@ -84,6 +84,18 @@ inline const float* as_fp32(const KV* src, float* dst) {
   }
 }
 
+// Asks for the cache lines of `n` slots' rows (`elems` each: all KV heads), the next tile's, so
+// that they arrive while this one is worked (the slots of a tile lie in one or two blocks).
+template <typename KV>
+inline void prefetch(const KV* pool, const int64_t* slots, int64_t n, int64_t elems) {
+  const int64_t bytes = elems * static_cast<int64_t>(sizeof(KV));
+  for (int64_t t = 0; t < n; ++t) {
+    const char* p = reinterpret_cast<const char*>(pool + slots[t] * elems);
+    for (int64_t off = 0; off < bytes; off += 64) _mm_prefetch(p + off, _MM_HINT_T0);
+    _mm_prefetch(p + bytes - 1, _MM_HINT_T0);
+  }
+}
+
 // out [Hq, D] = attention of q [Hq, D] over the `len` slots `slots` of the pools (rows of `row`
 // elements, Hkv a slot). score: Hq * (len rounded up to 16) + Hq floats of scratch.
 template <typename KV, int64_t D>
@@ -96,14 +108,14 @@ void attend(const float* q, const KV* kp, const KV* vp, const int64_t* slots, in
   const float* rows[TILE];
   const int64_t g = hq / hkv, padded = (len + TILE - 1) / TILE * TILE;
   const __m512 sv = _mm512_set1_ps(scale);
-  for (int64_t j = 0; j < hkv; ++j) {  // kv head j serves query heads [j * g, (j + 1) * g)
-    float* sj = score + j * g * padded;
-    for (int64_t t0 = 0; t0 < len; t0 += TILE) {  // scores: sj[h * padded + t] = q_h . k_t * scale
-      const int64_t nt = std::min(TILE, len - t0);
+  for (int64_t t0 = 0; t0 < len; t0 += TILE) {  // scores: score[h * padded + t] = q_h . k_t * scale
+    const int64_t nt = std::min(TILE, len - t0);
+    if (t0 + TILE < len) prefetch(kp, slots + t0 + TILE, std::min(TILE, len - t0 - TILE), hkv * row);
+    for (int64_t j = 0; j < hkv; ++j) {  // kv head j serves query heads [j * g, (j + 1) * g)
       for (int64_t t = 0; t < TILE; ++t)
         rows[t] = t < nt ? as_fp32<KV, D>(kp + (slots[t0 + t] * hkv + j) * row, buf + t * D) : zero;
-      for (int64_t h = 0; h < g; ++h) {
-        const float* qh = q + (j * g + h) * D;
+      for (int64_t h = j * g; h < (j + 1) * g; ++h) {
+        const float* qh = q + h * D;
         __m512 acc[TILE];
         for (int64_t t = 0; t < TILE; ++t) {
           __m512 a = _mm512_mul_ps(_mm512_loadu_ps(qh), _mm512_loadu_ps(rows[t]));
@@ -111,33 +123,37 @@ void attend(const float* q, const KV* kp, const KV* vp, const int64_t* slots, in
             a = _mm512_fmadd_ps(_mm512_loadu_ps(qh + 16 * c), _mm512_loadu_ps(rows[t] + 16 * c), a);
           acc[t] = a;
         }
-        _mm512_storeu_ps(sj + h * padded + t0, _mm512_mul_ps(sum16(acc), sv));
+        _mm512_storeu_ps(score + h * padded + t0, _mm512_mul_ps(sum16(acc), sv));
       }
     }
-    for (int64_t h = 0; h < g; ++h) {  // softmax: p = e^(s - max), the sum's inverse applied at the end
-      float* s = sj + h * padded;
-      __m512 m = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
-      for (int64_t t0 = 0; t0 < len; t0 += TILE) {
-        const __mmask16 valid = len - t0 >= TILE ? 0xFFFF : (1u << (len - t0)) - 1;
-        m = _mm512_mask_max_ps(m, valid, m, _mm512_loadu_ps(s + t0));
-      }
-      const __m512 mx = _mm512_set1_ps(_mm512_reduce_max_ps(m));
-      __m512 sum = _mm512_setzero_ps();
-      for (int64_t t0 = 0; t0 < len; t0 += TILE) {
-        const __mmask16 valid = len - t0 >= TILE ? 0xFFFF : (1u << (len - t0)) - 1;
-        const __m512 e = _mm512_maskz_mov_ps(valid, exp_ps(_mm512_sub_ps(_mm512_loadu_ps(s + t0), mx)));
-        _mm512_storeu_ps(s + t0, e);
-        sum = _mm512_add_ps(sum, e);
-      }
-      std::fill(out + (j * g + h) * D, out + (j * g + h + 1) * D, 0.f);
-      score[hq * padded + j * g + h] = 1.f / _mm512_reduce_add_ps(sum);  // kept past the score rows
+  }
+  if (len > 0) prefetch(vp, slots, std::min(TILE, len), hkv * row);
+  for (int64_t h = 0; h < hq; ++h) {  // softmax: p = e^(s - max), the sum's inverse applied at the end
+    float* s = score + h * padded;
+    __m512 m = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+    for (int64_t t0 = 0; t0 < len; t0 += TILE) {
+      const __mmask16 valid = len - t0 >= TILE ? 0xFFFF : (1u << (len - t0)) - 1;
+      m = _mm512_mask_max_ps(m, valid, m, _mm512_loadu_ps(s + t0));
     }
-    for (int64_t t0 = 0; t0 < len; t0 += TILE) {  // out_h += p_ht * v_t
-      const int64_t nt = std::min(TILE, len - t0);
+    const __m512 mx = _mm512_set1_ps(_mm512_reduce_max_ps(m));
+    __m512 sum = _mm512_setzero_ps();
+    for (int64_t t0 = 0; t0 < len; t0 += TILE) {
+      const __mmask16 valid = len - t0 >= TILE ? 0xFFFF : (1u << (len - t0)) - 1;
+      const __m512 e = _mm512_maskz_mov_ps(valid, exp_ps(_mm512_sub_ps(_mm512_loadu_ps(s + t0), mx)));
+      _mm512_storeu_ps(s + t0, e);
+      sum = _mm512_add_ps(sum, e);
+    }
+    std::fill(out + h * D, out + (h + 1) * D, 0.f);
+    score[hq * padded + h] = 1.f / _mm512_reduce_add_ps(sum);  // kept past the score rows
+  }
+  for (int64_t t0 = 0; t0 < len; t0 += TILE) {  // out_h += p_ht * v_t
+    const int64_t nt = std::min(TILE, len - t0);
+    if (t0 + TILE < len) prefetch(vp, slots + t0 + TILE, std::min(TILE, len - t0 - TILE), hkv * row);
+    for (int64_t j = 0; j < hkv; ++j) {
       for (int64_t t = 0; t < nt; ++t) rows[t] = as_fp32<KV, D>(vp + (slots[t0 + t] * hkv + j) * row, buf + t * D);
-      for (int64_t h = 0; h < g; ++h) {
-        float* o = out + (j * g + h) * D;
-        const float* p = sj + h * padded + t0;
+      for (int64_t h = j * g; h < (j + 1) * g; ++h) {
+        float* o = out + h * D;
+        const float* p = score + h * padded + t0;
         __m512 a[C];
         for (int64_t c = 0; c < C; ++c) a[c] = _mm512_loadu_ps(o + 16 * c);
         for (int64_t t = 0; t < nt; ++t) {
@@ -147,11 +163,11 @@ void attend(const float* q, const KV* kp, const KV* vp, const int64_t* slots, in
         for (int64_t c = 0; c < C; ++c) _mm512_storeu_ps(o + 16 * c, a[c]);
       }
     }
-    for (int64_t h = 0; h < g; ++h) {
-      const __m512 inv = _mm512_set1_ps(score[hq * padded + j * g + h]);
-      float* o = out + (j * g + h) * D;
-      for (int64_t c = 0; c < C; ++c) _mm512_storeu_ps(o + 16 * c, _mm512_mul_ps(_mm512_loadu_ps(o + 16 * c), inv));
-    }
+  }
+  for (int64_t h = 0; h < hq; ++h) {
+    const __m512 inv = _mm512_set1_ps(score[hq * padded + h]);
+    float* o = out + h * D;
+    for (int64_t c = 0; c < C; ++c) _mm512_storeu_ps(o + 16 * c, _mm512_mul_ps(_mm512_loadu_ps(o + 16 * c), inv));
   }
 }
 
