@@ -36,7 +36,9 @@ def _ref_op(rev: str) -> Callable[..., None]:
     from torch.utils.cpp_extension import load
 
     src = Path(tempfile.mkdtemp(prefix="kvferry_ref_"))
-    names = subprocess.run(["git", "ls-tree", "--name-only", f"{rev}:{CSRC}"], capture_output=True, text=True, check=True)
+    names = subprocess.run(
+        ["git", "ls-tree", "--name-only", f"{rev}:{CSRC}"], capture_output=True, text=True, check=True
+    )
     for name in names.stdout.split():
         if name.endswith(".h") or name in ("paged_decode.cpp", "kv_rows.cpp"):
             show = subprocess.run(["git", "show", f"{rev}:{CSRC}/{name}"], capture_output=True, check=True)
@@ -79,10 +81,15 @@ def _step_ms(op: Callable[..., None], case: dict[str, Any]) -> float:
 
 def run(context: int, rounds: int, against: str | None) -> dict[str, Any]:
     assert build.built() and paged_decode.available(), "the CPU kernels did not build here"
-    ops = {"ms": torch.ops.kvferry.paged_decode}
+    ops: dict[str, Callable[..., None]] = {"ms": torch.ops.kvferry.paged_decode}
     if against:
         ops["ref_ms"] = _ref_op(against)
-    result: dict[str, Any] = {"context": context, "rounds": rounds, "threads": torch.get_num_threads(), "against": against}
+    result: dict[str, Any] = {
+        "context": context,
+        "rounds": rounds,
+        "threads": torch.get_num_threads(),
+        "against": against,
+    }
     for key in ops:
         result[key] = {}
     for dtype in paged_decode.POOL_DTYPES:

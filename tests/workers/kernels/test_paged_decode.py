@@ -19,8 +19,12 @@ def _pool(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("dtype", paged_decode.POOL_DTYPES)
-@pytest.mark.parametrize(("hkv", "groups", "d", "bs"), [(3, 3, 64, 16), (2, 4, 128, 8), (1, 1, 32, 4), (4, 2, 16, 16)])
-def test_the_kernel_is_sdpa_over_the_gathered_rows(dtype: torch.dtype, hkv: int, groups: int, d: int, bs: int) -> None:
+@pytest.mark.parametrize(
+    ("hkv", "groups", "d", "bs"), [(3, 3, 64, 16), (2, 4, 128, 8), (1, 1, 32, 4), (4, 2, 16, 16)]
+)
+def test_the_kernel_is_sdpa_over_the_gathered_rows(
+    dtype: torch.dtype, hkv: int, groups: int, d: int, bs: int
+) -> None:
     gen = torch.Generator().manual_seed(hkv * 100 + d)
     n, width = len(LENS), 100 // bs + 1
     nblocks = n * width + 3

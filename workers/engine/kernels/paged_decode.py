@@ -61,7 +61,12 @@ def paged_decode(
 
 
 def reference(
-    query: torch.Tensor, pool: torch.Tensor, blocks: torch.Tensor, lens: torch.Tensor, block_size: int, scale: float
+    query: torch.Tensor,
+    pool: torch.Tensor,
+    blocks: torch.Tensor,
+    lens: torch.Tensor,
+    block_size: int,
+    scale: float,
 ) -> torch.Tensor:
     """What `paged_decode` computes, by torch: each row's slots gathered out of the pool, widened
     to fp32 (an int8 pool dequantised), and SDPA over the copy, GQA by viewing the query heads."""
@@ -90,6 +95,9 @@ def _agrees() -> bool:
         out = torch.empty_like(query)
         paged_decode(out, query, pool, blocks, lens, bs, d**-0.5)
         if not torch.allclose(out, reference(query, pool, blocks, lens, bs, d**-0.5), rtol=1e-4, atol=1e-5):
-            log.warning("the CPU decode-attention kernel disagrees with SDPA (%s pool); decodes gather + SDPA", pool.dtype)
+            log.warning(
+                "the CPU decode-attention kernel disagrees with SDPA (%s pool); decodes gather + SDPA",
+                pool.dtype,
+            )
             return False
     return True
