@@ -3,7 +3,10 @@
 On CPU torch's path for a decode step's attention is two memory-bound passes: `index_select`
 copying every context out of the pool, then SDPA over the copy, whose flash kernel does little with
 one query row. `kvferry::paged_decode` reads each context where it lies, through its block table,
-with no copy (docs/benchmarks.md).
+with no copy (docs/benchmarks.md). With AVX-512 it goes 16 slots at a time, each row widened to
+fp32 once (bf16 exactly, int8 dequantised) for the query heads of its KV head, the tile's scores
+summed by one transpose-reduce: a bf16 pool is read as its fp32 widening would be, in half the
+bytes, int8 in a quarter (`python -m ops.bench.engine.attention --against main` times it).
 vLLM's CPU backend and llama.cpp both attend over their caches in place the same way.
 
 Where the library cannot be built (no compiler), or a probe of the kernel disagrees with SDPA,
