@@ -3,7 +3,10 @@
 On CPU torch's path for a decode step's attention is two memory-bound passes: `index_select`
 copying every context out of the pool, then SDPA over the copy, whose flash kernel does little with
 one query row. `kvferry::paged_decode` reads each context where it lies, through its block table,
-with no copy (docs/benchmarks.md).
+with no copy (docs/benchmarks.md). With AVX-512 it goes 16 slots at a time, each row widened to
+fp32 once (bf16 exactly, int8 dequantised) for the query heads of its KV head, the tile's scores
+summed by one transpose-reduce: a bf16 pool is read as its fp32 widening would be, in half the
+bytes, int8 in a quarter (`python -m ops.bench.engine.attention --against main` times it).
 vLLM's CPU backend and llama.cpp both attend over their caches in place the same way.
 
 Where the library cannot be built (no compiler), or a probe of the kernel disagrees with SDPA,
@@ -18,6 +21,7 @@ import threading
 import torch
 import torch.nn.functional as F
 
+from kvstore.pool import int8_rows
 from workers.engine.kernels import build
 
 log = logging.getLogger(__name__)
@@ -59,22 +63,44 @@ def paged_decode(
     torch.ops.kvferry.paged_decode(out, query, pool, blocks, lens, block_size, scale)
 
 
-def _agrees() -> bool:
-    """One random probe against SDPA over a gathered copy, ragged lengths and GQA included."""
-    gen = torch.Generator().manual_seed(0)
-    bs, nblocks, hkv, groups, d, n = 4, 12, 2, 3, 64, 3
-    pool = torch.randn(2, nblocks * bs, hkv, d, generator=gen)
-    blocks = torch.randperm(nblocks, generator=gen)[: n * 3].view(n, 3)
-    lens = torch.tensor([12, 5, 9])
-    query = torch.randn(n, hkv * groups, d, generator=gen)
+def reference(
+    query: torch.Tensor,
+    pool: torch.Tensor,
+    blocks: torch.Tensor,
+    lens: torch.Tensor,
+    block_size: int,
+    scale: float,
+) -> torch.Tensor:
+    """What `paged_decode` computes, by torch: each row's slots gathered out of the pool, widened
+    to fp32 (an int8 pool dequantised), and SDPA over the copy, GQA by viewing the query heads."""
+    hkv, d = pool.shape[2], query.shape[2]
     out = torch.empty_like(query)
-    paged_decode(out, query, pool, blocks, lens, bs, d**-0.5)
-    for i in range(n):
-        slots = (blocks[i, :, None] * bs + torch.arange(bs)).flatten()[: int(lens[i])]
-        k, v = pool[0, slots].transpose(0, 1), pool[1, slots].transpose(0, 1)  # [Hkv, L, D]
-        q = query[i].view(hkv, groups, d)
-        want = F.scaled_dot_product_attention(q, k, v, scale=d**-0.5).reshape(hkv * groups, d)
-        if not torch.allclose(out[i], want, rtol=1e-4, atol=1e-5):
-            log.warning("the CPU decode-attention kernel disagrees with SDPA; decodes gather + SDPA")
+    for i in range(query.shape[0]):
+        slots = (blocks[i, :, None] * block_size + torch.arange(block_size)).flatten()[: int(lens[i])]
+        rows = pool[:, slots]
+        rows = int8_rows.dequantize(rows) if pool.dtype == torch.int8 else rows.float()
+        k, v = rows[0].transpose(0, 1), rows[1].transpose(0, 1)  # [Hkv, L, D]
+        q = query[i].view(hkv, -1, d)
+        out[i] = F.scaled_dot_product_attention(q, k, v, scale=scale).reshape(-1, d)
+    return out
+
+
+def _agrees() -> bool:
+    """One random probe per pool dtype against SDPA over a widened copy (`reference`): ragged
+    lengths across tiles and blocks, GQA."""
+    gen = torch.Generator().manual_seed(0)
+    bs, nblocks, hkv, groups, d = 4, 32, 2, 3, 64
+    lens = torch.tensor([40, 5, 17])
+    blocks = torch.randperm(nblocks, generator=gen)[:30].view(3, 10)
+    query = torch.randn(3, hkv * groups, d, generator=gen)
+    values = torch.randn(2, nblocks * bs, hkv, d, generator=gen)
+    for pool in (values, values.to(torch.bfloat16), int8_rows.quantize(values)):
+        out = torch.empty_like(query)
+        paged_decode(out, query, pool, blocks, lens, bs, d**-0.5)
+        if not torch.allclose(out, reference(query, pool, blocks, lens, bs, d**-0.5), rtol=1e-4, atol=1e-5):
+            log.warning(
+                "the CPU decode-attention kernel disagrees with SDPA (%s pool); decodes gather + SDPA",
+                pool.dtype,
+            )
             return False
     return True

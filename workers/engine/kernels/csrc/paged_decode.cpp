@@ -4,18 +4,23 @@
 // SDPA on the copy; on CPU both are memory-bound and SDPA's flash kernel does little with one
 // query row. This kernel walks each sequence's block table instead: one pass over K for the
 // scores, a softmax, one pass over V, with all query heads of a kv head sharing each K/V row it
-// loads. Sequences are split across torch's intra-op threads (at::parallel_for).
+// loads. Sequences are split across torch's intra-op threads (at::parallel_for). With AVX-512
+// (attend_avx512.h) the passes go a tile of 16 slots at a time, every KV head's rows of the tile
+// together, each row widened to fp32 once, the 16 scores of a head summed by one transpose-reduce,
+// the next tile prefetched; elsewhere (AVX2-only and other CPUs) the portable `attend` below.
 //
 // Shapes: out, q [n, Hq, D]; pool [2, slots, Hkv, D] (one layer: K then V); tables [n, W] block
 // ids; lens [n] context lengths (the new token included). q, out fp32; the pool fp32 or bf16
 // (widened as read: the scores, softmax and sums are fp32), or int8 [2, slots, Hkv, D + 4] (each
-// row's fp32 scale after its values, applied to the row's dot product and to its softmax weight).
+// row's fp32 scale after its values: the portable loop applies it to the row's dot product and
+// softmax weight, the AVX-512 one dequantises the row, value * scale, as int8_rows.dequantize).
 // Contiguous.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <c10/util/Exception.h>
 #include <torch/library.h>
 
+#include "attend_avx512.h"
 #include "kernels.h"
 
 #include <algorithm>
@@ -43,7 +48,7 @@ struct Row {
   }
 };
 
-// One row widened to fp32 into `buf` (a narrower pool's, once for the g query heads that share it),
+// The portable path (no AVX-512). One row widened to fp32 into `buf` (a narrower pool's, once for the g query heads that share it),
 // or read where it lies (fp32: the same products in the same order).
 template <typename KV, int64_t D>
 const float* widened(const KV* row, float* buf) {
@@ -115,11 +120,16 @@ void run(float* op, const float* qp, int64_t n, int64_t hq, const KV* kp, const 
       // each thread's contiguous share a mix of long and short contexts instead of all the long.
       const int64_t s = i % 2 == 0 ? i / 2 : n - 1 - i / 2;
       const int64_t len = lp[s];
-      score.resize(hq * len);
+      score.resize(hq * ((len + 15) / 16 * 16 + 1));  // avx512::attend's tiles of 16, and Hq inverses
       slots.resize(len);
       for (int64_t t = 0; t < len; ++t) slots[t] = tp[s * width + t / block_size] * block_size + t % block_size;
+#if defined(__AVX512F__)
+      kvferry::avx512::attend<KV, D>(qp + s * hq * D, kp, vp, slots.data(), len, hq, hkv, Row<KV, D>::SIZE, scale,
+                                     score.data(), op + s * hq * D);
+#else
       attend<KV, D>(qp + s * hq * D, kp, vp, slots.data(), len, hq, hkv, scale, score.data(), acc.data(),
-                op + s * hq * D);
+                    op + s * hq * D);
+#endif
     }
   });
 }
