@@ -74,6 +74,26 @@ def test_an_fp32_engine_refuses_a_model_converted_to_bf16(bf16_tiny: Callable[[s
         make_engine(tiny.loaded, num_blocks=16)
 
 
+def test_a_bf16_engine_computes_its_logits_on_a_bf16_head_in_fp32_out(tokenizer: object) -> None:
+    if not bf16_linear.runs():
+        pytest.skip("oneDNN's bf16 GEMM does not run here")
+    tiny = _build_tiny("llama", tokenizer, seed=6)
+    model = tiny.loaded.model
+    fp32_head = model.lm_head.weight.detach().clone()
+    engine = make_engine(tiny.loaded, num_blocks=16, **BF16)
+    head = model.lm_head
+    assert isinstance(head, bf16_linear.Bf16Linear)
+    assert model.get_input_embeddings().weight.dtype == torch.float32  # the lookup stays fp32
+    hidden = torch.randn(5, head.in_features)
+    logits = engine.executor.runner.logits(hidden)
+    assert logits.dtype == torch.float32 and logits.shape == (5, head.out_features)
+    exact = hidden @ fp32_head.T
+    # bf16 operands, fp32 accumulation, the result rounded to bf16: within a few bf16 steps of fp32
+    bound = 4 * (hidden.abs() @ fp32_head.abs().T) * 2.0**-8
+    assert bool(((logits - exact).abs() <= bound).all())
+    assert not bf16_linear.convert_head(model)  # idempotent: already converted
+
+
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
 def test_bf16_history_from_the_warm_tier_gives_the_tokens_of_a_kept_one(
     bf16_tiny: Callable[[str], TinyModel], arch: str

@@ -27,6 +27,7 @@ from tests.workers._helpers import (
 )
 from tests.workers.conftest import _build_tiny
 from workers.engine.kernels import int8_linear, paged_decode
+from workers.engine.kernels.bf16_linear import Bf16Linear
 from workers.engine.kernels.int8_linear import Int8Linear
 from workers.engine.model.precision import Precision
 
@@ -101,9 +102,8 @@ def test_an_int8_engine_runs_fused_and_refuses_other_precisions(
     assert engine.stats().dtype == "int8" and engine.stats().kv_cache_dtype == "bfloat16"
     assert (engine.executor.runner.fused is not None) == paged_decode.available()
     layer = tiny.loaded.model.model.layers[0]
-    assert isinstance(layer.mlp.down_proj, Int8Linear) and not isinstance(
-        tiny.loaded.model.lm_head, Int8Linear
-    )
+    assert isinstance(layer.mlp.down_proj, Int8Linear)
+    assert isinstance(tiny.loaded.model.lm_head, Bf16Linear)  # not quantised: bf16, as a bf16 engine's
     with pytest.raises(ValueError, match="int8"):
         make_engine(tiny.loaded, num_blocks=16, dtype="bfloat16")
 

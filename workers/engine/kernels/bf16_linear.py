@@ -8,7 +8,11 @@ reordered once into oneDNN's blocked layout, 0.85-1.12x over the plain [out, in]
 (docs/benchmarks.md). Which of the two layouts a process uses is timed at start-up over the
 model's first layer (`choose`), as the fp32 crossover is (crossover.py). The activations, norms,
 residuals and attention stay fp32 (the input is rounded to bf16 for the product, the output
-widened back); lm_head is not converted: the logits come from the fp32 embeddings.
+widened back). lm_head gets a bf16 copy of its own (`convert_head`; the embeddings it may be tied
+to stay fp32 for the lookup): at a decode step it reads more bytes than any decoder layer, so the
+logits come from oneDNN's bf16 GEMM too, accumulated in fp32 and rounded to bf16 as the decoder
+linears' outputs are (as vLLM's and transformers' bf16 models give them), then widened to fp32 for
+sampling and logprobs. Its layout is timed over the head itself.
 """
 
 from __future__ import annotations
@@ -100,7 +104,8 @@ def decoder_linears(model: nn.Module) -> list[tuple[str, nn.Linear]]:
 
 
 def converted(model: nn.Module) -> bool:
-    return any(isinstance(m, Bf16Linear) for m in model.modules())
+    """Whether the decoder's linears are Bf16Linear (lm_head's alone is an int8 engine's too)."""
+    return any(isinstance(m, Bf16Linear) for name, m in model.named_modules() if name != "lm_head")
 
 
 def convert(model: nn.Module) -> int:
@@ -119,6 +124,21 @@ def convert(model: nn.Module) -> int:
     return len(linears)
 
 
+def convert_head(model: nn.Module) -> bool:
+    """Replace `model`'s lm_head (an nn.Linear on CPU) by a Bf16Linear in the faster layout for it;
+    whether it was replaced (idempotent: a converted head is no longer an nn.Linear)."""
+    head = getattr(model, "lm_head", None)
+    if type(head) is not nn.Linear or head.weight.device.type != "cpu" or not runs():
+        return False
+    try:
+        packed = choose([head]) == PACKED
+    except RuntimeError as err:  # an op missing from this build
+        log.warning("oneDNN's bf16 GEMM does not run lm_head here (%s)", err)
+        return False
+    replace_linears(model, [("lm_head", head)], lambda linear: Bf16Linear(linear, packed))
+    return True
+
+
 def replace_linears(
     model: nn.Module, linears: Sequence[tuple[str, nn.Linear]], make: Callable[[nn.Linear], nn.Module]
 ) -> None:
@@ -126,7 +146,7 @@ def replace_linears(
     with torch.inference_mode():
         for name, linear in linears:
             parent_name, _, attr = name.rpartition(".")
-            setattr(model.get_submodule(parent_name), attr, make(linear))
+            setattr(model.get_submodule(parent_name) if parent_name else model, attr, make(linear))
 
 
 def bf16_bytes(model: nn.Module) -> int:

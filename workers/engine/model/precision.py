@@ -3,9 +3,9 @@
 
 `auto`: bf16 where the hardware computes it natively (a CPU with AVX512-BF16 or AMX, or CUDA),
 fp32 elsewhere; the KV cache follows the weights. On CPU a bf16 engine keeps fp32 activations,
-norms, softmax and logits (lm_head reads the fp32 embeddings), and runs every decoder linear on
-oneDNN's bf16 GEMM over bf16 weights (kernels/bf16_linear.py): the weights are read at half the
-bytes, the products accumulate in fp32. Anything but fp32 weights and fp32 K/V changes the K/V
+norms and softmax, and runs every decoder linear and lm_head on oneDNN's bf16 GEMM over bf16
+weights (kernels/bf16_linear.py): the weights are read at half the bytes, the products accumulate
+in fp32, the logits are widened to fp32 for sampling. Anything but fp32 weights and fp32 K/V changes the K/V
 bytes, so it is part of the chain's root (`fingerprint`), as the weights' own fingerprint is: a
 block computed in one precision is never read by an engine of another.
 
@@ -124,12 +124,15 @@ class Precision:
                 raise ValueError("this model's linears were converted to bf16 by another engine")
             if not quantized and int8_linear.convert(model) == 0:
                 raise ValueError("quantization int8: torch's int8 or oneDNN's bf16 GEMM does not run here")
+            bf16_linear.convert_head(model)
         elif quantized:
             raise ValueError("this model's linears were quantised to int8 by another engine")
         elif self.cpu_mixed:
             if not converted and bf16_linear.convert(model) == 0:
                 log.warning("no bf16 GEMM runs here: the weights stay fp32")
                 actual = replace(self, weights="float32")
+            else:
+                bf16_linear.convert_head(model)
         elif converted:
             raise ValueError("this model's linears were converted to bf16 by another engine")
         else:
