@@ -14,7 +14,7 @@ runs the int8 kernel up to the last row count where it won (`max_int8_rows`, 0: 
 int8 copy is dropped), oneDNN's above. torchao's int8 weight-only tensors were measured too
 (1.8-4x oneDNN's bf16 time at 1-64 rows: a Python tensor subclass over the same kinds of kernel)
 and are not used. The activations, norms, residuals and attention stay fp32; lm_head is not
-quantised.
+quantised (bf16, as a bf16 engine's: bf16_linear.convert_head).
 """
 
 from __future__ import annotations
