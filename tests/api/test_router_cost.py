@@ -27,10 +27,13 @@ HISTORY = (LONG, ChatMessage("user", "q1"), ChatMessage("assistant", "a1"))
 MEMORY = RoutingMemory()  # one api process's, kept across this file's decisions (api/context.py)
 
 
+def _figures(running: int = 0, pending: int = 0, waiting: int = 0) -> EngineFigures:
+    zeros = (0, 0, 0, 10, 0, 0, 1, 0, 0, 0.0, 0, 0)
+    return EngineFigures(running, waiting, *zeros, prefill_tokens_pending=pending)
+
+
 def _beat(rds: redis.Redis, name: str, running: int = 0, pending: int = 0, waiting: int = 0) -> None:
-    figures = EngineFigures(
-        running, waiting, 0, 0, 0, 10, 0, 0, 1, 0, 0, 0.0, 0, 0, prefill_tokens_pending=pending
-    )
+    figures = _figures(running, pending, waiting)
     status = WorkerStatus(name, keys.worker_queue(name), "m", running + waiting, 0, 0, time.time(), figures)
     rds.hset(keys.worker_heartbeat(name), HEARTBEAT_FIELD, encode_status(status))
     rds.expire(keys.worker_heartbeat(name), 30)
@@ -425,11 +428,11 @@ def test_sequences_waiting_weigh_a_seat_each_and_what_comes_after_them_waits_too
     """A worker that shows sequences waiting is full: the jobs its Celery threads hold and those
     routed to it since wait as well, and one seen ending frees a seat for one of them. With none
     waiting, they are rows."""
-    full = WorkerStatus("a", "q", "m", 7, 0, 0, time.time(), EngineFigures(4, 2, 0, 0, 0, 10, 0, 0, 1, 0, 0, 0.0, 0, 0))
+    full = WorkerStatus("a", "q", "m", 7, 0, 0, time.time(), _figures(running=4, waiting=2))
     held = backlog(full, Routed(jobs=2, gone=1))
     assert (held.running, held.waiting) == (4, 2 + 1 + 2 - 1), held  # a Celery-held job, 2 routed, 1 gone
     assert held.cost == DECODE_ROW * 4 + SEAT_WAIT * 4
-    room = WorkerStatus("b", "q", "m", 5, 0, 0, time.time(), EngineFigures(4, 0, 0, 0, 0, 10, 0, 0, 1, 0, 0, 0.0, 0, 0))
+    room = WorkerStatus("b", "q", "m", 5, 0, 0, time.time(), _figures(running=4))
     held = backlog(room, Routed(jobs=2, gone=1))
     assert (held.running, held.waiting) == (4 + 1 + 2 - 1, 0), held
     assert held.cost == DECODE_ROW * 6
