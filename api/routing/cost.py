@@ -40,7 +40,7 @@ from the CPU figures in docs/benchmarks.md:
   that saves rows or a short prefill saves the turn little where its worker admits it at once. So
   a session moves only to escape a queue, by more than one waiting sequence (in the heartbeat's
   age, and the fleet cache's, a seat or two turn over: a queue of one is noise), and only to a
-  worker that shows none waiting (room_for_a_move). Between two full workers a move reorders the
+  worker that shows none waiting (destinations()). Between two full workers a move reorders the
   fleet's queue rather than shortening it: the seats free no faster, the turn's gain is paid by the
   target's next arrivals, and its history takes pool room from the sessions living there, whose
   next turns reload what it displaced.
@@ -150,9 +150,17 @@ def backlog(w: WorkerStatus, since: Routed) -> Backlog:
     return Backlog(held.running + since.jobs, held.waiting, prefill, since.own_ended)
 
 
-def room_for_a_move(target: Backlog) -> bool:
-    """Whether a session may move to a worker with this backlog (SESSION_MOVE_MARGIN)."""
-    return target.waiting == 0
+def destinations(
+    cost: Mapping[str, float], backlogs: Mapping[str, Backlog], home: str, own_worker: bool
+) -> dict[str, float]:
+    """The workers a job held by `home` may go to, with their costs: any; for a session on its own
+    worker (`own_worker`), that one and those with room (none waiting: SESSION_MOVE_MARGIN)."""
+    return {n: c for n, c in cost.items() if not own_worker or n == home or backlogs[n].waiting == 0}
+
+
+def move_margin(own_worker: bool) -> float:
+    """What leaving the worker that holds the most of the prompt must save."""
+    return SESSION_MOVE_MARGIN if own_worker else MOVE_MARGIN
 
 
 def session_key(job: GenerateJob) -> str:

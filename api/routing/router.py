@@ -245,13 +245,11 @@ class _Choice:
                 reason = f"forced move after turn {record.turns}: {name} (from {record.last_worker})"
                 return _to(name, reason, prefill_tokens=prefill[name])
             note += f"; no other worker to move to after turn {record.turns}"
-        name = route_cost.cheapest(cost, tiebreak)
         own = home == home_worker
-        margin = route_cost.SESSION_MOVE_MARGIN if own else route_cost.MOVE_MARGIN
-        stuck = own and not route_cost.room_for_a_move(backlogs[name])
-        if name == home or cost[home] - cost[name] <= margin or stuck:
+        name = route_cost.cheapest(route_cost.destinations(cost, backlogs, home, own), tiebreak)
+        if name == home or cost[home] - cost[name] <= route_cost.move_margin(own):
             then = route_hints.move_target(self.job, record, move, home, cost)
-            if home == home_worker:
+            if own:
                 return _to(home, f"session affinity: {home}{note}", then, prefill[home])
             matched = f"{self.matches.get(home, 0)}/{self.digests} {self.unit}"
             return _to(home, f"prefix match: {matched} on {home}{note}", then, prefill[home])

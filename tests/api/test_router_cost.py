@@ -467,3 +467,16 @@ def test_a_session_leaves_its_history_only_to_escape_a_queue(clean: redis.Redis,
         route = _route(redis_url, _next_turn("s-q"))
         assert route.reason.startswith("load balance: b") == moves, (a, b, route)
         assert route.worker == ("b" if moves else "a"), route
+
+
+def test_a_session_leaving_a_queue_goes_to_the_cheapest_worker_with_room(
+    clean: redis.Redis, redis_url: str
+) -> None:
+    """b costs least (one sequence waiting, no rows) but is full; c, busier by rows, has room."""
+    _advertise(clean, "a", HISTORY)
+    session_store.save(clean, SessionRecord("s-r", "", "m", (1,), (), "a", time.time() - 5, 1), 60)
+    _beat(clean, "a", running=4, waiting=3)
+    _beat(clean, "b", waiting=1)
+    _beat(clean, "c", running=18)
+    route = _route(redis_url, _next_turn("s-r"))
+    assert route.worker == "c" and route.reason.startswith("load balance: c"), route
