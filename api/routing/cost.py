@@ -6,7 +6,8 @@ Sending every job to the worker that holds its prefix piles sessions on one work
 to the least loaded one recomputes (or reloads) what another holds. Like Dynamo's KV router (new
 prefill blocks weighed against a worker's active blocks) and SGLang's (cache affinity unless the
 load is out of balance by a threshold), the router takes the worker of least expected cost, and
-leaves the worker that holds the most of the prompt only when that saves more than MOVE_MARGIN.
+leaves the worker that holds the most of the prompt only when that saves more than MOVE_MARGIN
+(SESSION_MOVE_MARGIN where that is the session's own worker, for one with room only).
 
 The api has no tokenizer on the hot path, so a prompt's length is estimated from its characters
 (CHARS_PER_TOKEN, the usual rate for English text under byte-pair encodings). The weights, reasoned
