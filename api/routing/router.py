@@ -5,10 +5,11 @@
    the request's prefix digests it advertises; with the Redis tier the rest of what anyone served
    loads cheaper than it computes) plus the work ahead of the job there (api/routing/cost.py).
    The cheapest takes the job, unless the worker holding the most of the prompt costs at most
-   MOVE_MARGIN more: then that one keeps it ("session affinity" or "prefix match"; a move is a
-   "load balance"). With session_move_after_turns = K, a session's turn K+1 (with
-   session_move_every_turns = M, every M-th turn after it too) goes to the cheapest
-   worker other than its last one: the one chosen when turn K was routed (the job's prefetch_to,
+   MOVE_MARGIN more (SESSION_MOVE_MARGIN where that is the session's own worker, which it leaves
+   only for one with room): then that one keeps it ("session affinity" or "prefix match"; a move
+   is a "load balance"). With session_move_after_turns = K, a session's turn K+1 (with
+   session_move_every_turns = M, every M-th turn after it too) goes to the cheapest worker other
+   than its last one: the one chosen when turn K was routed (the job's prefetch_to,
    kept in the session record as next_worker), if still ready.
 2. A session's turn with a prefix nobody holds: the least loaded ready worker.
 3. Otherwise the shared queue: any worker takes it, and resumes from Redis what it lacks.
@@ -213,9 +214,10 @@ class _Choice:
 
     def route(self, move: route_hints.Move, redis_tier: bool, note: str, force: bool = True) -> Route:
         """The worker of least expected cost; the one holding the most of the prompt unless
-        leaving it saves more than MOVE_MARGIN; another than the session's last worker when the
-        session is due its forced move (`move`: after K turns, then every M; K = 0:
-        never; `force`: whether to move now, else only choose turn K+1's worker at turn K)."""
+        leaving it saves more than MOVE_MARGIN (SESSION_MOVE_MARGIN, and room there, for the
+        session's own); another than the session's last worker when the session is due its
+        forced move (`move`: after K turns, then every M; K = 0: never; `force`: whether to
+        move now, else only choose turn K+1's worker at turn K)."""
         units = route_cost.prompt_tokens(self.job)
         total, record, home_worker = sum(units), self.record, self.home_worker
         history = route_cost.held_tokens(units, len(units) - 1) if record is not None else 0
@@ -243,14 +245,17 @@ class _Choice:
                 reason = f"forced move after turn {record.turns}: {name} (from {record.last_worker})"
                 return _to(name, reason, prefill_tokens=prefill[name])
             note += f"; no other worker to move to after turn {record.turns}"
-        name = route_cost.cheapest(cost, tiebreak)
-        if name == home or cost[home] - cost[name] <= route_cost.MOVE_MARGIN:
+        own = home == home_worker
+        name = route_cost.cheapest(route_cost.destinations(cost, backlogs, home, own), tiebreak)
+        if name == home or cost[home] - cost[name] <= route_cost.move_margin(own):
             then = route_hints.move_target(self.job, record, move, home, cost)
-            if home == home_worker:
+            if own:
                 return _to(home, f"session affinity: {home}{note}", then, prefill[home])
             matched = f"{self.matches.get(home, 0)}/{self.digests} {self.unit}"
             return _to(home, f"prefix match: {matched} on {home}{note}", then, prefill[home])
         jobs = f"{home} has {backlogs[home].sequences} jobs, {name} {backlogs[name].sequences}"
+        if backlogs[home].waiting or backlogs[name].waiting:
+            jobs += f"; {backlogs[home].waiting} and {backlogs[name].waiting} waiting"
         return _to(
             name,
             f"load balance: {name} ({jobs}), expected cost {cost[home]:.0f} vs {cost[name]:.0f} "

@@ -59,7 +59,7 @@ def test_no_worker_means_shared(rds: redis.Redis, redis_url: str) -> None:
 
 def test_longest_prefix_wins_then_least_loaded(rds: redis.Redis, redis_url: str) -> None:
     _beat(rds, "a")
-    _beat(rds, "b", waiting=1)
+    _beat(rds, "b")
     question = ChatMessage("user", "q1")
     digests = chat_digests("m", "", [SYSTEM, question, ChatMessage("assistant", "a1")])
     advertise(rds, "a", digests[:1])  # a: the system prompt only
@@ -67,6 +67,7 @@ def test_longest_prefix_wins_then_least_loaded(rds: redis.Redis, redis_url: str)
     follow_up = _job(SYSTEM, question, ChatMessage("assistant", "a1"), ChatMessage("user", "q2"))
     assert _route(redis_url, follow_up) == Route(keys.worker_queue("b"), "prefix match: 3/4 messages on b")
     # Both hold the system prompt: the less loaded one takes a new conversation.
+    _beat(rds, "b", waiting=1)
     advertise(rds, "b", digests[:1])
     assert _route(redis_url, _job(SYSTEM, ChatMessage("user", "new"))).queue == keys.worker_queue("a")
     assert _route(redis_url, _job(ChatMessage("user", "unknown"))) == Route(
@@ -109,18 +110,21 @@ def test_a_burst_of_new_conversations_is_spread_before_heartbeats_catch_up(
 
 
 def test_affinity_gives_way_when_its_worker_is_clearly_busier(rds: redis.Redis, redis_url: str) -> None:
-    _beat(rds, "a")
+    """a is full (a sequence waits there): every job routed to it since waits too. The session
+    leaves its worker only when that escapes more than one waiting sequence, and only for a worker
+    with room (SESSION_MOVE_MARGIN, api/routing/cost.py)."""
+    _beat(rds, "a", waiting=1)
     _beat(rds, "b")
     # Its last turn ended before the heartbeats (one ending after is no longer counted on a).
     session_store.save(rds, SessionRecord("hot", "", "m", (1,), (), "a", time.time() - 1, 1), 60)
-    reasons = [_route(redis_url, _job(SYSTEM, session="hot")).reason for _ in range(8)]
-    # It stays while the jobs routed to a cost less than a move saves (api/routing/cost.py)...
+    reasons = [_route(redis_url, _job(SYSTEM, session="hot")).reason for _ in range(3)]
+    # It stays while a's queue is one long...
     assert reasons[0] == "session affinity: a", reasons
-    moved = next(i for i, r in enumerate(reasons) if r.startswith("load balance: b (a has"))
-    assert moved >= 1 and reasons[:moved] == ["session affinity: a"] * moved, reasons
-    assert reasons[moved].startswith(f"load balance: b (a has {moved} jobs, b 0), expected cost"), reasons
-    # ...and comes back once b has taken its share.
-    assert "session affinity: a" in reasons[moved + 1 :], reasons
+    assert reasons[1].startswith("load balance: b (a has 2 jobs, b 0; 2 and 0 waiting), expected"), reasons
+    assert reasons[2].startswith("load balance: b (a has 2 jobs, b 1; 2 and 0 waiting)"), reasons
+    # ...and comes back once b is full too: a move would reorder the queue, not shorten it.
+    _beat(rds, "b", waiting=1)
+    assert _route(redis_url, _job(SYSTEM, session="hot")).reason == "session affinity: a"
 
 
 def test_a_decision_costs_redis_the_same_at_2_and_at_40_workers(private: tuple[redis.Redis, str]) -> None:

@@ -10,6 +10,7 @@ import pytest
 import redis
 import redis.asyncio as aioredis
 
+from api.routing.cost import DECODE_ROW, SEAT_WAIT, backlog
 from api.routing.memory import RoutingMemory
 from api.routing.recent import RecentRoutes, Routed
 from api.routing.router import Route, choose_queue
@@ -26,9 +27,14 @@ HISTORY = (LONG, ChatMessage("user", "q1"), ChatMessage("assistant", "a1"))
 MEMORY = RoutingMemory()  # one api process's, kept across this file's decisions (api/context.py)
 
 
-def _beat(rds: redis.Redis, name: str, running: int = 0, pending: int = 0) -> None:
-    figures = EngineFigures(running, 0, 0, 0, 0, 10, 0, 0, 1, 0, 0, 0.0, 0, 0, prefill_tokens_pending=pending)
-    status = WorkerStatus(name, keys.worker_queue(name), "m", running, 0, 0, time.time(), figures)
+def _figures(running: int = 0, pending: int = 0, waiting: int = 0) -> EngineFigures:
+    zeros = (0, 0, 0, 10, 0, 0, 1, 0, 0, 0.0, 0, 0)
+    return EngineFigures(running, waiting, *zeros, prefill_tokens_pending=pending)
+
+
+def _beat(rds: redis.Redis, name: str, running: int = 0, pending: int = 0, waiting: int = 0) -> None:
+    figures = _figures(running, pending, waiting)
+    status = WorkerStatus(name, keys.worker_queue(name), "m", running + waiting, 0, 0, time.time(), figures)
     rds.hset(keys.worker_heartbeat(name), HEARTBEAT_FIELD, encode_status(status))
     rds.expire(keys.worker_heartbeat(name), 30)
     rds.sadd(keys.WORKERS, name)
@@ -243,15 +249,17 @@ def test_a_burst_of_sessions_on_a_few_system_prompts_is_grouped_by_prompt(
 def test_the_sessions_own_last_job_is_not_counted_against_its_worker(
     clean: redis.Redis, redis_url: str
 ) -> None:
-    """The heartbeat came while the session's last turn ran: that job has ended since."""
-    _beat(clean, "a", running=6)
-    _beat(clean, "b", running=2)
+    """The heartbeat came while the session's last turn ran: that job has ended since, and its
+    seat went to one of those waiting."""
+    _beat(clean, "a", running=4, waiting=2)
+    _beat(clean, "b", running=4)
     _advertise(clean, "a", HISTORY)
     session_store.save(clean, SessionRecord("s9", "", "m", (1, 2, 3), (), "a", time.time() - 5, 1), 60)
-    assert _route(redis_url, _next_turn("s9")).reason.startswith("load balance: b (a has 6 jobs, b 2)")
-    _beat(clean, "a", running=6)
-    _beat(clean, "b", running=2)
-    _session(clean, "s9", "a", turns=1)  # it ended after a's heartbeat: a runs 5 others
+    route = _route(redis_url, _next_turn("s9"))
+    assert route.reason.startswith("load balance: b (a has 6 jobs, b 4; 2 and 0 waiting)"), route
+    _beat(clean, "a", running=4, waiting=2)
+    _beat(clean, "b", running=4)
+    _session(clean, "s9", "a", turns=1)  # it ended after a's heartbeat: one waits there, not two
     assert _route(redis_url, _next_turn("s9")).reason == "session affinity: a"
 
 
@@ -285,12 +293,13 @@ def test_turns_that_come_back_together_do_not_all_wait_on_one_workers_step(
 ) -> None:
     """Sessions whose turns ended in one step on a send their next turns at once: each turn routed
     to a since its heartbeat counts there as the prefill it will compute, so the second turn
-    already costs more on a (the first's new tokens ahead of it in the step) than a move, whose
-    history the Redis tier loads. Counted as bare sequences, a kept the first three."""
+    already costs more on a (the first's new tokens ahead of it in the step, more than a seat's
+    wait: SESSION_MOVE_MARGIN) than a move, whose history the Redis tier loads. Counted as bare
+    sequences, a kept the first three."""
     _beat(clean, "a")
     _beat(clean, "b")
     _advertise(clean, "a", HISTORY)
-    question = ChatMessage("user", "Now answer this longer follow-up question, point by point. " * 8)
+    question = ChatMessage("user", "Now answer this longer follow-up question, point by point. " * 24)
     reasons = []
     for i in range(4):
         session_store.save(clean, SessionRecord(f"c{i}", "", "m", (1,), (), "a", time.time() - 5, 1), 60)
@@ -381,13 +390,13 @@ def test_a_sessions_last_turn_seen_ending_is_taken_off_its_worker_once(
     assert _route(redis_url, _next_turn(sid), job_id=job_id).worker == "a"
     MEMORY.prefilled(job_id)
     time.sleep(0.01)
-    _beat(clean, "a", running=6)  # its last turn and 5 others
+    _beat(clean, "a", running=2, waiting=4)  # its last turn and 5 others
     _beat(clean, "b", running=1)
     time.sleep(0.01)
     _session(clean, sid, "a", turns=1)  # its record: ended after the heartbeat
     MEMORY.ended(job_id)
     route = _route(redis_url, _next_turn(sid))
-    assert route.reason.startswith("load balance: b (a has 5 jobs, b 1)"), route
+    assert route.reason.startswith("load balance: b (a has 5 jobs, b 1; 3 and 0 waiting)"), route
 
 
 def test_recent_routes_take_off_what_the_heartbeat_counts_but_has_ended_or_prefilled_since() -> None:
@@ -413,3 +422,61 @@ def test_recent_routes_take_off_what_the_heartbeat_counts_but_has_ended_or_prefi
     recent.ended("j4")  # routed and ended after that heartbeat: it counts nothing
     assert recent.since("a", beat) == Routed(0, 0.0, gone=2, prefill_done=45.0)
     assert recent.since("a", beat, ended="t\0u") == Routed(0, 0.0, gone=2, prefill_done=45.0, own_ended=True)
+
+
+def test_sequences_waiting_weigh_a_seat_each_and_what_comes_after_them_waits_too() -> None:
+    """A worker that shows sequences waiting is full: the jobs its Celery threads hold and those
+    routed to it since wait as well, and one seen ending frees a seat for one of them. With none
+    waiting, they are rows."""
+    full = WorkerStatus("a", "q", "m", 7, 0, 0, time.time(), _figures(running=4, waiting=2))
+    held = backlog(full, Routed(jobs=2, gone=1))
+    assert (held.running, held.waiting) == (4, 2 + 1 + 2 - 1), held  # a Celery-held job, 2 routed, 1 gone
+    assert held.cost == DECODE_ROW * 4 + SEAT_WAIT * 4
+    room = WorkerStatus("b", "q", "m", 5, 0, 0, time.time(), _figures(running=4))
+    held = backlog(room, Routed(jobs=2, gone=1))
+    assert (held.running, held.waiting) == (4 + 1 + 2 - 1, 0), held
+    assert held.cost == DECODE_ROW * 6
+
+
+def test_a_new_conversation_avoids_a_queue_rather_than_rows(clean: redis.Redis, redis_url: str) -> None:
+    """Three sequences waiting on a cost the next job three seats' turnover; b's eight decoding
+    rows cost it a share of each step. Counted alike, a (5 sequences) looked the lighter."""
+    _beat(clean, "a", running=2, waiting=3)
+    _beat(clean, "b", running=8)
+    for name in ("a", "b"):
+        _advertise(clean, name, HISTORY[:1])
+    new = GenerateJob(model="m", endpoint="chat", messages=(LONG, ChatMessage("user", "hello")))
+    assert _route(redis_url, new).queue == keys.worker_queue("b")
+
+
+def test_a_session_leaves_its_history_only_to_escape_a_queue(clean: redis.Redis, redis_url: str) -> None:
+    """SESSION_MOVE_MARGIN: a few more rows on its worker (which admits the turn at once) or one more
+    sequence waiting there (noise at a heartbeat's age) keep the session; a longer queue moves it,
+    to a worker with room only."""
+    _advertise(clean, "a", HISTORY)
+    for a, b, moves in (
+        ({"running": 7}, {"running": 1}, False),  # rows only; before, a move: 6 rows > the load + 16
+        ({"running": 5, "waiting": 1}, {"running": 5}, False),  # a queue of one
+        ({"running": 4, "waiting": 2}, {"running": 6}, True),
+        ({"running": 4, "waiting": 4}, {"running": 6, "waiting": 1}, False),  # b is full too
+    ):
+        # its last turn ended before the heartbeats
+        session_store.save(clean, SessionRecord("s-q", "", "m", (1,), (), "a", time.time() - 5, 1), 60)
+        _beat(clean, "a", **a)
+        _beat(clean, "b", **b)
+        route = _route(redis_url, _next_turn("s-q"))
+        assert route.reason.startswith("load balance: b") == moves, (a, b, route)
+        assert route.worker == ("b" if moves else "a"), route
+
+
+def test_a_session_leaving_a_queue_goes_to_the_cheapest_worker_with_room(
+    clean: redis.Redis, redis_url: str
+) -> None:
+    """b costs least (one sequence waiting, no rows) but is full; c, busier by rows, has room."""
+    _advertise(clean, "a", HISTORY)
+    session_store.save(clean, SessionRecord("s-r", "", "m", (1,), (), "a", time.time() - 5, 1), 60)
+    _beat(clean, "a", running=4, waiting=3)
+    _beat(clean, "b", waiting=1)
+    _beat(clean, "c", running=18)
+    route = _route(redis_url, _next_turn("s-r"))
+    assert route.worker == "c" and route.reason.startswith("load balance: c"), route
