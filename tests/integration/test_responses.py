@@ -183,7 +183,9 @@ def test_previous_response_chain_is_token_exact_and_cached_on_the_moved_turn(
             assert cached >= (held - 1) // BLOCK * BLOCK, (turn, cached, held)
         held = len(record.token_ids)
         workers.append(r.model_extra["worker"] if r.model_extra else None)
-        history.append({"role": "assistant", "content": r.output_text})
+        # the reply as generated: a special token the model emitted is in the next prompt, not in output_text
+        reply = tokenizer.decode(record.token_ids[n_in:], skip_special_tokens=False)
+        history.append({"role": "assistant", "content": reply.removesuffix(tokenizer.eos_token)})
         previous = r.id
         wait_settled(redis_client, "", session)  # a client reads the answer: its blocks reach Redis
     assert workers[0] == workers[1] and workers[2] != workers[1], workers  # turn 3: the forced move
