@@ -197,6 +197,11 @@ class EngineFigures(Message, frozen=True):
     prefill_tokens_pending: int = 0
     # Running sequences sent back to wait (their blocks freed) so others could grow: the pool full.
     num_preemptions: int = 0
+    # Of pool_blocks_used: kept session tails (given back first when the pool runs short), so the
+    # running sequences hold used - kept; and how long the sequence waiting longest in the engine
+    # without having started has waited (for a seat or pool room): the policy's room and wait.
+    pool_blocks_kept: int = 0
+    oldest_waiting_s: float = 0.0
     # The precision it computes in (weights and GEMMs) and holds its hot K/V in.
     dtype: str = "float32"
     kv_cache_dtype: str = "float32"

@@ -7,7 +7,10 @@
   (jobs_running - engine running, per live worker; the heartbeat does not split those by class,
   so they count as interactive);
 - kvferry_jobs_running: engine seats in use, kvferry_seats_total: engine seats, over live workers;
+- kvferry_seats_usable: what the live workers can run at once now (the policy's pool_room: seats,
+  fewer where a KV pool is full at fewer sequences);
 - kvferry_queue_wait_p95_seconds: recent jobs' queue wait (this api's window);
+- kvferry_engine_wait_seconds: the longest wait now of a sequence not started in an engine;
 - kvferry_desired_workers: the policy (api/scale/policy.py) over those figures, with hysteresis."""
 
 from __future__ import annotations
@@ -22,9 +25,10 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from api.routing.fleet import WorkerView
-from api.scale.policy import FleetLoad, Hysteresis, ScalePolicy
+from api.scale.policy import FleetLoad, Hysteresis, ScalePolicy, pool_room
 from api.scale.wait_window import WaitWindow
 from broker import keys, priority
+from broker.messages import WorkerStatus
 
 CLASSES: tuple[priority.JobClass, ...] = ("interactive", "batch")
 _BATCH_FIRST_BAND = priority.band("batch", -priority.PRIORITY_LIMIT)
@@ -62,14 +66,24 @@ def _held(view: WorkerView) -> int:
     return max(0, s.jobs_running - (s.engine.num_running if s.engine else 0))
 
 
+def _room(s: WorkerStatus) -> float:
+    seats, e = s.seats or s.concurrency, s.engine  # 0 = unknown: as api/jobs/admission.py
+    if e is None:
+        return float(seats)  # loading: its seats, soon
+    return pool_room(seats, e.num_running, e.pool_blocks_total, e.pool_blocks_used - e.pool_blocks_kept)
+
+
 def fleet_load(views: list[WorkerView], waiting: dict[str, int], wait_p95_s: float | None) -> FleetLoad:
     live = [v.status for v in views if v.live and v.status is not None]
+    engines = [s.engine for s in live if s.engine is not None]
     return FleetLoad(
         workers=len(live),
-        seats_total=sum(s.seats or s.concurrency for s in live),  # 0 = unknown: as api/jobs/admission.py
-        jobs_running=sum(s.engine.num_running for s in live if s.engine is not None),
+        seats_total=sum(s.seats or s.concurrency for s in live),
+        jobs_running=sum(e.num_running for e in engines),
         jobs_waiting=sum(waiting.values()),
         wait_p95_s=wait_p95_s,
+        seats_usable=sum(_room(s) for s in live),
+        engine_wait_s=max((e.oldest_waiting_s for e in engines), default=0.0),
     )
 
 
@@ -100,12 +114,23 @@ class ScaleCollector(Collector):
         yield GaugeMetricFamily(
             "kvferry_seats_total", "Engine seats of the live workers", value=s.load.seats_total
         )
+        usable = s.load.seats_total if s.load.seats_usable is None else s.load.seats_usable
+        yield GaugeMetricFamily(
+            "kvferry_seats_usable",
+            "Sequences the live workers can run at once now: seats, fewer where a KV pool is the bound",
+            value=usable,
+        )
         yield GaugeMetricFamily("kvferry_workers", "Live workers", value=s.load.workers)
         p95 = s.load.wait_p95_s
         yield GaugeMetricFamily(
             "kvferry_queue_wait_p95_seconds",
             "Queue wait p95 of the jobs this api saw start in the last minute (NaN: none)",
             value=float("nan") if p95 is None else p95,
+        )
+        yield GaugeMetricFamily(
+            "kvferry_engine_wait_seconds",
+            "The longest wait now of a sequence not started in any worker's engine (seat or pool room)",
+            value=s.load.engine_wait_s,
         )
         yield GaugeMetricFamily(
             "kvferry_desired_workers",

@@ -37,6 +37,8 @@ def figures_of(stats: EngineStats) -> EngineFigures:
         num_held_steps=stats.num_held_steps,
         prefill_tokens_pending=stats.prefill_tokens_pending,
         num_preemptions=stats.num_preemptions,
+        pool_blocks_kept=stats.blocks_kept,
+        oldest_waiting_s=stats.oldest_waiting_s,
         dtype=stats.dtype,
         kv_cache_dtype=stats.kv_cache_dtype,
     )

@@ -58,6 +58,10 @@ class AdmissionHold:
         """seq no longer waits (admitted, finished or aborted)."""
         self._arrived.pop(id(seq), None)
 
+    def oldest_wait(self, now: float) -> float:
+        """How long the sequence waiting longest without having started has waited (0: none)."""
+        return now - min(self._arrived.values(), default=now)
+
     def holds(
         self,
         plan: StepPlan,

@@ -69,6 +69,8 @@ class EngineReport:
             prefill_tokens_pending=sum(
                 max(0, s.num_prompt_tokens - s.num_computed_tokens) for s in scheduler.running
             ),
+            blocks_kept=len(scheduler.blocks.tails),
+            oldest_waiting_s=scheduler.hold.oldest_wait(scheduler.clock()),
             dtype=self.dtype,
             kv_cache_dtype=str(self.kv_cache.layout.dtype).removeprefix("torch."),
         )

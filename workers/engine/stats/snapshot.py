@@ -40,6 +40,8 @@ class EngineStats:
     seconds_with_prefill: float = 0.0
     num_held_steps: int = 0
     prefill_tokens_pending: int = 0  # prompt tokens of running sequences not computed yet
+    blocks_kept: int = 0  # of pool.blocks_used: kept session tails (workers/engine/tiers/kept_tails.py)
+    oldest_waiting_s: float = 0.0  # the longest a waiting sequence not started yet has waited
     dtype: str = "float32"  # weights and GEMMs, or int8 (workers/engine/model/precision.py)
     kv_cache_dtype: str = "float32"  # the hot pool's K/V
 
