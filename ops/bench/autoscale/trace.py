@@ -1,11 +1,16 @@
 """A seeded bursty arrival trace: a quiet Poisson base with bursts (exponential gaps) of a much
 higher rate; each job's seat time from a lognormal number of output tokens x the simulated
-engine's time per token (a batched step: a seat's time does not depend on the batch)."""
+engine's time per token (a batched step: a seat's time does not depend on the batch). With
+prompt_tokens_median > 0, each job also has a lognormal prompt and takes the KV blocks of its prompt
+and output (BLOCK_SIZE tokens a block) in its worker's pool (fleet_model.py: pool_blocks)."""
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass
+
+BLOCK_SIZE = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -19,12 +24,14 @@ class TraceSpec:
     tokens_median: float = 120.0
     tokens_sigma: float = 0.6
     token_delay_s: float = 0.05
+    prompt_tokens_median: float = 0.0  # 0: jobs take no pool room (a pool-free model)
 
 
 @dataclass(frozen=True, slots=True)
 class Job:
     arrival_s: float
     seat_s: float
+    blocks: int = 0  # of its worker's KV pool, while it runs
 
 
 def make_trace(spec: TraceSpec) -> list[Job]:
@@ -42,4 +49,8 @@ def make_trace(spec: TraceSpec) -> list[Job]:
         if t >= spec.duration_s:
             return jobs
         tokens = max(1, round(rng.lognormvariate(0, spec.tokens_sigma) * spec.tokens_median))
-        jobs.append(Job(t, tokens * spec.token_delay_s))
+        blocks = 0
+        if spec.prompt_tokens_median > 0:
+            prompt = rng.lognormvariate(0, spec.tokens_sigma) * spec.prompt_tokens_median
+            blocks = math.ceil((prompt + tokens) / BLOCK_SIZE)
+        jobs.append(Job(t, tokens * spec.token_delay_s, blocks))

@@ -52,3 +52,21 @@ def test_chaos_plans_scale_ins_among_the_kills() -> None:
 
     assert FaultInjector._plan(0, 0, scale_in=2) == ["scale_in", "scale_in"]
     assert FaultInjector._plan(2, 0, scale_in=1) == ["kill", "scale_in", "kill"]
+
+
+def test_model_pool_room_by_hand() -> None:
+    # 1 worker of 4 seats, a 10-block pool, jobs of 6 blocks: it takes both, runs one at a time.
+    jobs = [Job(0.0, 2.0, 6), Job(0.0, 2.0, 6), Job(0.0, 2.0, 3)]
+    run = run_fleet(jobs, seats=4, initial=1, policy=None, dt=0.5, pool_blocks=10)
+    assert sorted(run.waits) == [0.0, 2.0, 2.0]  # the third, behind the second, first come first served
+
+
+def test_a_pool_bound_load_scales_out_where_the_seats_say_enough() -> None:
+    """A steady load whose pools fit ~4 of 8 seats: the policy that reads the pools asks for more
+    workers and the waits (in queue and engine) fall; blind to them it sizes by seats."""
+    jobs = make_trace(TraceSpec(duration_s=300, base_rate=1.2, burst_rate=1.2, prompt_tokens_median=1000))
+    policy = ScalePolicy(1, 8, scale_in_hold_s=10)  # no spare seats, no growth lead: sizing alone
+    aware = run_fleet(jobs, 8, 1, policy, pool_blocks=350)
+    blind = run_fleet(jobs, 8, 1, policy, pool_blocks=350, pool_blind=True)
+    assert aware.queue_wait_p95_s < blind.queue_wait_p95_s / 2, (aware, blind)
+    assert aware.worker_seconds > blind.worker_seconds
