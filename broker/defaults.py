@@ -156,7 +156,7 @@ class SettingsFields(BaseModel):
     # scaling (api/scale/policy.py: kvferry_desired_workers; `serve --autoscale` overrides the bounds)
     scale_min_workers: int = 1
     scale_max_workers: int = 8
-    scale_wait_target_s: float = 2.0  # the queue wait p95 the fleet should keep under
+    scale_wait_target_s: float = 2.0  # the wait (queue p95 or longest in an engine) to keep under
     scale_in_hold_s: float = 10.0  # a lower desired size must hold this long before workers go
     scale_spare_seats: int = 4  # free seats kept beyond demand, for a burst's first jobs
     scale_growth_lead_s: float = 30.0  # the fleet is sized for demand this far ahead at its growth
