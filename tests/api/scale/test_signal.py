@@ -83,3 +83,20 @@ def test_every_band_of_every_queue_and_the_held_jobs(rds: redis.Redis, redis_url
 
     # interactive: bands 0 and 4, one parked, 5 running jobs less 2 in the engine's batch = 3 held
     assert asyncio.run(go()) == {"interactive": 2 + 1 + 3, "batch": 2 + 2}
+
+
+def test_a_full_pool_on_metrics(seats_only_api: Served, rds: redis.Redis) -> None:
+    """A worker of 8 seats whose pool is full at the 4 sequences it runs, 2 more waiting in its
+    engine for 3 s: room 4, the wait it reads 3 s, and 2 workers (by its 8 seats: 6 / 6.4 -> 1)."""
+    own = keys.worker_queue("w1@test")
+    engine = EngineFigures(4, 2, 0, 8, 0, 100, 100, 0, 1, 0, 0, 0.0, 0, 0, oldest_waiting_s=3.0)
+    status = WorkerStatus("w1@test", own, MODEL, 6, 0, 0, time.time(), engine, concurrency=12, seats=8)
+    rds.hset(keys.worker_heartbeat("w1@test"), HEARTBEAT_FIELD, encode_status(status))
+    rds.expire(keys.worker_heartbeat("w1@test"), 60)
+    rds.sadd(keys.WORKERS, "w1@test")
+    time.sleep(1.1)  # past the api's fleet cache
+    with seats_only_api.client() as c:
+        text = c.get("/metrics").text
+    assert "kvferry_seats_total 8.0" in text and "kvferry_seats_usable 4.0" in text, text
+    assert "kvferry_engine_wait_seconds 3.0" in text
+    assert "kvferry_desired_workers 2.0" in text  # 6 / (4 x 0.8) -> 2; late: 1 + 1
