@@ -30,7 +30,8 @@ worker-seconds while calm: kvferry bench autoscale weighs them (docs/benchmarks.
 Lateness: the queue wait p95 (up to a job's task start, api/scale/wait_window.py) misses the wait
 a job then spends inside its worker's engine for a seat or pool room, and a job still waiting is
 in no p95 yet. So the wait the policy reads is the larger of that p95 and the longest wait, right
-now, of a sequence not yet started in any engine (the heartbeat's oldest_waiting_s).
+now, of a sequence not yet started in any engine (the heartbeat's oldest_waiting_s, as old as the
+heartbeat). A preempted sequence's stall is not in it (its stream has begun): the room covers it.
 
 Hysteresis (Hysteresis.update): a raw figure above the current one is taken at once (a burst
 pays no delay); one below it only once every raw figure for `scale_in_hold_s` was below it, and
