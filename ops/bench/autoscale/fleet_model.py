@@ -1,8 +1,9 @@
 """A fleet of simulated-engine workers in discrete time, driven by the real policy
 (api/scale/policy.py's Hysteresis) as the api evaluates it at every scrape: a worker asked for
 starts after `start_s` (its process and engine), takes jobs FIFO into its seats (each to the
-least loaded worker with a free seat), and, once removed, takes none and leaves when its running jobs end (the drain). A static fleet is the
-same with the policy off. worker_seconds: the sum of every worker's life, start to exit.
+least loaded worker with a free seat), and, once removed, takes none and leaves when its running
+jobs end (the drain). A static fleet is the same with the policy off. worker_seconds: the sum of
+every worker's life, start to exit.
 
 With `pool_blocks` (and jobs that carry blocks, trace.py), each worker's KV pool holds that many
 blocks: a job it has taken (its task started: the queue wait the api sees) runs once its blocks
