@@ -30,10 +30,11 @@ def _scripted(
 ) -> fused_crossover.Timer:
     """A timer: ATen's GEMM takes aten_ms[rows], oneDNN's always onednn_ms."""
 
-    def timer(gemm: Gemm, linears: Sequence[SkinnyLinear], rows: int) -> float:
-        if timed is not None and gemm is fused_crossover.aten:
+    def timer(gemms: Sequence[Gemm], linears: Sequence[SkinnyLinear], rows: int) -> list[float]:
+        assert list(gemms) == [fused_crossover.aten, fused_crossover.onednn], "raced together"
+        if timed is not None:
             timed.append(rows)
-        return 1e-3 * (aten_ms[rows] if gemm is fused_crossover.aten else onednn_ms)
+        return [1e-3 * aten_ms[rows], 1e-3 * onednn_ms]
 
     return timer
 
@@ -56,12 +57,12 @@ def test_the_plan_is_made_from_the_timings(
 
 
 def test_without_onednn_or_its_op_the_stack_keeps_aten_with_no_limit() -> None:
-    def never(gemm: Gemm, linears: Sequence[SkinnyLinear], rows: int) -> float:
+    def never(gemms: Sequence[Gemm], linears: Sequence[SkinnyLinear], rows: int) -> list[float]:
         raise AssertionError("nothing to time without oneDNN")
 
     assert fused_crossover.measure(_linears(onednn=False), timer=never) == FusedPlan(False, None)
 
-    def missing(gemm: Gemm, linears: Sequence[SkinnyLinear], rows: int) -> float:
+    def missing(gemms: Sequence[Gemm], linears: Sequence[SkinnyLinear], rows: int) -> list[float]:
         raise RuntimeError("no such op")
 
     assert fused_crossover.measure(_linears(), timer=missing) == FusedPlan(False, None)
@@ -72,7 +73,7 @@ def test_the_real_timer_runs_both_gemms_and_the_plan_is_cached_per_shape(
 ) -> None:
     monkeypatch.setattr(fused_crossover, "_plans", {})
     linears = _linears(onednn=torch.backends.mkldnn.is_available())
-    assert fused_crossover.best_of(fused_crossover.aten, linears, 16) > 0
+    assert all(t > 0 for t in fused_crossover.race((fused_crossover.aten,), linears, 16))
     first = fused_crossover.plan(linears)
     monkeypatch.setattr(fused_crossover, "measure", lambda _: pytest.fail("measured twice"))
     assert fused_crossover.plan(_linears(onednn=linears[0]._onednn)) is first  # same shapes: cached
@@ -89,7 +90,7 @@ def test_the_engine_follows_the_measured_plan(
     """The plan measured when the engine is built (oneDNN's GEMM in the stack; or ATen's, with a
     step over 128 rows left to the modules), exact either way."""
     monkeypatch.setattr(fused_crossover, "_plans", {})
-    monkeypatch.setattr(fused_crossover, "best_of", _scripted(aten_ms))
+    monkeypatch.setattr(fused_crossover, "race", _scripted(aten_ms))
     engine = make_engine(tiny.loaded, num_blocks=96)
     fused = engine.executor.runner.fused
     assert fused is not None

@@ -18,20 +18,18 @@ sampling and logprobs. Its layout is timed over the head itself.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import torch
 from torch import nn
 
-from workers.engine.kernels import packed_linear
+from workers.engine.kernels import packed_linear, timing
 
 log = logging.getLogger(__name__)
 PACKED = "packed"
 PLAIN = "plain"
 _ROWS = (1, 16)  # decode-step row counts timed
-_REPEATS = 3
 
 
 def runs() -> bool:
@@ -67,27 +65,27 @@ class _Linear(Protocol):
     def __call__(self, x: torch.Tensor) -> torch.Tensor: ...
 
 
-def best_time(modules: Sequence[_Linear], rows: int) -> float:
-    """Best of a few passes over `modules` at `rows` rows, seconds."""
+def passes(modules: Sequence[_Linear], rows: int) -> Callable[[], None]:
+    """One pass over `modules` in turn at `rows` rows (what `timing.fastest` times)."""
     inputs = {m.in_features: torch.randn(rows, m.in_features) for m in modules}
-    best = float("inf")
-    for _ in range(_REPEATS):
-        started = time.perf_counter()
+
+    def run() -> None:
         for m in modules:
             m(inputs[m.in_features])
-        best = min(best, time.perf_counter() - started)
-    return best
+
+    return run
 
 
 def choose(linears: Sequence[nn.Linear]) -> str:
     """PACKED or PLAIN: the faster bf16 weight layout over `linears` (one layer's) at decode-step
-    row counts, timed alternately here."""
+    row counts, raced here (kernels/timing.py)."""
     with torch.inference_mode():
         candidates = {p: [Bf16Linear(lin, p == PACKED) for lin in linears] for p in (PACKED, PLAIN)}
         total = dict.fromkeys(candidates, 0.0)
         for rows in _ROWS:
-            for name, modules in candidates.items():
-                total[name] += best_time(modules, rows)
+            times = timing.fastest([passes(modules, rows) for modules in candidates.values()])
+            for name, seconds in zip(candidates, times, strict=True):
+                total[name] += seconds
     chosen = min(total, key=lambda k: total[k])
     log.info("bf16 linears: %s (%s)", chosen, ", ".join(f"{k} {1e3 * v:.2f} ms" for k, v in total.items()))
     return chosen

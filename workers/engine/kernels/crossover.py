@@ -11,11 +11,12 @@ its row count.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import torch
+
+from workers.engine.kernels import timing
 
 log = logging.getLogger(__name__)
 
@@ -31,33 +32,32 @@ class TimedLinear(Protocol):
 
 
 ROWS = (16, 32, 48, 64, 96, 128)  # the row counts timed, in order; the first is always kvferry's
-_REPEATS = 3
 
 
-def _best_of(
+def _passes(
     gemm: Callable[[Any], Callable[[torch.Tensor], object]], linears: Sequence[Any], count: int
-) -> float:
-    """Best seconds of `gemm` of each linear in turn over `count` rows."""
+) -> Callable[[], None]:
+    """One pass of `gemm` of each linear in turn over `count` rows."""
     inputs = {m.in_features: torch.randn(count, m.in_features) for m in linears}
-    best = float("inf")
-    for _ in range(_REPEATS):
-        started = time.perf_counter()
+
+    def run() -> None:
         for m in linears:
             gemm(m)(inputs[m.in_features])
-        best = min(best, time.perf_counter() - started)
-    return best
+
+    return run
 
 
 def measure(linears: Sequence[TimedLinear], rows: Sequence[int] = ROWS) -> int:
     """The most of `rows` up to which kvferry's GEMM is as fast as the large-batch path over every
-    one of `linears` in turn (weights from memory, as in a step), timed alternately; the first of
+    one of `linears` in turn (weights from memory, as in a step), raced (timing.py); the first of
     `rows` where it falls behind ends the search. rows[0] when nothing can be timed."""
     chosen = rows[0]
     try:
         with torch.inference_mode():
             for count in rows[1:]:
-                skinny = _best_of(lambda m: m.skinny, linears, count)
-                large = _best_of(lambda m: m.large, linears, count)
+                skinny, large = timing.fastest(
+                    [_passes(lambda m: m.skinny, linears, count), _passes(lambda m: m.large, linears, count)]
+                )
                 log.debug(
                     "%d rows: kvferry %.1f ms, large-batch GEMM %.1f ms", count, 1e3 * skinny, 1e3 * large
                 )

@@ -16,22 +16,24 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
 
+from workers.engine.kernels import timing
+
 if TYPE_CHECKING:
     from workers.engine.kernels.packed_linear import SkinnyLinear
 
 log = logging.getLogger(__name__)
 ROWS = (128, 256, 512)  # the row counts timed, in order: prefill chunks beside the decodes
-_REPEATS = 2  # best of: the first call of a shape also sets up oneDNN's kernel for it
+_ROUNDS = 3  # prefill-sized passes take milliseconds each: fewer rounds than decode-sized ones
 
 Gemm = Callable[["SkinnyLinear", torch.Tensor], object]
-Timer = Callable[[Gemm, Sequence["SkinnyLinear"], int], float]  # (gemm, linears, rows) -> seconds
+# (gemms, linears, rows) -> seconds of each gemm's pass over the linears, in order
+Timer = Callable[[Sequence[Gemm], Sequence["SkinnyLinear"], int], list[float]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,16 +51,18 @@ def onednn(m: SkinnyLinear, x: torch.Tensor) -> object:
     return torch.ops.mkldnn._linear_pointwise(x, m.weight, m.bias, "none", [], "")
 
 
-def best_of(gemm: Gemm, linears: Sequence[SkinnyLinear], count: int) -> float:
-    """Best seconds of `gemm` of each linear in turn over `count` rows."""
+def race(gemms: Sequence[Gemm], linears: Sequence[SkinnyLinear], count: int) -> list[float]:
+    """Each gemm's fastest pass over `linears` in turn at `count` rows, raced (timing.py)."""
     inputs = {m.in_features: torch.randn(count, m.in_features) for m in linears}
-    best = float("inf")
-    for _ in range(_REPEATS):
-        started = time.perf_counter()
-        for m in linears:
-            gemm(m, inputs[m.in_features])
-        best = min(best, time.perf_counter() - started)
-    return best
+
+    def passes(gemm: Gemm) -> Callable[[], None]:
+        def run() -> None:
+            for m in linears:
+                gemm(m, inputs[m.in_features])
+
+        return run
+
+    return timing.fastest([passes(g) for g in gemms], rounds=_ROUNDS)
 
 
 def measure(
@@ -66,16 +70,16 @@ def measure(
 ) -> FusedPlan:
     """The plan for a stack of layers whose linears are `linears` (one layer's: every layer has
     the same shapes), timing ATen's GEMM against oneDNN's at each of `rows` in turn with `timer`
-    (best_of); the first count where ATen falls behind ends the search. ATen, no limit, when
+    (race); the first count where ATen falls behind ends the search. ATen, no limit, when
     oneDNN cannot be timed."""
     if not linears[0]._onednn:  # the modules' large GEMM is F.linear, ATen's own
         return FusedPlan(onednn=False, max_rows=None)
-    timer = timer or best_of
+    timer = timer or race
     kept: int | None = None
     try:
         with torch.inference_mode():
             for count in rows:
-                ours, theirs = timer(aten, linears, count), timer(onednn, linears, count)
+                ours, theirs = timer((aten, onednn), linears, count)
                 log.debug("%d rows: ATen %.1f ms, oneDNN %.1f ms", count, 1e3 * ours, 1e3 * theirs)
                 if ours > theirs:
                     return FusedPlan(onednn=True, max_rows=None) if kept is None else FusedPlan(False, kept)

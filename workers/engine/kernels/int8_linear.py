@@ -25,7 +25,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from workers.engine.kernels import bf16_linear
+from workers.engine.kernels import bf16_linear, timing
 
 log = logging.getLogger(__name__)
 ROWS = (1, 2, 4, 8, 16)  # the decode-step row counts timed, in order
@@ -101,13 +101,13 @@ class Int8Linear(nn.Module):
 
 def choose(linears: Sequence[nn.Linear], packed: bool) -> int:
     """The last of ROWS up to which torch's int8 kernel beat oneDNN's bf16 GEMM (over `packed`
-    weights) at every count, over `linears` (one layer's), timed alternately here; 0: at none."""
+    weights) at every count, over `linears` (one layer's), raced here (kernels/timing.py); 0: at none."""
     with torch.inference_mode():
         int8 = [Int8Linear(lin, packed, max(ROWS)) for lin in linears]
         bf16 = [Int8Linear(lin, packed, 0) for lin in linears]
         chosen, times = 0, []
         for rows in ROWS:
-            a, b = bf16_linear.best_time(int8, rows), bf16_linear.best_time(bf16, rows)
+            a, b = timing.fastest([bf16_linear.passes(int8, rows), bf16_linear.passes(bf16, rows)])
             times.append(f"{rows}: {1e3 * a:.2f}/{1e3 * b:.2f} ms")
             if a >= b:
                 break
