@@ -185,7 +185,8 @@ class HFGreedy:
         return self._memo.get(key, [])
 
 
-def _result(client: redis.Redis, job_id: str) -> GenerateResult | None:
+def final_result(client: redis.Redis, job_id: str) -> GenerateResult | None:
+    """The job's result, from its stream's final event (None: no final event)."""
     last: Any = client.xrevrange(keys.job_stream(job_id), count=1)
     event = decode_event(last[0][1][EVENT_FIELD]) if last else None
     return event.result if isinstance(event, JobDone) else None
@@ -208,7 +209,7 @@ def hf_check(settings: Settings, records: list[JobRecord], kills: Sequence[KillE
     try:
 
         def ids(record: JobRecord) -> JobIds | str:
-            result = _result(client, str(record.job_id))
+            result = final_result(client, str(record.job_id))
             tokens = _session_tokens(client, record)
             return ids_of(record, result, tokens, greedy.tokenizer, settings.served_model)
 

@@ -28,6 +28,7 @@ from ops.chaos.fault_log import FaultLog, stamped
 from ops.chaos.faults import FaultInjector, rss_mb
 from ops.chaos.hf import hf_check
 from ops.chaos.next_turns import drained_sessions, next_turn_figures
+from ops.chaos.own_answers import agreement, exact_precision, is_exact_run, own_answers
 from ops.chaos.raw_streams import raw_duplicates
 from ops.settings import Settings
 from ops.stack.stack import Stack
@@ -196,8 +197,7 @@ def run_chaos(
     notes: list[str] = []
     if api_url is None:
         run_dir = run_dir or Path(tempfile.mkdtemp(prefix="kvferry-chaos-"))
-        # It checks every job token-exact against HF fp32 `generate`: its stack computes in fp32.
-        settings = settings.with_overrides(api_port=free_port(), dtype="float32", kv_cache_dtype="float32")
+        settings = settings.with_overrides(api_port=free_port(), **exact_precision(settings))
         if config.kv_shard_kills:
             settings = settings.with_overrides(kv_shards=settings.kv_shards or KV_SHARDS)
         stack = Stack(settings, config.workers, run_dir=run_dir, with_flower=False, ha=config.failovers > 0)
@@ -260,7 +260,11 @@ def run_chaos(
         except Exception as exc:  # the verdict fails without it; the run's other figures stay
             extra["hf_error"] = f"{type(exc).__name__}: {exc}"
         fault_log.notes[:0] = notes
-        return report(records, references, fault_log, duration, extra)
+        extra["exact_run"] = is_exact_run(settings)
+        if extra["exact_run"]:
+            return report(records, references, fault_log, duration, extra)
+        extra["agree_with_reference"] = agreement(records, references)  # bf16, int8: own_answers.py
+        return report(records, own_answers(settings, records), fault_log, duration, extra, by_job=True)
     finally:
         if stack is not None:
             stack.stop()

@@ -60,7 +60,9 @@ def chaos_cmd(
 ) -> None:
     """Kill workers and restart Redis under a streaming load, then check that every job finished
     token-exact against a fault-free pass, each token streamed once, none lost, the pools intact,
-    and a sample of jobs token-exact against HF generate. Exits 1 if not."""
+    and a sample of jobs token-exact against HF generate. Exits 1 if not. It computes in fp32
+    unless --dtype, --kv-cache-dtype or --quantization ask for another precision: each stream is
+    then checked against its job's own answer (ops/chaos/own_answers.py)."""
     from ops.chaos.check import render
     from ops.chaos.run import ChaosConfig, run_chaos
 
