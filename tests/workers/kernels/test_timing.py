@@ -44,3 +44,13 @@ def test_a_lone_candidate_and_a_single_round() -> None:
     assert timing.fastest([machine.candidate("a", 0.003)], rounds=1, clock=lambda: machine.now) == [
         pytest.approx(0.003)
     ]
+
+
+def test_long_passes_skip_the_warm_up() -> None:
+    machine = _Machine(burst=range(0), extra=0.0)
+    fast, slow = machine.candidate("a", 0.004), machine.candidate("b", 0.005)
+    assert timing.fastest([fast, slow], rounds=2, clock=lambda: machine.now, warm=False) == [
+        pytest.approx(0.004),
+        pytest.approx(0.005),
+    ]
+    assert machine.ran == ["a", "b", "b", "a"], "as many passes as rounds, none untimed"

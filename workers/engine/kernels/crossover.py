@@ -32,6 +32,7 @@ class TimedLinear(Protocol):
 
 
 ROWS = (16, 32, 48, 64, 96, 128)  # the row counts timed, in order; the first is always kvferry's
+_ROUNDS = 3  # each pass is every linear of the model: a long pass (timing.fastest)
 
 
 def _passes(
@@ -56,7 +57,9 @@ def measure(linears: Sequence[TimedLinear], rows: Sequence[int] = ROWS) -> int:
         with torch.inference_mode():
             for count in rows[1:]:
                 skinny, large = timing.fastest(
-                    [_passes(lambda m: m.skinny, linears, count), _passes(lambda m: m.large, linears, count)]
+                    [_passes(lambda m: m.skinny, linears, count), _passes(lambda m: m.large, linears, count)],
+                    rounds=_ROUNDS,
+                    warm=False,
                 )
                 log.debug(
                     "%d rows: kvferry %.1f ms, large-batch GEMM %.1f ms", count, 1e3 * skinny, 1e3 * large

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 ROWS = (128, 256, 512)  # the row counts timed, in order: prefill chunks beside the decodes
-_ROUNDS = 3  # prefill-sized passes take milliseconds each: fewer rounds than decode-sized ones
+_ROUNDS = 2  # prefill-sized passes: long ones (timing.fastest), the first also sets oneDNN's kernel up
 
 Gemm = Callable[["SkinnyLinear", torch.Tensor], object]
 # (gemms, linears, rows) -> seconds of each gemm's pass over the linears, in order
@@ -62,7 +62,7 @@ def race(gemms: Sequence[Gemm], linears: Sequence[SkinnyLinear], count: int) -> 
 
         return run
 
-    return timing.fastest([passes(g) for g in gemms], rounds=_ROUNDS)
+    return timing.fastest([passes(g) for g in gemms], rounds=_ROUNDS, warm=False)
 
 
 def measure(

@@ -23,10 +23,15 @@ def fastest(
     candidates: Sequence[Callable[[], object]],
     rounds: int = ROUNDS,
     clock: Callable[[], float] = time.perf_counter,
+    warm: bool = True,
 ) -> list[float]:
-    """The fastest pass of each candidate, seconds, in the candidates' order (module docstring)."""
-    for run in candidates:
-        run()
+    """The fastest pass of each candidate, seconds, in the candidates' order (module docstring).
+    Long passes (a whole model's linears, prefill-sized rows) take fewer rounds and no warm-up
+    (their first layer sets the kernels up for the rest): a burst covers fewer of them, and each
+    costs the worker's start-up milliseconds."""
+    if warm:
+        for run in candidates:
+            run()
     n = len(candidates)
     best = [float("inf")] * n
     for r in range(rounds):
