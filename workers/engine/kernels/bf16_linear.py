@@ -65,15 +65,8 @@ class _Linear(Protocol):
     def __call__(self, x: torch.Tensor) -> torch.Tensor: ...
 
 
-def passes(modules: Sequence[_Linear], rows: int) -> Callable[[], None]:
-    """One pass over `modules` in turn at `rows` rows (what `timing.fastest` times)."""
-    inputs = {m.in_features: torch.randn(rows, m.in_features) for m in modules}
-
-    def run() -> None:
-        for m in modules:
-            m(inputs[m.in_features])
-
-    return run
+def _call(module: _Linear, x: torch.Tensor) -> object:
+    return module(x)
 
 
 def choose(linears: Sequence[nn.Linear]) -> str:
@@ -83,7 +76,7 @@ def choose(linears: Sequence[nn.Linear]) -> str:
         candidates = {p: [Bf16Linear(lin, p == PACKED) for lin in linears] for p in (PACKED, PLAIN)}
         total = dict.fromkeys(candidates, 0.0)
         for rows in _ROWS:
-            times = timing.fastest([passes(modules, rows) for modules in candidates.values()])
+            times = timing.fastest([timing.over(m, rows, _call) for m in candidates.values()])
             for name, seconds in zip(candidates, times, strict=True):
                 total[name] += seconds
     chosen = min(total, key=lambda k: total[k])

@@ -11,8 +11,8 @@ its row count.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from collections.abc import Sequence
+from typing import Protocol
 
 import torch
 
@@ -35,19 +35,6 @@ ROWS = (16, 32, 48, 64, 96, 128)  # the row counts timed, in order; the first is
 _ROUNDS = 3  # each pass is every linear of the model: a long pass (timing.fastest)
 
 
-def _passes(
-    gemm: Callable[[Any], Callable[[torch.Tensor], object]], linears: Sequence[Any], count: int
-) -> Callable[[], None]:
-    """One pass of `gemm` of each linear in turn over `count` rows."""
-    inputs = {m.in_features: torch.randn(count, m.in_features) for m in linears}
-
-    def run() -> None:
-        for m in linears:
-            gemm(m)(inputs[m.in_features])
-
-    return run
-
-
 def measure(linears: Sequence[TimedLinear], rows: Sequence[int] = ROWS) -> int:
     """The most of `rows` up to which kvferry's GEMM is as fast as the large-batch path over every
     one of `linears` in turn (weights from memory, as in a step), raced (timing.py); the first of
@@ -57,7 +44,10 @@ def measure(linears: Sequence[TimedLinear], rows: Sequence[int] = ROWS) -> int:
         with torch.inference_mode():
             for count in rows[1:]:
                 skinny, large = timing.fastest(
-                    [_passes(lambda m: m.skinny, linears, count), _passes(lambda m: m.large, linears, count)],
+                    [
+                        timing.over(linears, count, lambda m, x: m.skinny(x)),
+                        timing.over(linears, count, lambda m, x: m.large(x)),
+                    ],
                     rounds=_ROUNDS,
                     warm=False,
                 )

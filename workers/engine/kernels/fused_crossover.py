@@ -53,16 +53,7 @@ def onednn(m: SkinnyLinear, x: torch.Tensor) -> object:
 
 def race(gemms: Sequence[Gemm], linears: Sequence[SkinnyLinear], count: int) -> list[float]:
     """Each gemm's fastest pass over `linears` in turn at `count` rows, raced (timing.py)."""
-    inputs = {m.in_features: torch.randn(count, m.in_features) for m in linears}
-
-    def passes(gemm: Gemm) -> Callable[[], None]:
-        def run() -> None:
-            for m in linears:
-                gemm(m, inputs[m.in_features])
-
-        return run
-
-    return timing.fastest([passes(g) for g in gemms], rounds=_ROUNDS, warm=False)
+    return timing.fastest([timing.over(linears, count, g) for g in gemms], rounds=_ROUNDS, warm=False)
 
 
 def measure(

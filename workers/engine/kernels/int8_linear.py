@@ -99,6 +99,10 @@ class Int8Linear(nn.Module):
         )
 
 
+def _call(module: Int8Linear, x: torch.Tensor) -> object:
+    return module(x)
+
+
 def choose(linears: Sequence[nn.Linear], packed: bool) -> int:
     """The last of ROWS up to which torch's int8 kernel beat oneDNN's bf16 GEMM (over `packed`
     weights) at every count, over `linears` (one layer's), raced here (kernels/timing.py); 0: at none."""
@@ -107,7 +111,7 @@ def choose(linears: Sequence[nn.Linear], packed: bool) -> int:
         bf16 = [Int8Linear(lin, packed, 0) for lin in linears]
         chosen, times = 0, []
         for rows in ROWS:
-            a, b = timing.fastest([bf16_linear.passes(int8, rows), bf16_linear.passes(bf16, rows)])
+            a, b = timing.fastest([timing.over(int8, rows, _call), timing.over(bf16, rows, _call)])
             times.append(f"{rows}: {1e3 * a:.2f}/{1e3 * b:.2f} ms")
             if a >= b:
                 break

@@ -15,6 +15,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
 
 ROUNDS = 9
 
@@ -41,3 +44,17 @@ def fastest(
             candidates[i]()
             best[i] = min(best[i], clock() - started)
     return best
+
+
+def over(
+    linears: Sequence[Any], rows: int, apply: Callable[[Any, torch.Tensor], object]
+) -> Callable[[], None]:
+    """A candidate: one pass of `apply(linear, x)` over `linears` in turn, x a fixed input of
+    `rows` rows of each linear's width (weights from memory, as in a step)."""
+    inputs = {m.in_features: torch.randn(rows, m.in_features) for m in linears}
+
+    def run() -> None:
+        for m in linears:
+            apply(m, inputs[m.in_features])
+
+    return run
