@@ -38,6 +38,7 @@ if TYPE_CHECKING:  # torch's: imported where they are built, never in the simula
     from workers.tiers.writer import KVWriter
 
 log = logging.getLogger(__name__)
+AFTER_WRITE_FLUSH_S = 30.0  # a stop waits this long at most for the last turns' records and pins
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,8 +184,10 @@ class EngineService:
                 self._loop.stop()
                 self._loop = None
             if self.writer is not None:
-                self.writer.stop()
+                self.writer.stop()  # written through: each turn's after-write work is queued
                 self.writer = None
+            if not self.sessions.after_writes.flush(AFTER_WRITE_FLUSH_S):
+                log.warning("stopping with session bookkeeping still queued after %.0fs", AFTER_WRITE_FLUSH_S)
             self.sessions.detach()
 
     def count(self, running: int = 0, done: int = 0, failed: int = 0) -> None:

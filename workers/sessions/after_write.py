@@ -37,7 +37,7 @@ class AfterWriteQueue:
 
     def submit(self, work: Callable[[], None]) -> None:
         with self._lock:
-            if self._thread is None:  # dies with the process: what is left is cache, not answers
+            if self._thread is None:  # dies with the process (a stop flushes it first: flush())
                 self._thread = BackgroundThread("kvferry-after-write", self._run)
                 self._thread.start()  # assigned first: its body reads it
         self._queue.put(work)
@@ -49,6 +49,18 @@ class AfterWriteQueue:
         except Exception:
             self.count_failure()
             log.exception("%s failed (the answer stands; the session's next turn may miss cache)", what)
+
+    def flush(self, timeout_s: float) -> bool:
+        """Wait, at most timeout_s, until the work submitted so far has run (one thread, in order:
+        a marker queued behind it). A stopping worker calls it once its KV writer has written
+        through, so its last turns' records and pins are in Redis before the process exits.
+        False if it timed out."""
+        with self._lock:
+            if self._thread is None:
+                return True
+        done = threading.Event()
+        self._queue.put(done.set)
+        return done.wait(timeout_s)
 
     def count_failure(self) -> None:
         with self._lock:
