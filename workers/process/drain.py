@@ -12,7 +12,8 @@ Told by SIGTERM (Kubernetes' scale-in, `kvferry serve --autoscale`, Ctrl-C), or 
    (workers/process/tasks.py), and another worker resumes each after the tokens its stream holds
    (fenced by the lease's epoch: each token reaches the client once);
 3. the KV writer writes what it holds through to the Redis tier (EngineService.shutdown): every
-   finished turn's blocks, so a session's next turn on any worker is served from Redis;
+   finished turn's blocks, then those turns' session records and pins (AfterWriteQueue.flush), so
+   a session's next turn on any worker is served from Redis;
 4. it leaves: its own queue's leftovers go to the shared queue, its name leaves keys.WORKERS.
 """
 
