@@ -37,7 +37,7 @@ ARRIVAL_MEAN_S = 0.6  # between sessions' first turns
 # workload"): "overload", the pools' bound (both routings' TTFT p95 several seconds), and
 # "moderate", the same sessions arriving slower, queues forming now and then but the fleet's wait
 # under the autoscaler's target (scale_wait_target_s), as an operator would run it.
-ARRIVAL_MEAN_S_BY_LOAD = {"overload": ARRIVAL_MEAN_S, "moderate": 1.8}
+ARRIVAL_MEAN_S_BY_LOAD = {"overload": ARRIVAL_MEAN_S, "moderate": 1.2}
 REPLY_MEDIAN, REPLY_SIGMA, REPLY_RANGE = 32, 0.7, (4, 192)
 USER_MEDIAN_WORDS, USER_SIGMA, USER_RANGE = 18, 0.9, (2, 240)
 SYSTEM_REPEATS = (6, 16, 36, 72)  # ~60 to ~600 tokens
