@@ -39,15 +39,12 @@ from the CPU figures in docs/benchmarks.md:
   and leaves that copy to be evicted unused, every move again (a shared prefix left behind still
   serves the others there). The turn's load is cheap in time, but the bytes are not, and a move
   that saves rows or a short prefill saves the turn little where its worker admits it at once. So
-  a session moves only to escape a queue, by at least one waiting sequence (half a SEAT_WAIT: a
-  waiting sequence ahead less the load passes it, rows alone pass it only some nine apart),
-  and only to a worker that shows none waiting (destinations()). A queue of one is no noise: on
-  the realistic workload's overload, a turn whose worker showed one sequence waiting (the
-  heartbeat's age included) started ~0.9 s later than one whose worker showed none, while a
-  moved turn onto a worker with room started in 0.25 s (docs/benchmarks.md). Between two full
-  workers a move reorders the fleet's queue rather than shortening it: the seats free no faster,
-  the turn's gain is paid by the target's next arrivals, and its history takes pool room from the
-  sessions living there, whose next turns reload what it displaced.
+  a session moves only to escape a queue, by more than one waiting sequence (in the heartbeat's
+  age, and the fleet cache's, a seat or two turn over: a queue of one is noise), and only to a
+  worker that shows none waiting (destinations()). Between two full workers a move reorders the
+  fleet's queue rather than shortening it: the seats free no faster, the turn's gain is paid by the
+  target's next arrivals, and its history takes pool room from the sessions living there, whose
+  next turns reload what it displaced.
 """
 
 from __future__ import annotations
@@ -66,7 +63,7 @@ SEAT_WAIT = 16 * DECODE_ROW  # per sequence waiting there: a seat's turnover
 LOAD_FIXED = 16  # a Redis tier fetch's round trip, in token equivalents
 LOAD_SHARE = 1 / 32  # a loaded token against a computed one
 MOVE_MARGIN = DECODE_ROW  # what leaving the worker that holds the prompt's prefix must save
-SESSION_MOVE_MARGIN = SEAT_WAIT / 2  # what leaving a session's own worker (its history) must save
+SESSION_MOVE_MARGIN = SEAT_WAIT  # what leaving a session's own worker (its history) must save
 
 
 def prompt_tokens(job: GenerateJob) -> list[int]:

@@ -111,17 +111,18 @@ def test_a_burst_of_new_conversations_is_spread_before_heartbeats_catch_up(
 
 def test_affinity_gives_way_when_its_worker_is_clearly_busier(rds: redis.Redis, redis_url: str) -> None:
     """a is full (a sequence waits there): every job routed to it since waits too. The session
-    leaves its worker to escape a waiting sequence, a queue of one included, and only for a worker
+    leaves its worker only when that escapes more than one waiting sequence, and only for a worker
     with room (SESSION_MOVE_MARGIN, api/routing/cost.py)."""
     _beat(rds, "a", waiting=1)
     _beat(rds, "b")
     # Its last turn ended before the heartbeats (one ending after is no longer counted on a).
     session_store.save(rds, SessionRecord("hot", "", "m", (1,), (), "a", time.time() - 1, 1), 60)
-    reasons = [_route(redis_url, _job(SYSTEM, session="hot")).reason for _ in range(2)]
-    # It leaves a's queue of one (before, it stayed while that queue was one long)...
-    assert reasons[0].startswith("load balance: b (a has 1 jobs, b 0; 1 and 0 waiting), expected"), reasons
-    assert reasons[1].startswith("load balance: b (a has 1 jobs, b 1; 1 and 0 waiting)"), reasons
-    # ...and stays once b is full too: a move would reorder the queue, not shorten it.
+    reasons = [_route(redis_url, _job(SYSTEM, session="hot")).reason for _ in range(3)]
+    # It stays while a's queue is one long...
+    assert reasons[0] == "session affinity: a", reasons
+    assert reasons[1].startswith("load balance: b (a has 2 jobs, b 0; 2 and 0 waiting), expected"), reasons
+    assert reasons[2].startswith("load balance: b (a has 2 jobs, b 1; 2 and 0 waiting)"), reasons
+    # ...and comes back once b is full too: a move would reorder the queue, not shorten it.
     _beat(rds, "b", waiting=1)
     assert _route(redis_url, _job(SYSTEM, session="hot")).reason == "session affinity: a"
 
