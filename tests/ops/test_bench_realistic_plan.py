@@ -10,6 +10,7 @@ from ops.bench.tiers.realistic import (
     ARRIVAL_MEAN_S_BY_LOAD,
     REPLY_RANGE,
     THINK_MEAN_S,
+    pair_order,
     plan,
 )
 
@@ -37,3 +38,9 @@ def test_a_slower_load_is_the_same_sessions_arriving_slower() -> None:
     assert [s.system for s in fast] == [s.system for s in slow]
     assert all(abs(b.start_s - 3 * a.start_s) < 1e-9 for a, b in zip(fast, slow, strict=True))
     assert ARRIVAL_MEAN_S_BY_LOAD["overload"] == ARRIVAL_MEAN_S < ARRIVAL_MEAN_S_BY_LOAD["moderate"]
+
+
+def test_pairs_alternate_which_routing_runs_first() -> None:
+    orders = [pair_order(rep) for rep in range(4)]
+    assert all(sorted(o) == ["cache-aware", "round-robin"] for o in orders)
+    assert [o[0] for o in orders] == ["cache-aware", "round-robin", "cache-aware", "round-robin"]

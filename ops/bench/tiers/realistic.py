@@ -187,6 +187,11 @@ def _moves(rows: list[dict[str, Any]]) -> int:
     return moves
 
 
+def pair_order(rep: int) -> tuple[str, str]:
+    """Which routing runs first in pair `rep` (from 0): cache-aware in the even ones."""
+    return ("round-robin", "cache-aware") if rep % 2 else ("cache-aware", "round-robin")
+
+
 def realistic_bench(
     settings: Settings,
     quick: bool,
@@ -205,12 +210,11 @@ def realistic_bench(
     steps = plan(sessions, turns, seed=7, arrival_mean_s=ARRIVAL_MEAN_S_BY_LOAD[load])
     pairs = []
     for rep in range(reps):
-        order = ("cache-aware", "round-robin")[:: -1 if rep % 2 else 1]
         runs = {
             routing: run_realistic(
                 settings, routing, steps, pool_tokens, bytes_per_token, run_dir / f"{routing}-{rep}"
             )
-            for routing in order
+            for routing in pair_order(rep)
         }
         pairs.append((runs["cache-aware"], runs["round-robin"]))
     out: dict[str, Any] = {
