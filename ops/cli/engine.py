@@ -166,17 +166,27 @@ def bench_serve_cmd(
     default="closed",
     show_default=True,
     help="realistic: only the routing comparison on sessions with think time, lognormal lengths "
-    "and pools smaller than the working set (ops/bench/tiers/realistic.py)",
+    "and pools smaller than the working set (ops/bench/tiers/realistic.py); --load: its arrival "
+    "rate, overload (the pools' bound) or moderate (the same sessions arriving slower)",
 )
+@click.option("--load", type=click.Choice(["overload", "moderate"]), default="overload", show_default=True)
 @engine_options
 def bench_tiers_cmd(
-    json_path: Path | None, quick: bool, skip: tuple[str, ...], workload_reps: int, kind: str, **opts: Any
+    json_path: Path | None,
+    quick: bool,
+    skip: tuple[str, ...],
+    workload_reps: int,
+    kind: str,
+    load: str,
+    **opts: Any,
 ) -> None:
     """Resume from Redis vs recompute; multi-turn hit rate and TTFT by routing policy."""
     from ops.bench.tiers.run import run_tier_bench
 
+    if load != "overload" and kind != "realistic":
+        raise click.BadParameter("applies to --workload realistic only", param_hint="--load")
     results = run_tier_bench(
-        settings_from(opts), quick=quick, skip=set(skip), workload_reps=workload_reps, kind=kind
+        settings_from(opts), quick=quick, skip=set(skip), workload_reps=workload_reps, kind=kind, load=load
     )
     _write_json(results, json_path)
 

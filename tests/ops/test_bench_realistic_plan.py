@@ -5,7 +5,14 @@ from __future__ import annotations
 
 import statistics
 
-from ops.bench.tiers.realistic import REPLY_RANGE, THINK_MEAN_S, plan
+from ops.bench.tiers.realistic import (
+    ARRIVAL_MEAN_S,
+    ARRIVAL_MEAN_S_BY_LOAD,
+    REPLY_RANGE,
+    THINK_MEAN_S,
+    pair_order,
+    plan,
+)
 
 
 def test_the_plan_is_seeded_and_shaped_like_chat_traffic() -> None:
@@ -23,3 +30,17 @@ def test_the_plan_is_seeded_and_shaped_like_chat_traffic() -> None:
     assert len({s.system for s in sessions}) == 4  # system prompts of four lengths, shared
     starts = [s.start_s for s in sessions]
     assert starts == sorted(starts) and starts[-1] > 0
+
+
+def test_a_slower_load_is_the_same_sessions_arriving_slower() -> None:
+    fast, slow = plan(40, 4, seed=5), plan(40, 4, seed=5, arrival_mean_s=3 * ARRIVAL_MEAN_S)
+    assert [s.turns for s in fast] == [s.turns for s in slow]
+    assert [s.system for s in fast] == [s.system for s in slow]
+    assert all(abs(b.start_s - 3 * a.start_s) < 1e-9 for a, b in zip(fast, slow, strict=True))
+    assert ARRIVAL_MEAN_S_BY_LOAD["overload"] == ARRIVAL_MEAN_S < ARRIVAL_MEAN_S_BY_LOAD["moderate"]
+
+
+def test_pairs_alternate_which_routing_runs_first() -> None:
+    orders = [pair_order(rep) for rep in range(4)]
+    assert all(sorted(o) == ["cache-aware", "round-robin"] for o in orders)
+    assert [o[0] for o in orders] == ["cache-aware", "round-robin", "cache-aware", "round-robin"]

@@ -33,6 +33,11 @@ from ops.stack.stack import Stack
 
 THINK_MEAN_S = 3.0
 ARRIVAL_MEAN_S = 0.6  # between sessions' first turns
+# The mean gap between sessions' first turns, by load (docs/benchmarks.md, "Routing on a realistic
+# workload"): "overload", the pools' bound (both routings' TTFT p95 several seconds), and
+# "moderate", the same sessions arriving slower, queues forming now and then but the fleet's wait
+# under the autoscaler's target (scale_wait_target_s), as an operator would run it.
+ARRIVAL_MEAN_S_BY_LOAD = {"overload": ARRIVAL_MEAN_S, "moderate": 1.2}
 REPLY_MEDIAN, REPLY_SIGMA, REPLY_RANGE = 32, 0.7, (4, 192)
 USER_MEDIAN_WORDS, USER_SIGMA, USER_RANGE = 18, 0.9, (2, 240)
 SYSTEM_REPEATS = (6, 16, 36, 72)  # ~60 to ~600 tokens
@@ -62,8 +67,11 @@ def _lognormal(rng: random.Random, median: float, sigma: float, bounds: tuple[in
     return max(bounds[0], min(bounds[1], round(rng.lognormvariate(math.log(median), sigma))))
 
 
-def plan(sessions: int, turns: int, seed: int = 0) -> list[SessionPlan]:
-    """The seeded workload: the same for every routing it is run under."""
+def plan(
+    sessions: int, turns: int, seed: int = 0, arrival_mean_s: float = ARRIVAL_MEAN_S
+) -> list[SessionPlan]:
+    """The seeded workload: the same for every routing it is run under (and for every arrival
+    rate, but for the first turns' times: a gap is the same draw, scaled)."""
     rng = random.Random(seed)
     systems = [
         f"You are assistant number {i}. " + "Answer carefully, briefly and politely. " * n
@@ -71,7 +79,7 @@ def plan(sessions: int, turns: int, seed: int = 0) -> list[SessionPlan]:
     ]
     out, start = [], 0.0
     for i in range(sessions):
-        start += rng.expovariate(1 / ARRIVAL_MEAN_S) if i else 0.0
+        start += rng.expovariate(1 / arrival_mean_s) if i else 0.0
         steps = []
         for t in range(turns):
             words = _lognormal(rng, USER_MEDIAN_WORDS, USER_SIGMA, USER_RANGE)
@@ -159,6 +167,13 @@ def run_realistic(
     for r in rows:
         by_turn.setdefault(r["turn"], []).append(r["ttft_s"])
     out["ttft_p50_by_turn_s"] = {t: sorted(v)[len(v) // 2] for t, v in sorted(by_turn.items())}
+    by_worker: dict[str, list[float]] = {}
+    for r in rows:
+        by_worker.setdefault(r["worker"], []).append(r["ttft_s"])
+    out["ttft_p50_by_worker_s"] = {w: sorted(v)[len(v) // 2] for w, v in sorted(by_worker.items())}
+    # turns whose first token came later than the autoscaling policy's wait target
+    target = settings.scale_wait_target_s
+    out["ttft_over_wait_target_share"] = sum(r["ttft_s"] > target for r in rows) / turns
     return out
 
 
@@ -172,32 +187,46 @@ def _moves(rows: list[dict[str, Any]]) -> int:
     return moves
 
 
+def pair_order(rep: int) -> tuple[str, str]:
+    """Which routing runs first in pair `rep` (from 0): cache-aware in the even ones."""
+    return ("round-robin", "cache-aware") if rep % 2 else ("cache-aware", "round-robin")
+
+
 def realistic_bench(
-    settings: Settings, quick: bool, bytes_per_token: int, run_dir: Path, reps: int = 1
+    settings: Settings,
+    quick: bool,
+    bytes_per_token: int,
+    run_dir: Path,
+    reps: int = 1,
+    load: str = "overload",
 ) -> dict[str, Any]:
-    """Cache-aware vs round-robin over one seeded plan; `reps` back-to-back pairs, ratios per pair."""
+    """Cache-aware vs round-robin over one seeded plan; `reps` back-to-back pairs, ratios per pair,
+    the headline their median. Odd pairs run round-robin first: a drift of the machine's speed
+    within a pair then favours neither routing across the pairs."""
     sessions, turns = (12, 4) if quick else (32, 6)
     # per worker: pool and warm tier hold this many tokens each; the plan's histories add up to
     # several times that (history_tokens_at_end)
     pool_tokens = 1536 if quick else 3072
-    steps = plan(sessions, turns, seed=7)
-    runs = []
+    steps = plan(sessions, turns, seed=7, arrival_mean_s=ARRIVAL_MEAN_S_BY_LOAD[load])
+    pairs = []
     for rep in range(reps):
-        for routing in ("cache-aware", "round-robin"):
-            runs.append(
-                run_realistic(
-                    settings, routing, steps, pool_tokens, bytes_per_token, run_dir / f"{routing}-{rep}"
-                )
+        runs = {
+            routing: run_realistic(
+                settings, routing, steps, pool_tokens, bytes_per_token, run_dir / f"{routing}-{rep}"
             )
-    pairs = list(zip(runs[::2], runs[1::2], strict=True))
+            for routing in pair_order(rep)
+        }
+        pairs.append((runs["cache-aware"], runs["round-robin"]))
     out: dict[str, Any] = {
+        "load": load,
+        "arrival_mean_s": ARRIVAL_MEAN_S_BY_LOAD[load],
         "sessions": sessions,
         "turns": turns,
         "think_mean_s": THINK_MEAN_S,
         "pool_tokens_per_worker": pool_tokens,
         "warm_tokens_per_worker": pool_tokens,
         "bytes_per_token": bytes_per_token,
-        "runs": runs,
+        "runs": [r for pair in pairs for r in pair],  # cache-aware, round-robin, per pair
     }
     for key, name in (
         ("ttft_p50_s", "ttft_p50_ratio"),

@@ -39,13 +39,18 @@ FULL_REPS = 5
 
 
 def run_tier_bench(
-    settings: Settings, quick: bool, skip: set[str], workload_reps: int = 1, kind: str = "closed"
+    settings: Settings,
+    quick: bool,
+    skip: set[str],
+    workload_reps: int = 1,
+    kind: str = "closed",
+    load: str = "overload",
 ) -> dict[str, Any]:
     results: dict[str, Any] = {"model": settings.served_model, "quick": quick, "workload_kind": kind}
     with tempfile.TemporaryDirectory(prefix="kvferry-tiers-") as tmp:
         run_dir = Path(tmp)
         if kind == "realistic":  # the routing comparison on it alone (ops/bench/tiers/realistic.py)
-            results.update(_realistic(settings, quick, workload_reps, run_dir))
+            results.update(_realistic(settings, quick, workload_reps, run_dir, load))
             return results
         if "resume" not in skip:
             # this process plays the worker that resumes: its host heap set up as a worker's is,
@@ -143,12 +148,12 @@ def run_tier_bench(
     return results
 
 
-def _realistic(settings: Settings, quick: bool, reps: int, run_dir: Path) -> dict[str, Any]:
+def _realistic(settings: Settings, quick: bool, reps: int, run_dir: Path, load: str) -> dict[str, Any]:
     loaded = load_model(settings.model, settings.dtype, settings.device, settings.cache_dir)
     kv = Precision.resolve(settings.dtype, settings.kv_cache_dtype, settings.device).kv
     per_token = kv_layout(loaded, settings.block_size, getattr(torch, kv)).bytes_per_token
     del loaded
-    out = realistic_bench(settings, quick, per_token, run_dir, reps)
+    out = realistic_bench(settings, quick, per_token, run_dir, reps, load)
     for key in (
         "ttft_p50_ratio",
         "ttft_p95_ratio",
@@ -166,7 +171,9 @@ def _realistic(settings: Settings, quick: bool, reps: int, run_dir: Path) -> dic
             f"{r['redis_tier_bytes_used_per_turn'] / 1e6:.2f} of it used (MB read by cause: {causes}), "
             f"blocks fetched {r['redis_tier_blocks_fetched']} / hit {r['redis_tier_blocks_hit']}, "
             f"{r['session_moves']} moves, busiest worker {r['busiest_worker_share']:.0%}, "
-            f"{r['preemptions']} preemptions",
+            f"{r['preemptions']} preemptions, TTFT p50 by worker "
+            f"{', '.join(f'{v * 1000:.0f}' for v in r['ttft_p50_by_worker_s'].values())} ms, "
+            f"{r['ttft_over_wait_target_share']:.0%} over the wait target",
             flush=True,
         )
     return out
