@@ -166,10 +166,16 @@ def bench_serve_cmd(
     default="closed",
     show_default=True,
     help="realistic: only the routing comparison on sessions with think time, lognormal lengths "
-    "and pools smaller than the working set (ops/bench/tiers/realistic.py); --load: its arrival "
-    "rate, overload (the pools' bound) or moderate (the same sessions arriving slower)",
+    "and pools smaller than the working set (ops/bench/tiers/realistic.py)",
 )
-@click.option("--load", type=click.Choice(["overload", "moderate"]), default="overload", show_default=True)
+@click.option(
+    "--load",
+    type=click.Choice(["overload", "moderate"]),
+    default="overload",
+    show_default=True,
+    help="--workload realistic's arrival rate: overload (the pools' bound) or moderate (the same "
+    "sessions arriving slower)",
+)
 @engine_options
 def bench_tiers_cmd(
     json_path: Path | None,

@@ -163,18 +163,20 @@ def run_realistic(
     out["turn_rows"] = [
         {k: r[k] for k in ("sid", "turn", "worker", "ttft_s", "prompt", "cached")} for r in rows
     ]
-    by_turn: dict[int, list[float]] = {}
-    for r in rows:
-        by_turn.setdefault(r["turn"], []).append(r["ttft_s"])
-    out["ttft_p50_by_turn_s"] = {t: sorted(v)[len(v) // 2] for t, v in sorted(by_turn.items())}
-    by_worker: dict[str, list[float]] = {}
-    for r in rows:
-        by_worker.setdefault(r["worker"], []).append(r["ttft_s"])
-    out["ttft_p50_by_worker_s"] = {w: sorted(v)[len(v) // 2] for w, v in sorted(by_worker.items())}
+    out["ttft_p50_by_turn_s"] = _ttft_p50_by(rows, "turn")
+    out["ttft_p50_by_worker_s"] = _ttft_p50_by(rows, "worker")
     # turns whose first token came later than the autoscaling policy's wait target
     target = settings.scale_wait_target_s
     out["ttft_over_wait_target_share"] = sum(r["ttft_s"] > target for r in rows) / turns
     return out
+
+
+def _ttft_p50_by(rows: list[dict[str, Any]], key: str) -> dict[Any, float]:
+    """The median TTFT of the rows of each value of `key` (a turn's index, a worker)."""
+    groups: dict[Any, list[float]] = {}
+    for r in rows:
+        groups.setdefault(r[key], []).append(r["ttft_s"])
+    return {k: sorted(v)[len(v) // 2] for k, v in sorted(groups.items())}
 
 
 def _moves(rows: list[dict[str, Any]]) -> int:
