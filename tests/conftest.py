@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
-import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
-from workers.engine.kernels import paged_decode
-from workers.engine.model.loader import LoadedModel, load_model
+# torch, transformers and the engine are imported where they are used: under pytest-xdist the
+# controller process loads this file too, and runs no test (seconds of imports on a shared CPU)
+if TYPE_CHECKING:
+    from workers.engine.model.loader import LoadedModel
 
 # The suite compares fp32 outputs with HF fp32 token for token: every engine, worker and stack it
 # starts computes in fp32 unless a test asks for another precision (dtype "auto" picks bf16 on a
@@ -57,6 +58,8 @@ def pytest_configure(config: pytest.Config) -> None:
     machine oversubscribes it, and OpenMP teams spin on each other's time."""
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
     if workers > 1:
+        import torch
+
         torch.set_num_threads(max(1, torch.get_num_threads() // workers))
 
 
@@ -90,6 +93,8 @@ def kvferry_cache_dir() -> Path:
 def cpu_kernels_built() -> bool:
     """The CPU kernels, built once here before any worker process starts (a compile on a fresh
     machine; each worker then loads the built library)."""
+    from workers.engine.kernels import paged_decode
+
     return paged_decode.available()
 
 
@@ -97,6 +102,8 @@ def cpu_kernels_built() -> bool:
 def smollm2(kvferry_cache_dir: Path) -> LoadedModel:
     """The real SmolLM2-135M-Instruct, fp32 on CPU. Engines built on it switch its attention to
     paged attention, so never use it as an HF reference (see `smollm2_reference`)."""
+    from workers.engine.model.loader import load_model
+
     return load_model("smollm2", "float32", "cpu", kvferry_cache_dir)
 
 
@@ -109,6 +116,9 @@ def tokenizer(smollm2: LoadedModel) -> object:
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory, tokenizer: object) -> Path:
     """A tiny random Llama saved as a local HF model directory, with SmolLM2's tokenizer."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
     directory = tmp_path_factory.mktemp("tiny-llama")
     config = LlamaConfig(
         vocab_size=49152,

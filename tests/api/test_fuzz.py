@@ -1,6 +1,7 @@
 """Schemathesis against the real app's OpenAPI schema (served by uvicorn, the fake worker on real
-Redis, the real tokenizer): well over 1,000 generated requests, valid and invalid, in bounded
-time; no answer is a 5xx, and the server still serves a normal request afterwards."""
+Redis, the real tokenizer): 1,000 generated requests (derandomized: the same ones each run), valid
+and invalid, in bounded time; no answer is a 5xx, and the server still serves a normal request
+afterwards."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from ops.tokenizer import HFTokenizer
 from tests.api.conftest import MODEL, Served
 from tests.api.fake_worker import FakeWorker
 
-CASES = 1200
+CASES = 1000
 BUDGET_S = 180.0  # room for a loaded machine (a soak run beside it): bounded, not timed
 POSTS = {"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/jobs", "/tokenize", "/detokenize"}
 
@@ -80,7 +81,7 @@ def test_fuzz_no_5xx(
     total = sum(statuses.values())
     print(f"fuzz: {total} cases in {elapsed:.1f}s, statuses {dict(sorted(statuses.items()))}")
     assert not failures, failures[:5]
-    assert total >= 1000, statuses
+    assert total >= CASES, statuses
     assert elapsed < BUDGET_S
     assert statuses[200] > 0 and statuses[400] > 0  # both kinds of bodies were generated
 

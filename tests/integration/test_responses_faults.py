@@ -25,7 +25,7 @@ from tests.integration.conftest import MODEL, WorkerProcess, running_api, wait_f
 from tests.integration.test_responses import _events, responses_api  # noqa: F401
 
 Reference = Callable[[list[int], int], list[int]]
-TOKENS = 900  # long enough that the victim is mid-answer when it dies
+TOKENS = 600  # long enough that the victim is mid-answer when it dies (a few seconds of it)
 
 
 def _sigkill_api(url: str) -> None:

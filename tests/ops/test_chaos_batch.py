@@ -64,7 +64,9 @@ def test_chaos_batch_quick_every_line_once(
     # few seats (2 a worker, 4 threads): the tiny model's batch outlasts its faults
     env.update(KVFERRY_WORKER_CONCURRENCY="4", KVFERRY_MAX_NUM_SEQS="2", KVFERRY_DISPATCH_HEADROOM="1")
     args = ["chaos", "--batch", "--quick", "--json", str(out), "--run-dir", str(tmp_path / "run")]
-    args += ["--batch-lines", "240", "--max-tokens", "32"]
+    # one worker SIGKILL (the path is the same for each): a second one only restarts a worker
+    # while the batch runs on one; 180 lines outlast the faults and the lease race (over 10 s in)
+    args += ["--batch-lines", "180", "--max-tokens", "32", "--kills", "1"]
     args += ["--model", str(tiny_model_dir), "--served-model-name", "tiny", "--cache-size", "8M"]
     args += ["--torch-threads", "1"]
     done = subprocess.run(
