@@ -1,12 +1,12 @@
 """kvferry's bf16 decode-step GEMM (csrc/skinny_bf16.cpp): bf16 products summed in fp32 and rounded
 to bf16, as oneDNN's bf16 linear computes them (up to the summation order), with its refusals; the
-bf16 stack on it (the start-up race forced its way) against the modules' forward and with the
-cache invisible, and a stack whose race picked oneDNN's blocked layout never reading it."""
+bf16 stack on it (the start-up race forced its way, over plain weights or a packed one's plain
+copy) against the modules' forward and with the cache invisible, and a stack whose race picked
+oneDNN's blocked layout alone never running it."""
 
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -18,6 +18,7 @@ from tests.workers.conftest import _build_tiny
 from tests.workers.kernels.test_fused_decoder import _mixed_batch
 from workers.engine.kernels import bf16_linear, crossover
 from workers.engine.kernels.bf16_linear import Bf16Linear
+from workers.engine.kernels.fused_decoder import FusedDecoder
 from workers.engine.llm_engine import LLMEngine
 
 pytestmark = pytest.mark.skipif(not bf16_linear.skinny_runs(), reason="no AVX512-BF16 kernel here")
@@ -76,11 +77,11 @@ def test_it_refuses_what_it_would_misread(x: torch.Tensor, w: torch.Tensor, b: A
         torch.ops.kvferry.skinny_bf16_linear(x, w, b)
 
 
-def test_a_linear_runs_it_up_to_its_rows_and_onednn_above() -> None:
-    linear = nn.Linear(64, 48)
-    with pytest.raises(ValueError, match="plain weight"):
-        Bf16Linear(linear, packed=True, max_rows=8)
-    module = Bf16Linear(linear, packed=False, max_rows=4)
+@pytest.mark.parametrize(("packed", "plain"), [(False, False), (True, True)])
+def test_a_linear_runs_it_up_to_its_rows_and_onednn_above(packed: bool, plain: bool) -> None:
+    """Over its own plain weight, or a packed linear's plain copy."""
+    module = Bf16Linear(nn.Linear(64, 48), packed=packed, plain=plain)
+    module.max_rows = 4
     for rows in (1, 4, 5, 9):
         x = torch.randn(1, rows, 64)
         got = module(x)
@@ -89,28 +90,32 @@ def test_a_linear_runs_it_up_to_its_rows_and_onednn_above() -> None:
         assert torch.equal(got[0], want)
 
 
-def _forced(monkeypatch: pytest.MonkeyPatch, layout: str) -> None:
-    """The start-up race's outcome, set by hand (the int8 engine's choice, ours=False, unchanged)."""
-    choose = bf16_linear.choose
+def test_a_packed_linear_without_a_plain_copy_refuses_it() -> None:
+    module = Bf16Linear(nn.Linear(64, 48), packed=True)
+    assert module.plain_weight is None
+    with pytest.raises(ValueError, match="plain weight"):
+        module.skinny(torch.randn(2, 64))
 
-    def forced(linears: Sequence[nn.Linear], ours: bool = False) -> str:
-        return layout if ours else choose(linears)
 
-    monkeypatch.setattr(bf16_linear, "choose", forced)
+def _forced(monkeypatch: pytest.MonkeyPatch, packed: bool, ours: bool) -> None:
+    """The start-up race's outcome, set by hand (the int8 engine's layout race is not this one)."""
+    monkeypatch.setattr(bf16_linear, "_plan", lambda linears: (packed, ours))
 
 
 def _engine(tiny: TinyModel, **config: Any) -> LLMEngine:
     return make_engine(tiny.loaded, **BF16, **config)
 
 
+@pytest.mark.parametrize("packed", [False, True], ids=["plain", "packed+plain"])
 @pytest.mark.parametrize("prefill", [False, True], ids=["decodes", "with-prefill"])
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])  # qwen2: the q/k/v biases
 def test_the_bf16_stack_on_it_matches_the_modules_forward(
-    tokenizer: object, arch: str, prefill: bool, monkeypatch: pytest.MonkeyPatch
+    tokenizer: object, arch: str, prefill: bool, packed: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A step's logits and pool writes, the fused stack against the modules (the same GEMM on both:
-    kvferry's up to its crossover; with a prefill chunk the step's rows go past it, to oneDNN's)."""
-    _forced(monkeypatch, bf16_linear.KVFERRY)
+    kvferry's up to its crossover; with a prefill chunk the step's rows go past it, to oneDNN's over
+    the plain weight or over its packed one beside the plain copy)."""
+    _forced(monkeypatch, packed, ours=True)
     monkeypatch.setattr(crossover, "measure", lambda linears, rows=crossover.ROWS: 8)
     engine = _engine(_build_tiny(arch, tokenizer, seed=5), num_blocks=48, block_size=8)
     fused = engine.executor.runner.fused
@@ -139,28 +144,31 @@ def test_the_bf16_stack_on_it_matches_the_modules_forward(
 def test_on_it_the_cache_stays_invisible(tokenizer: object, monkeypatch: pytest.MonkeyPatch) -> None:
     """A bf16 turn whose history comes back from the warm tier or the pool gives the tokens of the
     engine that kept it, every linear on kvferry's GEMM for the decodes."""
-    _forced(monkeypatch, bf16_linear.KVFERRY)
+    _forced(monkeypatch, packed=True, ours=True)
     tiny = _build_tiny("llama", tokenizer, seed=5)
     got, kept, from_pool = warm_and_kept(tiny.loaded, 41, **BF16)
     q_proj = tiny.loaded.model.model.layers[0].self_attn.q_proj
-    assert isinstance(q_proj, Bf16Linear) and not q_proj.packed and q_proj.max_rows >= crossover.ROWS[0]
+    assert isinstance(q_proj, Bf16Linear) and q_proj.plain_weight is not None
+    assert q_proj.max_rows >= crossover.ROWS[0]
     assert got.token_ids == kept.token_ids == from_pool.token_ids
 
 
-def test_a_stack_in_onednns_layout_never_reads_the_weights_as_plain(
+def test_a_stack_without_plain_weights_never_runs_it(
     tokenizer: object, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The race picked oneDNN's blocked layout: no rows for kvferry's GEMM, and the stack refuses
-    any (it would read an opaque layout as [out, in]), before the pool is written."""
-    _forced(monkeypatch, bf16_linear.PACKED)
+    """The race picked oneDNN's blocked layout alone: no rows for kvferry's GEMM, and the stack
+    refuses any (it would read an opaque layout as [out, in]) before the pool is written."""
+    _forced(monkeypatch, packed=True, ours=False)
     engine = _engine(_build_tiny("llama", tokenizer, seed=5), num_blocks=48, block_size=8)
     fused = engine.executor.runner.fused
     q_proj = engine.executor.runner.model.model.layers[0].self_attn.q_proj
-    assert fused is not None and q_proj.packed and q_proj.max_rows == 0 and fused.skinny_rows == 0
+    assert fused is not None and q_proj.plain_weight is None and fused.skinny_rows == 0
+    monkeypatch.setattr(q_proj, "max_rows", 4)
+    assert fused.skinny_rows == 0, "no plain copies: oneDNN's rows however many the linears say"
     batch = _mixed_batch(engine, [random_prompt(random.Random(2), 9)], None)
     pool = engine.executor.kv_cache.tensor
     before = pool.clone()
-    monkeypatch.setattr(q_proj, "max_rows", 4)
-    with pytest.raises(RuntimeError, match="needs them plain"):
+    monkeypatch.setattr(FusedDecoder, "skinny_rows", property(lambda self: 4))
+    with pytest.raises(RuntimeError, match="needs their plain copies"):
         engine.executor.runner.run(batch)
     assert torch.equal(pool, before)

@@ -3,14 +3,15 @@ and on kvferry's (AVX512-BF16), fp32 in and out.
 
 A decode step reads every weight of the model for a handful of rows, so halving the weights' bytes
 is what pays; both GEMMs accumulate in fp32. Three ways are raced at start-up at decode-step row
-counts, over the model's first layers (`choose`: enough of them that their weights come from
+counts, over the model's first layers (`race`: enough of them that their weights come from
 memory, as in a step): oneDNN over the weight reordered once into its blocked layout, oneDNN over
 the plain [out, in] weight, and kvferry's GEMM over the plain weight (csrc/skinny_bf16.cpp), which
 streams the weights at close to what the memory gives where oneDNN's blocking for large batches
-does not (docs/benchmarks.md). Where kvferry's wins, its crossover against oneDNN over the same
-plain weight is measured over every linear, as the fp32 one is (crossover.py), and larger batches
-(prefill chunks) run oneDNN over that one copy: the weights are held once, and oneDNN over a plain
-weight is slower than over its own layout, less so the larger the batch (docs/benchmarks.md).
+does not (docs/benchmarks.md). Where kvferry's wins, its crossover against oneDNN (in the faster
+of its layouts) is measured over every linear, as the fp32 one is (crossover.py), and larger
+batches (prefill chunks) stay oneDNN's. Where that layout is oneDNN's own, each linear keeps a
+plain copy beside it for kvferry's GEMM: the bf16 weights are held twice (the bytes of the fp32
+weights), for oneDNN over a plain weight is slower on prefill chunks (docs/benchmarks.md).
 
 The activations, norms, residuals and attention stay fp32 (the input is rounded to bf16 for the
 product, the output rounded to bf16 and widened back). lm_head gets a bf16 copy of its own
@@ -53,19 +54,20 @@ def runs() -> bool:
 
 class Bf16Linear(nn.Module):
     """y = x W^T + b with W in bf16 (oneDNN's blocked layout when `packed`), x and y fp32: kvferry's
-    GEMM up to `max_rows` rows (a plain weight only), oneDNN's above."""
+    GEMM over the plain weight up to `max_rows` rows, oneDNN's above. A packed linear keeps a plain
+    copy for kvferry's GEMM only where `plain` asks (`plain_weight`; a plain one reads its own)."""
 
-    def __init__(self, linear: nn.Linear, packed: bool, max_rows: int = 0) -> None:
+    def __init__(self, linear: nn.Linear, packed: bool, plain: bool = False) -> None:
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         dense = linear.weight.detach().to(torch.bfloat16).contiguous()
         self.weight = torch.ops.mkldnn._reorder_linear_weight(dense, None) if packed else dense
+        self.plain_weight = dense if plain or not packed else None  # what kvferry's GEMM reads
         self.bias = None if linear.bias is None else linear.bias.detach().float().contiguous()
         self.packed = packed
-        if packed and max_rows > 0:
-            raise ValueError("kvferry's bf16 GEMM reads the plain weight, not oneDNN's layout")
-        self.max_rows = max_rows  # set by convert once measured (the fused stack reads it too)
-        self.nbytes = dense.numel() * 2 + (0 if self.bias is None else self.bias.numel() * 4)
+        self.max_rows = 0  # set by convert once measured (the fused stack reads it too)
+        copies = 2 if packed and plain else 1
+        self.nbytes = copies * dense.numel() * 2 + (0 if self.bias is None else self.bias.numel() * 4)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)
@@ -74,8 +76,10 @@ class Bf16Linear(nn.Module):
         return self.skinny(rows.float()).view(*x.shape[:-1], self.out_features).to(x.dtype)
 
     def skinny(self, rows: torch.Tensor) -> torch.Tensor:
-        """kvferry's bf16 GEMM over [rows, in] fp32 (the weight plain)."""
-        return torch.ops.kvferry.skinny_bf16_linear(rows.contiguous(), self.weight, self.bias)
+        """kvferry's bf16 GEMM over [rows, in] fp32."""
+        if self.plain_weight is None:
+            raise ValueError("kvferry's bf16 GEMM reads the plain weight, and this linear keeps none")
+        return torch.ops.kvferry.skinny_bf16_linear(rows.contiguous(), self.plain_weight, self.bias)
 
     def large(self, x: torch.Tensor) -> torch.Tensor:
         """oneDNN's bf16 GEMM: x rounded to bf16, the output widened back to x's dtype."""
@@ -102,10 +106,10 @@ def _skinny(module: Bf16Linear, x: torch.Tensor) -> object:
     return module.skinny(x)
 
 
-def choose(linears: Sequence[nn.Linear], ours: bool = False) -> str:
-    """PACKED or PLAIN (oneDNN's GEMM over the weight in that layout), or KVFERRY where `ours` and
-    kvferry's bf16 GEMM runs here: the fastest over `linears` at decode-step row counts, raced
-    here (kernels/timing.py)."""
+def race(linears: Sequence[nn.Linear], ours: bool = False) -> dict[str, float]:
+    """Seconds over `linears` at decode-step row counts, raced here (kernels/timing.py), of oneDNN's
+    GEMM over the weight in each layout (PACKED, PLAIN) and, where `ours` and it runs here, of
+    kvferry's bf16 GEMM (KVFERRY)."""
     with torch.inference_mode():
         candidates = {p: [Bf16Linear(lin, p == PACKED) for lin in linears] for p in (PACKED, PLAIN)}
         apply: dict[str, Callable[[Bf16Linear, torch.Tensor], object]] = {PACKED: _call, PLAIN: _call}
@@ -116,9 +120,22 @@ def choose(linears: Sequence[nn.Linear], ours: bool = False) -> str:
             times = timing.fastest([timing.over(m, rows, apply[name]) for name, m in candidates.items()])
             for name, seconds in zip(candidates, times, strict=True):
                 total[name] += seconds
-    chosen = min(total, key=lambda k: total[k])
-    log.info("bf16 linears: %s (%s)", chosen, ", ".join(f"{k} {1e3 * v:.2f} ms" for k, v in total.items()))
-    return chosen
+    log.info("bf16 linears: %s", ", ".join(f"{k} {1e3 * v:.2f} ms" for k, v in total.items()))
+    return total
+
+
+def choose(linears: Sequence[nn.Linear]) -> str:
+    """PACKED or PLAIN: the faster layout of oneDNN's bf16 GEMM over `linears` (race)."""
+    total = race(linears)
+    return PACKED if total[PACKED] <= total[PLAIN] else PLAIN
+
+
+def _plan(linears: Sequence[nn.Linear]) -> tuple[bool, bool]:
+    """(packed, ours): oneDNN's faster layout over `linears`, and whether kvferry's GEMM beat it
+    (then a packed linear keeps a plain copy for it as well)."""
+    total = race(linears, ours=True)
+    packed = total[PACKED] <= total[PLAIN]
+    return packed, KVFERRY in total and total[KVFERRY] < total[PACKED if packed else PLAIN]
 
 
 def decoder_linears(model: nn.Module) -> list[tuple[str, nn.Linear]]:
@@ -154,19 +171,20 @@ def convert(model: nn.Module) -> int:
     if not linears or not runs() or linears[0][1].weight.device.type != "cpu":
         return 0
     try:
-        layout = choose(probe([m for _, m in linears]), ours=True)
+        packed, ours = _plan(probe([m for _, m in linears]))
+        ours = ours and skinny_runs()
     except RuntimeError as err:  # an op missing from this build
         log.warning("oneDNN's bf16 GEMM does not run here (%s)", err)
         return 0
-    replace_linears(model, linears, lambda linear: Bf16Linear(linear, layout == PACKED))
-    if layout == KVFERRY:
+    replace_linears(model, linears, lambda linear: Bf16Linear(linear, packed, plain=ours))
+    if ours:
         _measure_crossover([cast(Bf16Linear, model.get_submodule(name)) for name, _ in linears])
     return len(linears)
 
 
 def _measure_crossover(modules: Sequence[Bf16Linear]) -> None:
-    """Each of `modules` (plain weights) runs kvferry's GEMM up to the row count where it stops
-    beating oneDNN's over them all (crossover.py)."""
+    """Each of `modules` runs kvferry's GEMM up to the row count where it stops beating oneDNN's
+    (in the layout it keeps) over them all (crossover.py)."""
     max_rows = crossover.measure(modules)
     log.info("kvferry's bf16 GEMM takes up to %d rows a step here (oneDNN above)", max_rows)
     for module in modules:
@@ -180,12 +198,13 @@ def convert_head(model: nn.Module) -> bool:
     if type(head) is not nn.Linear or head.weight.device.type != "cpu" or not runs():
         return False
     try:
-        layout = choose([head], ours=True)
+        packed, ours = _plan([head])
+        ours = ours and skinny_runs()
     except RuntimeError as err:  # an op missing from this build
         log.warning("oneDNN's bf16 GEMM does not run lm_head here (%s)", err)
         return False
-    replace_linears(model, [("lm_head", head)], lambda linear: Bf16Linear(linear, layout == PACKED))
-    if layout == KVFERRY:
+    replace_linears(model, [("lm_head", head)], lambda linear: Bf16Linear(linear, packed, plain=ours))
+    if ours:
         _measure_crossover([cast(Bf16Linear, model.lm_head)])
     return True
 

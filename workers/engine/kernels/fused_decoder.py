@@ -37,6 +37,11 @@ _MLP = ("gate_proj", "up_proj", "down_proj")
 _EMPTY = torch.empty(0)  # an absent bias or norm
 
 
+def _linears(layer: Any) -> list[Any]:
+    """A decoder layer's 7 linears: q, k, v, o, gate, up, down."""
+    return [getattr(layer.self_attn, n) for n in _ATTN] + [getattr(layer.mlp, n) for n in _MLP]
+
+
 def _eps(norm: Any) -> float | None:
     """The eps of a transformers RMSNorm (weight * x * rsqrt(mean(x^2) + eps)); None otherwise."""
     if norm is None or not type(norm).__name__.endswith("RMSNorm") or not hasattr(norm, "variance_epsilon"):
@@ -92,6 +97,7 @@ class FusedDecoder:
         plan: FusedPlan,
         bf16: bool = False,
         int8: tuple[list[torch.Tensor], int] = ([], 0),
+        plain: list[torch.Tensor] | None = None,
     ) -> None:
         self.decoder = decoder  # the model's base model: embed_tokens, rotary_emb, norm
         self.kv_cache = kv_cache
@@ -101,6 +107,7 @@ class FusedDecoder:
         self.plan = plan
         self.bf16 = bf16  # the linears' weights are bf16 (oneDNN's bf16 GEMM)
         self.int8, self.int8_rows = int8  # (q, s) of each linear, int8_linear.py's crossover
+        self.plain = plain or []  # a bf16 stack's plain weights for kvferry's GEMM, 7 a layer
 
     @classmethod
     def build(cls, model: nn.Module, kv_cache: KVCache) -> FusedDecoder | None:
@@ -134,17 +141,14 @@ class FusedDecoder:
         if len(eps) != 1 or len(scales) != 1:
             return None
         first = decoder.layers[0]
-        linears = [getattr(first.self_attn, n) for n in _ATTN] + [getattr(first.mlp, n) for n in _MLP]
+        linears = _linears(first)
         every_row = FusedPlan(True, None)
-        if all(isinstance(m, Bf16Linear) for m in linears):  # every row count on oneDNN's bf16 GEMM
-            return cls(decoder, kv_cache, weights, scales.pop(), eps.pop(), every_row, bf16=True)
+        if all(isinstance(m, Bf16Linear) for m in linears):  # kvferry's bf16 GEMM to its rows, oneDNN's above
+            plain = [m.plain_weight for layer in decoder.layers for m in _linears(layer)]
+            kept = [p for p in plain if p is not None] if first.self_attn.q_proj.max_rows > 0 else []
+            return cls(decoder, kv_cache, weights, scales.pop(), eps.pop(), every_row, bf16=True, plain=kept)
         if all(isinstance(m, Int8Linear) for m in linears):
-            int8 = [
-                t
-                for layer in decoder.layers
-                for m in [getattr(layer.self_attn, n) for n in _ATTN] + [getattr(layer.mlp, n) for n in _MLP]
-                for t in (m.qweight, m.scales)
-            ]
+            int8 = [t for layer in decoder.layers for m in _linears(layer) for t in (m.qweight, m.scales)]
             plan = (int8, int(first.self_attn.q_proj.max_int8_rows))
             return cls(decoder, kv_cache, weights, scales.pop(), eps.pop(), every_row, bf16=True, int8=plan)
         if not all(isinstance(m, SkinnyLinear) for m in linears):
@@ -153,8 +157,11 @@ class FusedDecoder:
 
     @property
     def skinny_rows(self) -> int:
-        """Up to this many rows a step the linears run kvferry's GEMM, above it ATen's: the
-        crossover pack_linears measured for this model."""
+        """Up to this many rows a step the linears run kvferry's GEMM, above it ATen's or oneDNN's:
+        the crossover pack_linears (bf16: bf16_linear.convert) measured for this model; none for a
+        bf16 stack without the plain weights it reads."""
+        if self.bf16 and len(self.plain) != 7 * len(self.decoder.layers):
+            return 0
         return int(self.decoder.layers[0].self_attn.q_proj.max_rows)
 
     def takes(self, rows: int) -> bool:
@@ -194,5 +201,6 @@ class FusedDecoder:
             self.bf16,
             self.int8,
             self.int8_rows,
+            self.plain,
         )
         return self.decoder.norm(hidden)

@@ -23,7 +23,8 @@
 // row attends. skinny_rows: up to this many rows the linears run kvferry's GEMM, above it ATen's,
 // or oneDNN's where `onednn` is set (whichever fused_crossover.py measured faster on this CPU).
 // bf16: the linears' weights are bf16 (plain or in oneDNN's layout: kernels/bf16_linear.py); up to
-// skinny_rows rows (plain weights only) they run kvferry's bf16 GEMM, above it oneDNN's (the input
+// skinny_rows rows they run kvferry's bf16 GEMM over `plain` (per layer, the 7 linears' plain bf16
+// weights in order: q, k, v, o, gate, up, down), above it oneDNN's over `weights` (the input
 // rounded to bf16, the output rounded to bf16 and widened to fp32 by either); everything else stays fp32. The pool may be fp32 or bf16 (K/V rounded as written, widened as read),
 // or int8 ([layers, 2, slots, Hkv, D + 4]: each row quantised as written with its own scale,
 // dequantised as read; kv_rows.cpp).
@@ -82,8 +83,10 @@ void add_into(float* h, const float* x, int64_t count) {
 void decoder_layers(at::Tensor hidden, const at::Tensor& cos, const at::Tensor& sin, at::Tensor kv,
                     const at::Tensor& slots, const at::Tensor& tables, const at::Tensor& lens, const at::Tensor& chunks,
                     at::TensorList weights, int64_t block_size, double scale, double eps, int64_t skinny_rows,
-                    bool onednn, bool bf16, std::optional<at::TensorList> int8_opt, int64_t int8_rows) {
+                    bool onednn, bool bf16, std::optional<at::TensorList> int8_opt, int64_t int8_rows,
+                    std::optional<at::TensorList> plain_opt) {
   const at::TensorList int8 = int8_opt.value_or(at::TensorList());
+  const at::TensorList plain = plain_opt.value_or(at::TensorList());
   TORCH_CHECK(
       hidden.dim() == 2 && hidden.is_contiguous() && hidden.device().is_cpu() && hidden.scalar_type() == at::kFloat,
       "kvferry::decoder_layers: hidden must be a contiguous fp32 CPU [n, H]");
@@ -164,14 +167,21 @@ void decoder_layers(at::Tensor hidden, const at::Tensor& cos, const at::Tensor& 
   // kvferry's GEMM up to skinny_rows rows (the crossover measured at start-up), ATen's or oneDNN's above;
   // a bf16 stack's over its plain bf16 weights (skinny_bf16.cpp).
   const bool skinny = !quant && n <= skinny_rows;
-  std::vector<const c10::BFloat16*> bptrs(bf16 && skinny ? layers * PER_LAYER : 0, nullptr);
-  for (int64_t i = 0; i < static_cast<int64_t>(bptrs.size()); ++i)
-    if (IS_LINEAR[i % PER_LAYER]) {
-      const at::Tensor& t = weights[i];
-      TORCH_CHECK(!t.is_mkldnn() && t.is_contiguous(), "kvferry::decoder_layers: skinny_rows ", skinny_rows,
-                  " over bf16 weights needs them plain, weight ", i % PER_LAYER, " of layer ", i / PER_LAYER, " is not");
-      bptrs[i] = t.data_ptr<c10::BFloat16>();
-    }
+  std::vector<const c10::BFloat16*> bptrs;  // a bf16 stack's plain weights, 7 a layer (LINEAR_SLOT order)
+  if (bf16 && skinny) {
+    TORCH_CHECK(static_cast<int64_t>(plain.size()) == layers * 7, "kvferry::decoder_layers: skinny_rows ", skinny_rows,
+                " over bf16 weights needs their plain copies, 7 a layer: got ", plain.size());
+    for (int64_t l = 0; l < layers; ++l)
+      for (int64_t i = 0; i < PER_LAYER; ++i)
+        if (IS_LINEAR[i]) {
+          const at::Tensor& p = plain[l * 7 + LINEAR_SLOT[i]];
+          TORCH_CHECK(p.device().is_cpu() && !p.is_mkldnn() && p.is_contiguous() && p.scalar_type() == at::kBFloat16 &&
+                          p.sizes().equals(shapes[i].first),
+                      "kvferry::decoder_layers: plain weight ", i, " of layer ", l, " must be a contiguous bf16 CPU ",
+                      c10::IntArrayRef(shapes[i].first));
+          bptrs.push_back(p.data_ptr<c10::BFloat16>());
+        }
+  }
   const auto gemm = bf16 ? kvferry::onednn_bf16_linear : onednn ? kvferry::onednn_linear : kvferry::aten_linear;
   const bool int8_kernel = n <= int8_rows;
   const at::Tensor *t = nullptr, *qs = nullptr;  // the layer's weights (the large GEMM's), its int8 ones
@@ -193,12 +203,12 @@ void decoder_layers(at::Tensor hidden, const at::Tensor& cos, const at::Tensor& 
     const float *qn = w[7], *kn = w[8], *wo = w[9], *bo = w[10], *ln2 = w[11];
     const float *wg = w[12], *bg = w[13], *wu = w[14], *bu = w[15], *wd = w[16], *bd = w[17];
     t = weights.data() + l * PER_LAYER, qs = quant ? int8.data() + l * INT8_PER_LAYER : nullptr;
-    const c10::BFloat16* const* bw = bptrs.empty() ? nullptr : bptrs.data() + l * PER_LAYER;
+    const c10::BFloat16* const* bw = bptrs.empty() ? nullptr : bptrs.data() + l * 7;
 
     // Attention block.
     kvferry::rms_norm(hp, ln1, x.data(), n, h, e);
     if (skinny && bf16) {
-      const kvferry::Bf16Gemm qkv[] = {{bw[1], qd, bq, q.data()}, {bw[3], kd, bk, k.data()}, {bw[5], kd, bv, v.data()}};
+      const kvferry::Bf16Gemm qkv[] = {{bw[0], qd, bq, q.data()}, {bw[1], kd, bk, k.data()}, {bw[2], kd, bv, v.data()}};
       kvferry::skinny_bf16_gemms(x.data(), n, h, qkv, 3);
     } else if (skinny) {
       const kvferry::Gemm qkv[] = {{wq, qd, bq, q.data()}, {wk, kd, bk, k.data()}, {wv, kd, bv, v.data()}};
@@ -224,7 +234,7 @@ void decoder_layers(at::Tensor hidden, const at::Tensor& cos, const at::Tensor& 
                              kpool, vpool, kv.scalar_type(), hkv, tp + prefill_rows * width, width, lp + prefill_rows,
                              block_size, static_cast<float>(scale));
     if (skinny && bf16) {
-      const kvferry::Bf16Gemm out_proj{bw[9], h, bo, o.data()};
+      const kvferry::Bf16Gemm out_proj{bw[3], h, bo, o.data()};
       kvferry::skinny_bf16_gemms(attn.data(), n, qd, &out_proj, 1);
     } else if (skinny) {
       kvferry::skinny_gemm(attn.data(), n, qd, wo, h, bo, o.data());
@@ -240,7 +250,7 @@ void decoder_layers(at::Tensor hidden, const at::Tensor& cos, const at::Tensor& 
       kvferry::skinny_gemm(gate.data(), n, inter, wd, h, bd, o.data());
     } else {
       if (skinny) {
-        const kvferry::Bf16Gemm gate_up[] = {{bw[12], inter, bg, gate.data()}, {bw[14], inter, bu, up.data()}};
+        const kvferry::Bf16Gemm gate_up[] = {{bw[4], inter, bg, gate.data()}, {bw[5], inter, bu, up.data()}};
         kvferry::skinny_bf16_gemms(x.data(), n, h, gate_up, 2);
       } else {
         large_linear(x.data(), n, t[12], t[13], gate.data());
@@ -252,7 +262,7 @@ void decoder_layers(at::Tensor hidden, const at::Tensor& cos, const at::Tensor& 
         for (int64_t i = i0; i < i1; ++i) g[i] = g[i] / (1.f + std::exp(-g[i])) * u[i];  // SiLU(gate) * up
       });
       if (skinny) {
-        const kvferry::Bf16Gemm down{bw[16], h, bd, o.data()};
+        const kvferry::Bf16Gemm down{bw[6], h, bd, o.data()};
         kvferry::skinny_bf16_gemms(gate.data(), n, inter, &down, 1);
       } else {
         large_linear(gate.data(), n, t[16], t[17], o.data());
@@ -268,7 +278,7 @@ TORCH_LIBRARY_FRAGMENT(kvferry, m) {
   m.def(
       "decoder_layers(Tensor(a!) hidden, Tensor cos, Tensor sin, Tensor(b!) kv, Tensor slots, Tensor tables, "
       "Tensor lens, Tensor chunks, Tensor[] weights, int block_size, float scale, float eps, int skinny_rows, "
-      "bool onednn=False, bool bf16=False, Tensor[]? int8=None, int int8_rows=0) -> ()");
+      "bool onednn=False, bool bf16=False, Tensor[]? int8=None, int int8_rows=0, Tensor[]? plain=None) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(kvferry, CPU, m) { m.impl("decoder_layers", &decoder_layers); }
