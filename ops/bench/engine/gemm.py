@@ -59,26 +59,34 @@ def _seconds(fn: Callable[[], object], budget_s: float) -> float:
     return statistics.median(times)
 
 
+def _pointwise(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    out: torch.Tensor = torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], "")
+    return out
+
+
 def _calls(
     x: torch.Tensor, weights: list[torch.Tensor], packed: list[torch.Tensor], kvferry: bool
 ) -> dict[str, Callable[[], object]]:
-    """One call: x (fp32) times every copy of the weight, in turn; bf16 weights take x in bf16
-    (kvferry's GEMM rounds its fp32 x itself, as in a step)."""
+    """One call: x (fp32) times every copy of the weight, in turn. Over bf16 weights each call
+    takes x in fp32 and gives fp32, as in a step: oneDNN and F.linear round x to bf16 and widen
+    their output (Bf16Linear.large), kvferry's GEMM does both inside."""
     bf16 = weights[0].dtype == torch.bfloat16
-    xd = x.to(weights[0].dtype)
     skinny = torch.ops.kvferry.skinny_bf16_linear if bf16 else torch.ops.kvferry.skinny_linear
+
+    def apply(fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], w: torch.Tensor) -> None:
+        fn(x.to(torch.bfloat16), w).float() if bf16 else fn(x, w)
 
     def onednn() -> None:
         for p in packed:
-            torch.ops.mkldnn._linear_pointwise(xd, p, None, "none", [], "")
+            apply(_pointwise, p)
 
     def onednn_plain() -> None:
         for w in weights:
-            torch.ops.mkldnn._linear_pointwise(xd, w, None, "none", [], "")
+            apply(_pointwise, w)
 
     def f_linear() -> None:
         for w in weights:
-            F.linear(xd, w)
+            apply(F.linear, w)
 
     def ours() -> None:
         for w in weights:

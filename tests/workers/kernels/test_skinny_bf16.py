@@ -55,6 +55,19 @@ def test_it_sums_bf16_products_in_fp32_and_rounds_to_bf16(
     assert bool(((got.double() - theirs).abs() <= 2 * bound).all()), "as oneDNN's bf16 linear, up to order"
 
 
+def test_a_rows_outputs_do_not_depend_on_the_rows_beside_it() -> None:
+    """Bit for bit, alone or among 1 to 19 others (each row count blocks the features its own
+    way): a sequence's tokens do not depend on the batch it decodes in."""
+    gen = torch.Generator().manual_seed(0)
+    w = torch.randn(37, 100, generator=gen).to(torch.bfloat16)
+    b = torch.randn(37, generator=gen)
+    x = torch.randn(20, 100, generator=gen)
+    alone = [torch.ops.kvferry.skinny_bf16_linear(x[i : i + 1].contiguous(), w, b)[0] for i in range(20)]
+    for m in (2, 3, 4, 5, 8, 17, 20):
+        together = torch.ops.kvferry.skinny_bf16_linear(x[:m].contiguous(), w, b)
+        assert all(torch.equal(together[i], alone[i]) for i in range(m)), m
+
+
 def test_no_rows_no_outputs() -> None:
     w = torch.randn(5, 8).to(torch.bfloat16)
     assert torch.ops.kvferry.skinny_bf16_linear(torch.randn(0, 8), w, None).shape == (0, 5)

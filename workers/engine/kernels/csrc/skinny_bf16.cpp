@@ -5,14 +5,17 @@
 // A decode step reads every weight of the model for a handful of rows, so it is bound by streaming
 // the weights from memory; oneDNN's bf16 GEMM, blocked for the reuse of large batches, reads
 // SmolLM2's weights well below what the memory gives at a few rows (docs/benchmarks.md). Here a
-// block of 4 output features (4 weight rows, read once from memory, then from L1 for each further
-// 4 rows of x) is multiplied against 4 rows of x at a time, 32 columns a step, into 16 accumulators
-// of 16 lanes; one transpose-reduce (attend_avx512.h) then sums each accumulator's lanes, 16 results
-// in one vector.
-// Blocks are split across torch's intra-op threads. Arithmetic as oneDNN's bf16 linear: x rounded
-// to bf16, fp32 accumulation, + bias, the result rounded to bf16 and widened back to fp32; only the
-// summation order differs. Up to a row count measured at start-up against oneDNN on the CPU at hand
-// (bf16_linear.py); larger batches (prefill chunks) stay oneDNN's.
+// block of output features (16 for one row of x, 8 for two, else 4) is multiplied against the rows
+// of x (1, 2, or 4 at a time: the block's weight rows come from memory once, then from L1 for each
+// further 4 rows), 32 columns a step, into 16 accumulators of 16 lanes, the weights of a block a
+// few blocks ahead prefetched meanwhile; one transpose-reduce (attend_avx512.h) then sums each
+// accumulator's lanes, 16 results in one vector. Blocks are split across torch's intra-op threads,
+// every block of a layer's q, k and v (or gate and up) in one parallel region.
+//
+// As oneDNN's bf16 linear computes: x rounded to bf16, fp32 accumulation, + bias, the result
+// rounded to bf16 and widened back to fp32; only the summation order differs, and a row's outputs
+// are the same whatever other rows share the call. Up to a row count measured at start-up against
+// oneDNN on the CPU at hand (bf16_linear.py); larger batches (prefill chunks) stay oneDNN's.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -44,12 +47,12 @@ constexpr int64_t PREFETCH_BLOCKS = 4;  // how far ahead the weights are prefetc
 
 inline __m512bh bh(__m512i v) { return (__m512bh)v; }
 
-// t[f * ROWS + r] = sum_c w[f][c] * x[r][c] for f < F, r < ROWS: 16 accumulators, F * ROWS == 16
-// (x rows ldx apart, padded with zeros to a multiple of KC columns; w rows k apart, a masked load
-// for the last partial vector).
+// t[f * ROWS + r] = sum_c w[f][c] * x[r][c] + bias[f * ROWS + r], rounded to bf16, for f < F,
+// r < ROWS: 16 accumulators, F * ROWS == 16 (x rows ldx apart, padded with zeros to a multiple of
+// KC columns; w rows k apart, a masked load for the last partial vector).
 template <int F, int ROWS>
 inline void block(const c10::BFloat16* const* w, int64_t k, const c10::BFloat16* x, int64_t ldx, const char* ahead,
-                  float* t) {
+                  const float* bias, float* t) {
   static_assert(F * ROWS == 16, "16 accumulators");
   __m512 acc[16];
   for (int i = 0; i < 16; ++i) acc[i] = _mm512_setzero_ps();
@@ -66,7 +69,9 @@ inline void block(const c10::BFloat16* const* w, int64_t k, const c10::BFloat16*
   };
   for (int64_t c = 0; c < full; c += KC) step(c, ~__mmask32(0));
   if (full < k) step(full, (__mmask32(1) << (k - full)) - 1);
-  _mm512_storeu_ps(t, kvferry::avx512::sum16(acc));
+  const __m512 sums = _mm512_add_ps(kvferry::avx512::sum16(acc), _mm512_loadu_ps(bias));
+  const __m256i rounded = (__m256i)_mm512_cvtneps_pbh(sums);  // to nearest even, as c10::BFloat16
+  _mm512_storeu_si512(t, _mm512_slli_epi32(_mm512_cvtepu16_epi32(rounded), 16));  // widened back, exact
 }
 
 #endif
@@ -113,28 +118,28 @@ void skinny_bf16_gemms(const float* xs, int64_t m, int64_t k, const Bf16Gemm* ge
   };
   at::parallel_for(0, first[count], 1, [&](int64_t b0, int64_t b1) {
     int64_t j = 0;
-    float t[16];
+    alignas(64) float t[16], bias[16];
     const c10::BFloat16* w[16];
     for (int64_t b = b0; b < b1; ++b) {
       while (b >= first[j + 1]) ++j;
       const Bf16Gemm& g = gemms[j];
       const int64_t n0 = (b - first[j]) * nb, cols = std::min(nb, g.n - n0);
       for (int64_t f = 0; f < nb; ++f) w[f] = g.w + (n0 + std::min(f, cols - 1)) * k;  // a short block repeats its last row
+      for (int64_t a = 0; a < 16; ++a) bias[a] = g.bias ? g.bias[n0 + std::min(a / mb, cols - 1)] : 0.f;
       for (int64_t m0 = 0; m0 < m; m0 += mb) {
         const int64_t rows = std::min(mb, m - m0);
         const c10::BFloat16* x = xb.data() + m0 * ldx;
         // Every pass prefetches (a pass is short, and memory must stay busy through all of them).
         const char* next = ahead(j, n0);
         if (nb == 16)
-          block<16, 1>(w, k, x, ldx, next, t);
+          block<16, 1>(w, k, x, ldx, next, bias, t);
         else if (nb == 8)
-          block<8, 2>(w, k, x, ldx, next, t);
+          block<8, 2>(w, k, x, ldx, next, bias, t);
         else
-          block<4, 4>(w, k, x, ldx, next, t);  // rows past m are zeros
+          block<4, 4>(w, k, x, ldx, next, bias, t);  // rows past m are zeros
         for (int64_t r = 0; r < rows; ++r) {
           float* y = g.out + (m0 + r) * g.n + n0;
-          for (int64_t f = 0; f < cols; ++f)
-            y[f] = static_cast<float>(c10::BFloat16(t[f * mb + r] + (g.bias ? g.bias[n0 + f] : 0.f)));
+          for (int64_t f = 0; f < cols; ++f) y[f] = t[f * mb + r];
         }
       }
     }
