@@ -11,8 +11,9 @@ the gathered context for each prefill chunk. The embedding, the rotary table (th
 module, so any rope scaling holds), the final norm and lm_head stay the model's.
 
 It applies on CPU fp32 activations to a Llama-family decoder (Llama, Mistral, Qwen2, Qwen3:
-optional biases and q/k norms) whose linears all run kvferry's GEMM, or all oneDNN's bf16 GEMM
-(bf16_linear.py: a bf16 engine), or all are int8 (int8_linear.py: their int8 weights and scales go
+optional biases and q/k norms) whose linears all run kvferry's GEMM, or all are bf16
+(bf16_linear.py: a bf16 engine; kvferry's bf16 GEMM over their plain copies up to its crossover,
+oneDNN's above), or all are int8 (int8_linear.py: their int8 weights and scales go
 in beside the bf16 copies, with the row count up to which torch's int8 kernel runs), and whose
 decodes run the in-place attention kernel (both probed at start-up), over an fp32, bf16 or int8 pool,
 with SiLU, one RMSNorm eps and no sliding window. Anything else keeps the modules' forward."""
@@ -105,7 +106,7 @@ class FusedDecoder:
         self.scale = scale
         self.eps = eps
         self.plan = plan
-        self.bf16 = bf16  # the linears' weights are bf16 (oneDNN's bf16 GEMM)
+        self.bf16 = bf16  # the linears' weights are bf16 (kvferry's and oneDNN's bf16 GEMMs)
         self.int8, self.int8_rows = int8  # (q, s) of each linear, int8_linear.py's crossover
         self.plain = plain or []  # a bf16 stack's plain weights for kvferry's GEMM, 7 a layer
 
