@@ -228,7 +228,7 @@ def bench_quality_cmd(json_path: Path | None, quick: bool, **opts: Any) -> None:
 @click.option("--quick", is_flag=True, help="rows 1, 16 and 128 only, shorter timings")
 @engine_options
 def bench_gemm_cmd(json_path: Path | None, quick: bool, **opts: Any) -> None:
-    """The model's linear shapes on kvferry's GEMM vs oneDNN-packed vs F.linear (CPU fp32)."""
+    """The model's linear shapes on kvferry's GEMM vs oneDNN-packed vs F.linear (CPU, --dtype)."""
     from ops.bench.engine.gemm import report, run_gemm_bench
 
     results = run_gemm_bench(settings_from(opts), quick=quick)

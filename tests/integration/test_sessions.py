@@ -49,7 +49,7 @@ def _conversation(turns: int) -> list[list[dict[str, str]]]:
     ]
 
 
-@pytest.mark.not_int8(reason="each turn's tokens equal HF fp32 generate's")
+@pytest.mark.fp32_only(reason="each turn's tokens equal HF fp32 generate's")
 def test_session_migrates_to_another_worker_from_redis(
     two_workers: tuple[WorkerProcess, WorkerProcess],
     celery_app: Any,

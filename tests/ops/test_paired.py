@@ -132,7 +132,10 @@ def test_bench_throughput_pairs_ours_with_hf(monkeypatch: pytest.MonkeyPatch) ->
     assert clock.calls.count("ours") == clock.calls.count("hf")
 
 
-def test_bench_gemm_ratio_pairs_kvferry_with_the_onednn_run_after_it(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_bench_gemm_ratio_pairs_kvferry_with_the_onednn_run_after_it(
+    monkeypatch: pytest.MonkeyPatch, dtype: str
+) -> None:
     from ops.bench.engine import gemm as bench_gemm
 
     clock = _Clock()
@@ -151,12 +154,15 @@ def test_bench_gemm_ratio_pairs_kvferry_with_the_onednn_run_after_it(monkeypatch
         bench_gemm, "load_model", lambda *a: SimpleNamespace(model=SimpleNamespace(config=config))
     )
     monkeypatch.setattr(bench_gemm.build, "built", lambda: True)
+    monkeypatch.setattr(bench_gemm.bf16_linear, "skinny_runs", lambda: True)
     monkeypatch.setattr(bench_gemm, "_STREAM_BYTES", 1)
     monkeypatch.setattr(bench_gemm, "_calls", named_calls)
-    base = {"kvferry": 1.0, "onednn": 2.0, "f_linear": 3.0}
+    base = {"kvferry": 1.0, "onednn": 2.0, "onednn_plain": 2.5, "f_linear": 3.0}
     monkeypatch.setattr(bench_gemm, "_seconds", lambda fn, budget: clock.take(calls[fn], base[calls[fn]]))
-    settings = SimpleNamespace(torch_threads=None, model="m", dtype="float32", cache_dir=None)
+    settings = SimpleNamespace(torch_threads=None, model="m", dtype=dtype, cache_dir=None)
     out = bench_gemm.run_gemm_bench(settings, quick=True)  # type: ignore[arg-type]
+    assert out["dtype"] == dtype
+    assert ("onednn_plain_gflops" in out["gemm"]["lm_head"]["16"]) is (dtype == "bfloat16")
     entry = out["gemm"]["lm_head"]["16"]
     assert len(entry["kvferry_vs_onednn_pairs"]) == bench_gemm.ROUNDS
     ratios = [p["ratio"] for p in entry["kvferry_vs_onednn_pairs"]]

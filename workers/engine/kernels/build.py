@@ -25,7 +25,7 @@ SOURCES = tuple(sorted((Path(__file__).with_name("csrc")).glob("*.cpp")))
 HEADERS = tuple(sorted((Path(__file__).with_name("csrc")).glob("*.h")))  # in the build key, not compiled
 _CFLAGS = ["-O3", "-march=native", "-fopenmp"]
 _BUILD_LOCK_TIMEOUT_S = 600  # a hung compiler ends in the torch paths, not in a worker that never starts
-_OPS = ("paged_decode", "skinny_linear", "decoder_layers", "write_blocks")
+_OPS = ("paged_decode", "skinny_linear", "skinny_bf16_linear", "decoder_layers", "write_blocks")
 _lock = threading.Lock()
 _built: bool | None = None
 

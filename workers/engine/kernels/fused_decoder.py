@@ -11,8 +11,9 @@ the gathered context for each prefill chunk. The embedding, the rotary table (th
 module, so any rope scaling holds), the final norm and lm_head stay the model's.
 
 It applies on CPU fp32 activations to a Llama-family decoder (Llama, Mistral, Qwen2, Qwen3:
-optional biases and q/k norms) whose linears all run kvferry's GEMM, or all oneDNN's bf16 GEMM
-(bf16_linear.py: a bf16 engine), or all are int8 (int8_linear.py: their int8 weights and scales go
+optional biases and q/k norms) whose linears all run kvferry's GEMM, or all are bf16
+(bf16_linear.py: a bf16 engine; kvferry's bf16 GEMM over their plain copies up to its crossover,
+oneDNN's above), or all are int8 (int8_linear.py: their int8 weights and scales go
 in beside the bf16 copies, with the row count up to which torch's int8 kernel runs), and whose
 decodes run the in-place attention kernel (both probed at start-up), over an fp32, bf16 or int8 pool,
 with SiLU, one RMSNorm eps and no sliding window. Anything else keeps the modules' forward."""
@@ -35,6 +36,11 @@ MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3"})
 _ATTN = ("q_proj", "k_proj", "v_proj", "o_proj")
 _MLP = ("gate_proj", "up_proj", "down_proj")
 _EMPTY = torch.empty(0)  # an absent bias or norm
+
+
+def _linears(layer: Any) -> list[Any]:
+    """A decoder layer's 7 linears: q, k, v, o, gate, up, down."""
+    return [getattr(layer.self_attn, n) for n in _ATTN] + [getattr(layer.mlp, n) for n in _MLP]
 
 
 def _eps(norm: Any) -> float | None:
@@ -92,6 +98,7 @@ class FusedDecoder:
         plan: FusedPlan,
         bf16: bool = False,
         int8: tuple[list[torch.Tensor], int] = ([], 0),
+        plain: list[torch.Tensor] | None = None,
     ) -> None:
         self.decoder = decoder  # the model's base model: embed_tokens, rotary_emb, norm
         self.kv_cache = kv_cache
@@ -99,8 +106,9 @@ class FusedDecoder:
         self.scale = scale
         self.eps = eps
         self.plan = plan
-        self.bf16 = bf16  # the linears' weights are bf16 (oneDNN's bf16 GEMM)
+        self.bf16 = bf16  # the linears' weights are bf16 (kvferry's and oneDNN's bf16 GEMMs)
         self.int8, self.int8_rows = int8  # (q, s) of each linear, int8_linear.py's crossover
+        self.plain = plain or []  # a bf16 stack's plain weights for kvferry's GEMM, 7 a layer
 
     @classmethod
     def build(cls, model: nn.Module, kv_cache: KVCache) -> FusedDecoder | None:
@@ -134,17 +142,14 @@ class FusedDecoder:
         if len(eps) != 1 or len(scales) != 1:
             return None
         first = decoder.layers[0]
-        linears = [getattr(first.self_attn, n) for n in _ATTN] + [getattr(first.mlp, n) for n in _MLP]
+        linears = _linears(first)
         every_row = FusedPlan(True, None)
-        if all(isinstance(m, Bf16Linear) for m in linears):  # every row count on oneDNN's bf16 GEMM
-            return cls(decoder, kv_cache, weights, scales.pop(), eps.pop(), every_row, bf16=True)
+        if all(isinstance(m, Bf16Linear) for m in linears):  # kvferry's bf16 GEMM to its rows, oneDNN's above
+            plain = [m.plain_weight for layer in decoder.layers for m in _linears(layer)]
+            kept = [p for p in plain if p is not None] if first.self_attn.q_proj.max_rows > 0 else []
+            return cls(decoder, kv_cache, weights, scales.pop(), eps.pop(), every_row, bf16=True, plain=kept)
         if all(isinstance(m, Int8Linear) for m in linears):
-            int8 = [
-                t
-                for layer in decoder.layers
-                for m in [getattr(layer.self_attn, n) for n in _ATTN] + [getattr(layer.mlp, n) for n in _MLP]
-                for t in (m.qweight, m.scales)
-            ]
+            int8 = [t for layer in decoder.layers for m in _linears(layer) for t in (m.qweight, m.scales)]
             plan = (int8, int(first.self_attn.q_proj.max_int8_rows))
             return cls(decoder, kv_cache, weights, scales.pop(), eps.pop(), every_row, bf16=True, int8=plan)
         if not all(isinstance(m, SkinnyLinear) for m in linears):
@@ -153,8 +158,11 @@ class FusedDecoder:
 
     @property
     def skinny_rows(self) -> int:
-        """Up to this many rows a step the linears run kvferry's GEMM, above it ATen's: the
-        crossover pack_linears measured for this model."""
+        """Up to this many rows a step the linears run kvferry's GEMM, above it ATen's or oneDNN's:
+        the crossover pack_linears (bf16: bf16_linear.convert) measured for this model; none for a
+        bf16 stack without the plain weights it reads."""
+        if self.bf16 and len(self.plain) != 7 * len(self.decoder.layers):
+            return 0
         return int(self.decoder.layers[0].self_attn.q_proj.max_rows)
 
     def takes(self, rows: int) -> bool:
@@ -194,5 +202,6 @@ class FusedDecoder:
             self.bf16,
             self.int8,
             self.int8_rows,
+            self.plain,
         )
         return self.decoder.norm(hidden)

@@ -22,9 +22,10 @@
 // its context; the rows after them attend alone, in place. Every row's K/V is written before any
 // row attends. skinny_rows: up to this many rows the linears run kvferry's GEMM, above it ATen's,
 // or oneDNN's where `onednn` is set (whichever fused_crossover.py measured faster on this CPU).
-// bf16: the linears' weights are bf16 (plain or in oneDNN's layout: kernels/bf16_linear.py) and
-// every linear runs oneDNN's bf16 GEMM (its input rounded to bf16, its output widened to fp32);
-// everything else stays fp32. The pool may be fp32 or bf16 (K/V rounded as written, widened as read),
+// bf16: the linears' weights are bf16 (plain or in oneDNN's layout: kernels/bf16_linear.py); up to
+// skinny_rows rows they run kvferry's bf16 GEMM over `plain` (per layer, the 7 linears' plain bf16
+// weights in order: q, k, v, o, gate, up, down), above it oneDNN's over `weights` (the input
+// rounded to bf16, the output rounded to bf16 and widened to fp32 by either); everything else stays fp32. The pool may be fp32 or bf16 (K/V rounded as written, widened as read),
 // or int8 ([layers, 2, slots, Hkv, D + 4]: each row quantised as written with its own scale,
 // dequantised as read; kv_rows.cpp).
 // int8 (with bf16): per layer, per linear in order, (q int8 [out, in] or empty, s bf16 [out]); the weights are
@@ -36,9 +37,7 @@
 #include <ATen/ops/addmm.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/from_blob.h>
-#include <ATen/ops/index_select.h>
 #include <ATen/ops/mm.h>
-#include <ATen/ops/scaled_dot_product_attention.h>
 #include <c10/util/Exception.h>
 #include <torch/library.h>
 
@@ -76,38 +75,6 @@ const float* tensor_ptr(const at::Tensor& t, const std::vector<int64_t>& shape, 
   return t.data_ptr<float>();
 }
 
-// out[m, Hq, D] = attention of a prefill chunk's m query rows q [m, Hq, D] (consecutive positions
-// ending at len - 1) over its context's first len slots through `table`, in one SDPA call over the
-// context gathered in whole blocks (bottom-right causal): its rows share every key they load.
-void chunk_attention(float* out, const float* q, int64_t m, int64_t hq, int64_t d, const void* pool_half_k,
-                     const void* pool_half_v, at::ScalarType kv_type, int64_t num_blocks, int64_t hkv, const int64_t* table, int64_t len,
-                     int64_t block_size, double scale) {
-  const int64_t row = kvferry::row_elems(kv_type, d);
-  const auto f32 = at::TensorOptions().dtype(at::kFloat);
-  const int64_t nb = (len - 1) / block_size + 1, start = len - m;
-  at::Tensor blocks = at::from_blob(const_cast<int64_t*>(table), {nb}, at::TensorOptions().dtype(at::kLong));
-  // A context in consecutive pool blocks (a sequence loaded or computed into a fresh run of the
-  // free queue, the usual case) is read in place; any other is gathered into a copy first.
-  bool consecutive = table[0] >= 0;  // narrow would wrap a negative start; index_select refuses it
-  for (int64_t i = 1; i < nb && consecutive; ++i) consecutive = table[i] == table[0] + i;
-  auto gather = [&](const void* half) {  // [1, Hkv, len, D] fp32 (a bf16 or int8 pool's context widened)
-    at::Tensor by_block = at::from_blob(const_cast<void*>(half), {num_blocks, block_size * hkv * row},
-                                        at::TensorOptions().dtype(kv_type));
-    at::Tensor rows = (consecutive ? by_block.narrow(0, table[0], nb) : by_block.index_select(0, blocks))
-                          .view({nb * block_size, hkv, row})
-                          .narrow(0, 0, len);
-    return kvferry::widen_rows(rows, d).permute({1, 0, 2}).unsqueeze(0);
-  };
-  at::Tensor mask = at::empty({m, len}, at::TensorOptions().dtype(at::kBool));
-  bool* mp = mask.data_ptr<bool>();
-  for (int64_t j = 0; j < m; ++j)
-    for (int64_t t = 0; t < len; ++t) mp[j * len + t] = t <= start + j;
-  at::Tensor qt = at::from_blob(const_cast<float*>(q), {m, hq, d}, f32).permute({1, 0, 2}).unsqueeze(0);
-  at::Tensor o = at::scaled_dot_product_attention(qt, gather(pool_half_k), gather(pool_half_v), mask, 0.0, false, scale,
-                                                  hq != hkv);  // [1, Hq, m, D]
-  at::from_blob(out, {m, hq, d}, f32).copy_(o[0].permute({1, 0, 2}));
-}
-
 void add_into(float* h, const float* x, int64_t count) {
 #pragma omp simd
   for (int64_t i = 0; i < count; ++i) h[i] += x[i];
@@ -116,8 +83,10 @@ void add_into(float* h, const float* x, int64_t count) {
 void decoder_layers(at::Tensor hidden, const at::Tensor& cos, const at::Tensor& sin, at::Tensor kv,
                     const at::Tensor& slots, const at::Tensor& tables, const at::Tensor& lens, const at::Tensor& chunks,
                     at::TensorList weights, int64_t block_size, double scale, double eps, int64_t skinny_rows,
-                    bool onednn, bool bf16, std::optional<at::TensorList> int8_opt, int64_t int8_rows) {
+                    bool onednn, bool bf16, std::optional<at::TensorList> int8_opt, int64_t int8_rows,
+                    std::optional<at::TensorList> plain_opt) {
   const at::TensorList int8 = int8_opt.value_or(at::TensorList());
+  const at::TensorList plain = plain_opt.value_or(at::TensorList());
   TORCH_CHECK(
       hidden.dim() == 2 && hidden.is_contiguous() && hidden.device().is_cpu() && hidden.scalar_type() == at::kFloat,
       "kvferry::decoder_layers: hidden must be a contiguous fp32 CPU [n, H]");
@@ -195,8 +164,24 @@ void decoder_layers(at::Tensor hidden, const at::Tensor& cos, const at::Tensor& 
                                      shapes[i].first[1], n <= int8_rows, l, i);
   if (n == 0) return;
 
-  // kvferry's GEMM up to skinny_rows rows (the crossover measured at start-up), ATen's or oneDNN's above.
-  const bool skinny = !bf16 && n <= skinny_rows;
+  // kvferry's GEMM up to skinny_rows rows (the crossover measured at start-up), ATen's or oneDNN's above;
+  // a bf16 stack's over its plain bf16 weights (skinny_bf16.cpp).
+  const bool skinny = !quant && n <= skinny_rows;
+  std::vector<const c10::BFloat16*> bptrs;  // a bf16 stack's plain weights, 7 a layer (LINEAR_SLOT order)
+  if (bf16 && skinny) {
+    TORCH_CHECK(static_cast<int64_t>(plain.size()) == layers * 7, "kvferry::decoder_layers: skinny_rows ", skinny_rows,
+                " over bf16 weights needs their plain copies, 7 a layer: got ", plain.size());
+    for (int64_t l = 0; l < layers; ++l)
+      for (int64_t i = 0; i < PER_LAYER; ++i)
+        if (IS_LINEAR[i]) {
+          const at::Tensor& p = plain[l * 7 + LINEAR_SLOT[i]];
+          TORCH_CHECK(p.device().is_cpu() && !p.is_mkldnn() && p.is_contiguous() && p.scalar_type() == at::kBFloat16 &&
+                          p.sizes().equals(shapes[i].first),
+                      "kvferry::decoder_layers: plain weight ", i, " of layer ", l, " must be a contiguous bf16 CPU ",
+                      c10::IntArrayRef(shapes[i].first));
+          bptrs.push_back(p.data_ptr<c10::BFloat16>());
+        }
+  }
   const auto gemm = bf16 ? kvferry::onednn_bf16_linear : onednn ? kvferry::onednn_linear : kvferry::aten_linear;
   const bool int8_kernel = n <= int8_rows;
   const at::Tensor *t = nullptr, *qs = nullptr;  // the layer's weights (the large GEMM's), its int8 ones
@@ -207,7 +192,7 @@ void decoder_layers(at::Tensor hidden, const at::Tensor& cos, const at::Tensor& 
   };
   const int64_t kv_slot_bytes = hkv * kv.size(4) * kv.element_size();  // one slot of one layer's K (or V)
   std::vector<float> x(n * h), q(n * qd), k(n * kd), v(n * kd), attn(n * qd), o(n * h), gate(n * inter),
-      up(skinny ? 0 : n * inter);
+      up(skinny && !bf16 ? 0 : n * inter);
   float* hp = hidden.data_ptr<float>();
   const float* cp = cos.data_ptr<float>();
   const float* snp = sin.data_ptr<float>();
@@ -218,10 +203,14 @@ void decoder_layers(at::Tensor hidden, const at::Tensor& cos, const at::Tensor& 
     const float *qn = w[7], *kn = w[8], *wo = w[9], *bo = w[10], *ln2 = w[11];
     const float *wg = w[12], *bg = w[13], *wu = w[14], *bu = w[15], *wd = w[16], *bd = w[17];
     t = weights.data() + l * PER_LAYER, qs = quant ? int8.data() + l * INT8_PER_LAYER : nullptr;
+    const c10::BFloat16* const* bw = bptrs.empty() ? nullptr : bptrs.data() + l * 7;
 
     // Attention block.
     kvferry::rms_norm(hp, ln1, x.data(), n, h, e);
-    if (skinny) {
+    if (skinny && bf16) {
+      const kvferry::Bf16Gemm qkv[] = {{bw[0], qd, bq, q.data()}, {bw[1], kd, bk, k.data()}, {bw[2], kd, bv, v.data()}};
+      kvferry::skinny_bf16_gemms(x.data(), n, h, qkv, 3);
+    } else if (skinny) {
       const kvferry::Gemm qkv[] = {{wq, qd, bq, q.data()}, {wk, kd, bk, k.data()}, {wv, kd, bv, v.data()}};
       kvferry::skinny_gemms(x.data(), n, h, qkv, 3);
     } else {
@@ -239,31 +228,45 @@ void decoder_layers(at::Tensor hidden, const at::Tensor& cos, const at::Tensor& 
       kvferry::store_kv(kpool, vpool, kv.scalar_type(), sp[i], k.data() + i * kd, v.data() + i * kd, hkv, d);
     }
     for (int64_t c = 0, r0 = 0; c < chunks.size(0); r0 += cl[c++])
-      chunk_attention(attn.data() + r0 * qd, q.data() + r0 * qd, cl[c], hq, d, kpool, vpool, kv.scalar_type(),
+      kvferry::chunk_attention(attn.data() + r0 * qd, q.data() + r0 * qd, cl[c], hq, d, kpool, vpool, kv.scalar_type(),
                       num_slots / block_size, hkv, tp + r0 * width, lp[r0 + cl[c] - 1], block_size, scale);
     kvferry::paged_attention(attn.data() + prefill_rows * qd, q.data() + prefill_rows * qd, n - prefill_rows, hq, d,
                              kpool, vpool, kv.scalar_type(), hkv, tp + prefill_rows * width, width, lp + prefill_rows,
                              block_size, static_cast<float>(scale));
-    if (skinny)
+    if (skinny && bf16) {
+      const kvferry::Bf16Gemm out_proj{bw[3], h, bo, o.data()};
+      kvferry::skinny_bf16_gemms(attn.data(), n, qd, &out_proj, 1);
+    } else if (skinny) {
       kvferry::skinny_gemm(attn.data(), n, qd, wo, h, bo, o.data());
-    else
+    } else {
       large_linear(attn.data(), n, t[9], t[10], o.data());
+    }
     add_into(hp, o.data(), n * h);
 
     // MLP block.
     kvferry::rms_norm(hp, ln2, x.data(), n, h, e);
-    if (skinny) {
+    if (skinny && !bf16) {
       kvferry::skinny_gated(x.data(), n, h, wg, bg, wu, bu, inter, gate.data());
       kvferry::skinny_gemm(gate.data(), n, inter, wd, h, bd, o.data());
     } else {
-      large_linear(x.data(), n, t[12], t[13], gate.data());
-      large_linear(x.data(), n, t[14], t[15], up.data());
+      if (skinny) {
+        const kvferry::Bf16Gemm gate_up[] = {{bw[4], inter, bg, gate.data()}, {bw[5], inter, bu, up.data()}};
+        kvferry::skinny_bf16_gemms(x.data(), n, h, gate_up, 2);
+      } else {
+        large_linear(x.data(), n, t[12], t[13], gate.data());
+        large_linear(x.data(), n, t[14], t[15], up.data());
+      }
       float* g = gate.data();
       const float* u = up.data();
       at::parallel_for(0, n * inter, 4096, [&](int64_t i0, int64_t i1) {
         for (int64_t i = i0; i < i1; ++i) g[i] = g[i] / (1.f + std::exp(-g[i])) * u[i];  // SiLU(gate) * up
       });
-      large_linear(gate.data(), n, t[16], t[17], o.data());
+      if (skinny) {
+        const kvferry::Bf16Gemm down{bw[6], h, bd, o.data()};
+        kvferry::skinny_bf16_gemms(gate.data(), n, inter, &down, 1);
+      } else {
+        large_linear(gate.data(), n, t[16], t[17], o.data());
+      }
     }
     add_into(hp, o.data(), n * h);
   }
@@ -275,7 +278,7 @@ TORCH_LIBRARY_FRAGMENT(kvferry, m) {
   m.def(
       "decoder_layers(Tensor(a!) hidden, Tensor cos, Tensor sin, Tensor(b!) kv, Tensor slots, Tensor tables, "
       "Tensor lens, Tensor chunks, Tensor[] weights, int block_size, float scale, float eps, int skinny_rows, "
-      "bool onednn=False, bool bf16=False, Tensor[]? int8=None, int int8_rows=0) -> ()");
+      "bool onednn=False, bool bf16=False, Tensor[]? int8=None, int int8_rows=0, Tensor[]? plain=None) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(kvferry, CPU, m) { m.impl("decoder_layers", &decoder_layers); }

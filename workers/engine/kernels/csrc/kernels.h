@@ -28,6 +28,20 @@ inline void skinny_gemm(const float* x, int64_t m, int64_t k, const float* w, in
   skinny_gemms(x, m, k, &gemm, 1);
 }
 
+// One product of skinny_bf16_gemms: out[m, n] = x[m, k] w[n, k]^T (+ bias[n]) over a bf16 weight
+// (plain row-major), x rounded to bf16, fp32 sums, the result rounded to bf16 and widened.
+struct Bf16Gemm {
+  const c10::BFloat16* w;
+  int64_t n;
+  const float* bias;
+  float* out;
+};
+
+// Whether skinny_bf16_gemms runs here (built with AVX512-BF16); it raises where it does not.
+bool skinny_bf16_runs();
+// Each of `count` products over the same x [m, k], in one parallel region (skinny_bf16.cpp).
+void skinny_bf16_gemms(const float* x, int64_t m, int64_t k, const Bf16Gemm* gemms, int64_t count);
+
 // out[m, n] = SiLU(x wg^T + bg) * (x wu^T + bu), a gated MLP's first half, in one parallel region
 // (biases may be null).
 void skinny_gated(const float* x, int64_t m, int64_t k, const float* wg, const float* bg, const float* wu,
@@ -62,6 +76,12 @@ void store_kv(char* k_pool, char* v_pool, at::ScalarType type, int64_t slot, con
               int64_t hkv, int64_t d);
 // Rows read out of a pool ([..., row] of its type) as [..., D] fp32: widened, or dequantised.
 at::Tensor widen_rows(const at::Tensor& rows, int64_t d);
+
+// out[m, Hq, D] = attention of a prefill chunk's m query rows q [m, Hq, D] (consecutive positions
+// ending at len - 1) over its context's first len slots through `table` (chunk_attention.cpp).
+void chunk_attention(float* out, const float* q, int64_t m, int64_t hq, int64_t d, const void* pool_half_k,
+                     const void* pool_half_v, at::ScalarType kv_type, int64_t num_blocks, int64_t hkv,
+                     const int64_t* table, int64_t len, int64_t block_size, double scale);
 
 // Raises (TORCH_CHECK) unless every row's length fits its table and its blocks lie in the pool.
 void check_tables(const int64_t* tables, int64_t n, int64_t width, const int64_t* lens, int64_t block_size,
