@@ -62,7 +62,7 @@ def test_openai_client_chat_is_token_exact(
     assert max(cached) > 0 and all(c % 16 == 0 for c in cached)
 
 
-@pytest.mark.not_int8(reason="the reply's tokens equal HF fp32 generate's")
+@pytest.mark.fp32_only(reason="the reply's tokens equal HF fp32 generate's")
 def test_openai_client_streaming_is_token_exact(
     client: OpenAI, tokenizer: object, tiny_reference: Reference
 ) -> None:
@@ -87,7 +87,7 @@ def test_openai_client_streaming_is_token_exact(
     assert finish == "length" and usage is not None and usage.completion_tokens == 12
 
 
-@pytest.mark.not_int8(reason="the reply's tokens equal HF fp32 generate's")
+@pytest.mark.fp32_only(reason="the reply's tokens equal HF fp32 generate's")
 def test_completions_endpoint(client: OpenAI, tokenizer: object, tiny_reference: Reference) -> None:
     reply = client.completions.create(
         model=MODEL, prompt="Once upon a time", max_tokens=8, temperature=0, extra_body=NO_EOS
@@ -97,7 +97,7 @@ def test_completions_endpoint(client: OpenAI, tokenizer: object, tiny_reference:
     assert reply.choices[0].text == expected
 
 
-@pytest.mark.not_int8(reason="the reply's tokens equal HF fp32 generate's")
+@pytest.mark.fp32_only(reason="the reply's tokens equal HF fp32 generate's")
 def test_jobs_submit_and_poll(
     api_url: str,
     two_workers: tuple[WorkerProcess, WorkerProcess],

@@ -78,7 +78,7 @@ def test_session_migrates_to_another_worker_from_redis(
     assert raw is not None and b'"last_worker"' in raw and w2.name.encode() in raw
 
 
-@pytest.mark.not_int8(reason="each turn's tokens equal HF fp32 generate's")
+@pytest.mark.fp32_only(reason="each turn's tokens equal HF fp32 generate's")
 def test_blocks_evicted_from_pool_and_warm_tier_reload_from_redis(
     worker_factory: Callable[..., WorkerProcess],
     celery_app: Any,
@@ -114,7 +114,7 @@ def _settled_packs(client: redis.Redis, quiet_s: float = 1.0, timeout_s: float =
     return packs
 
 
-@pytest.mark.not_int8(reason="each turn's tokens equal HF fp32 generate's")
+@pytest.mark.fp32_only(reason="each turn's tokens equal HF fp32 generate's")
 def test_corrupted_and_foreign_blocks_are_recomputed(
     two_workers: tuple[WorkerProcess, WorkerProcess],
     worker_factory: Callable[..., WorkerProcess],
@@ -142,7 +142,7 @@ def test_corrupted_and_foreign_blocks_are_recomputed(
     assert r.usage.redis_tokens == 0 and r.usage.computed_tokens == r.usage.prompt_tokens, r.usage
 
 
-@pytest.mark.not_int8(reason="each turn's tokens equal HF fp32 generate's")
+@pytest.mark.fp32_only(reason="each turn's tokens equal HF fp32 generate's")
 def test_sessions_survive_redis_and_worker_restarts(
     worker_factory: Callable[..., WorkerProcess],
     tmp_path_factory: Any,
