@@ -63,6 +63,24 @@ def _mixed_batch(engine: LLMEngine, prompts: list[list[int]], late: list[int] | 
     return list(step.scheduled)
 
 
+def _fused_and_modules(
+    engine: LLMEngine, batch: list[Any]
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(logits, the modules' logits, the pool, the modules' pool) of one step of `batch`, run by the
+    fused stack and by transformers' modules from the same pool; the step wrote its new K/V."""
+    fused = engine.executor.runner.fused
+    pool = engine.executor.kv_cache.tensor
+    before = pool.clone()
+    engine.executor.runner.fused = None
+    want = engine.executor.runner.run(batch).sample
+    want_pool = pool.clone()
+    pool.copy_(before)
+    engine.executor.runner.fused = fused
+    got = engine.executor.runner.run(batch).sample
+    assert not torch.equal(want_pool, before), "the step wrote its new K/V"
+    return got, want, pool, want_pool
+
+
 @pytest.mark.parametrize("gemm", ["kvferry", "aten", "onednn"])
 @pytest.mark.parametrize("prefill", [False, True], ids=["decodes", "with-prefill"])
 @pytest.mark.parametrize("arch", ARCHS)
@@ -83,19 +101,11 @@ def test_one_step_matches_the_modules_forward(
     prompts = [random_prompt(rng, n) for n in (1, 7, 8, 15, 40)]
     late = prompts[4][:19] + random_prompt(rng, 9) if prefill else None  # 16 of it cached, 12 new
     batch = _mixed_batch(engine, prompts, late)
-    pool = engine.executor.kv_cache.tensor
-    before = pool.clone()
 
-    engine.executor.runner.fused = None
-    want = engine.executor.runner.run(batch).sample
-    want_pool = pool.clone()
-    pool.copy_(before)
-    engine.executor.runner.fused = fused
-    got = engine.executor.runner.run(batch).sample
+    got, want, pool, want_pool = _fused_and_modules(engine, batch)
 
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4 * float(want.abs().max()))
     torch.testing.assert_close(pool, want_pool, rtol=1e-4, atol=1e-4)
-    assert not torch.equal(want_pool, before), "the step wrote its new K/V"
 
 
 @pytest.mark.parametrize("fused", [True, False], ids=["fused", "modules"])
