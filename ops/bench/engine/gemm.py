@@ -71,7 +71,6 @@ def _calls(
     takes x in fp32 and gives fp32, as in a step: oneDNN and F.linear round x to bf16 and widen
     their output (Bf16Linear.large), kvferry's GEMM does both inside."""
     bf16 = weights[0].dtype == torch.bfloat16
-    skinny = torch.ops.kvferry.skinny_bf16_linear if bf16 else torch.ops.kvferry.skinny_linear
 
     def apply(fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], w: torch.Tensor) -> None:
         fn(x.to(torch.bfloat16), w).float() if bf16 else fn(x, w)
@@ -88,7 +87,8 @@ def _calls(
         for w in weights:
             apply(F.linear, w)
 
-    def ours() -> None:
+    def ours() -> None:  # the op looked up when run: the kernels are loaded by then
+        skinny = torch.ops.kvferry.skinny_bf16_linear if bf16 else torch.ops.kvferry.skinny_linear
         for w in weights:
             skinny(x, w, None)
 
