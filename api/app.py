@@ -38,7 +38,7 @@ log = logging.getLogger(__name__)
 def create_app(config: ApiConfig, tokenizer: Tokenizer | None = None) -> FastAPI:
     """tokenizer: the served model's, for /tokenize and /detokenize (None: they answer 503)."""
     metrics = ApiMetrics(config.scale_policy)
-    key_ring = KeyRing(config.api_key, config.api_keys, config.api_keys_file)
+    key_ring = KeyRing(config.api_key, config.api_keys, config.api_keys_file, config.api_keys_reload_s)
     admission = Admission(config.dispatch_headroom, config.fair_quota, key_ring.weight, config.job_timeout_s)
     job_client = JobClient(
         config.broker,

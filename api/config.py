@@ -31,11 +31,13 @@ class ApiConfig:
     route_max_waiting: int = 8  # a worker with more sequences waiting than this is not routed to
     api_keys: tuple[tuple[str, str], ...] = ()  # (key, tenant) pairs; see api/tenants.py
     api_keys_file: Path | None = None  # one "key tenant" per line, re-read when it changes
+    api_keys_reload_s: float = DEFAULTS.api_keys_reload_s  # the file is looked at this often at most
     metrics_token: str | None = DEFAULTS.metrics_token  # None: /metrics is open (a scraper's network)
     tenant_max_jobs: int = DEFAULTS.tenant_max_jobs  # unfinished jobs per tenant (over it: 429); 0 = no cap
     dispatch_headroom: int = DEFAULTS.dispatch_headroom  # per worker: the window is the rest (api/dispatch/)
     fair_quota: int = DEFAULTS.fair_quota  # released jobs per unit of weight a tenant always gets
     batch_expiry_s: int = DEFAULTS.batch_expiry_s  # a batch unfinished this long after creation expires
+    batch_lease_ttl_s: float = DEFAULTS.batch_lease_ttl_s  # api/batches/lease.py
     # A chat's max_tokens when it names none. None (the default): the worker decides, with its
     # Settings.default_max_tokens capped by the room the context leaves.
     default_max_tokens: int | None = None
@@ -75,6 +77,8 @@ class ApiConfig:
             raise ValueError("tenant_max_jobs must be >= 0 (0: no cap)")
         if self.response_ttl_s <= 0:
             raise ValueError("response_ttl_s must be positive (every stored response expires)")
+        if self.batch_lease_ttl_s <= 0 or self.api_keys_reload_s <= 0:
+            raise ValueError("batch_lease_ttl_s and api_keys_reload_s must be positive")
         if self.session_move_after_turns < 0 or self.session_move_every_turns < 0:
             raise ValueError("session_move_after_turns and session_move_every_turns must be >= 0 (0: off)")
         if self.dispatch_headroom < 0 or self.fair_quota < 0:

@@ -21,9 +21,10 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from broker.defaults import DEFAULTS
+
 log = logging.getLogger(__name__)
 TENANT_PATTERN = re.compile(r"^[A-Za-z0-9._-]{1,64}$")  # it is part of Redis keys and KV salts
-RELOAD_CHECK_S = 1.0
 
 Pairs = tuple[tuple[str, str], ...]
 
@@ -97,7 +98,13 @@ def _check_unique(pairs: Sequence[tuple[str, str]], where: str) -> None:
 
 
 class KeyRing:
-    def __init__(self, api_key: str | None, api_keys: Pairs, api_keys_file: Path | None) -> None:
+    def __init__(
+        self,
+        api_key: str | None,
+        api_keys: Pairs,
+        api_keys_file: Path | None,
+        reload_s: float = DEFAULTS.api_keys_reload_s,  # the file is looked at this often at most
+    ) -> None:
         static = list(api_keys)
         if api_key is not None:
             static.append((api_key, tenant_of(api_key)))
@@ -108,6 +115,7 @@ class KeyRing:
         self._weights: dict[str, float] = {}  # the file's third column (api/dispatch/: fair order)
         self._digest: bytes | None = None  # of the content the keys were parsed from; None: absent
         self._checked = 0.0
+        self.reload_s = reload_s
         self._lock = threading.Lock()
         if self.path is not None:
             self._reload(force=True)  # a file that cannot be read at start-up is a config error
@@ -152,9 +160,9 @@ class KeyRing:
     def _entries(self) -> tuple[tuple[bytes, str], ...]:
         if self.path is not None:
             now = time.monotonic()
-            if now - self._checked >= RELOAD_CHECK_S:
+            if now - self._checked >= self.reload_s:
                 with self._lock:
-                    if now - self._checked >= RELOAD_CHECK_S:
+                    if now - self._checked >= self.reload_s:
                         self._checked = now
                         self._reload()
         return self._static + self._file

@@ -127,12 +127,14 @@ class SettingsFields(BaseModel):
     api_key: str | None = None  # when set, requests need "Authorization: Bearer <key>"
     api_keys: str | None = None  # "key:tenant,key2:tenant2": one tenant per key (api/tenants.py)
     api_keys_file: UserPath | None = None  # one "key tenant" per line, # comments; re-read on change
+    api_keys_reload_s: float = 1.0  # the keys file is looked at (stat and hash) this often at most
     # when set, GET /metrics needs "Authorization: Bearer <token>" (it names tenants and their usage)
     metrics_token: str | None = None
     tenant_max_jobs: int = 0  # unfinished jobs one tenant may have at once (over it: 429); 0 = no cap
     dispatch_headroom: int = 4  # seats per worker kept from parked and batch work (api/dispatch/)
     fair_quota: int = 4  # released jobs per unit of weight a tenant may always have (api/dispatch/)
     batch_expiry_s: int = 86400  # a batch unfinished this long after creation expires (OpenAI: "24h")
+    batch_lease_ttl_s: float = 5.0  # the batch runner's lease: a dead runner's api is replaced within it
     routing: Routing = "cache-aware"  # "round-robin" and "shared" are the benchmark's baselines
     prefetch_hints: bool = True  # a session routed to a new worker: it loads the blocks while queued
     session_move_after_turns: int = 0  # a session's turn K+1 goes to another worker (0 = off)

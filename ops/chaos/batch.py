@@ -193,7 +193,7 @@ def run_batch_chaos(
         output = _retrying(lambda: bc.read_lines(client, batch.output_file_id), deadline)
         errors = _retrying(lambda: bc.read_lines(client, batch.error_file_id), deadline)
         sides = _retrying(lambda: races.side_outcomes(client, side["ids"], deadline, bc.TERMINAL), deadline)
-        wait_s = races.LEASE_PAUSE_S
+        wait_s = races.pause_s(stack)
         stable = _retrying(lambda: races.output_stable(client, batch.output_file_id, wait_s), deadline)
         client.close()
     result = count(output, errors, reference, bad)

@@ -34,7 +34,7 @@ from broker import keys
 from ops.redis.server import free_port
 from ops.stack.stack import Stack
 
-LEASE_PAUSE_S = 6.5  # past the runner lease's TTL (api/batches/run/runner.py: LEASE_TTL_S, 5 s)
+PAST_TTL_S = 1.5  # a pause outlasts the runner lease's TTL (Settings.batch_lease_ttl_s) by this
 SIDE_LINES = 8
 
 
@@ -63,6 +63,11 @@ def holder_pid(token: str) -> int | None:
     return int(pid) if pid.isdigit() else None
 
 
+def pause_s(stack: Stack) -> float:
+    """Past the runner lease's TTL: a holder paused this long has lost it."""
+    return stack.settings.batch_lease_ttl_s + PAST_TTL_S
+
+
 def start_replica(stack: Stack) -> str:
     """A second api on the stack's Redis and file store; its url."""
     args, env, drop = stack._specs["api"]
@@ -78,18 +83,19 @@ def start_replica(stack: Stack) -> str:
 
 
 class LeaseRacer(threading.Thread):
-    """Pauses the runner lease's holder `pauses` times, `gap_s` apart."""
+    """Pauses the runner lease's holder `pauses` times, `gap_s` apart, each past the lease's TTL."""
 
     def __init__(self, stack: Stack, pauses: int, gap_s: float, say: Callable[[str], None]) -> None:
         super().__init__(name="lease-racer", daemon=True)
         self.stack, self.pauses, self.gap_s, self.say = stack, pauses, gap_s, say
+        self.pause_s = pause_s(stack)
         self.done = 0
         self.epochs: list[int] = []
         self._halt = threading.Event()
 
     def stop(self) -> None:
         self._halt.set()
-        self.join(LEASE_PAUSE_S + 5)
+        self.join(self.pause_s + 5)
 
     def _epoch(self, client: redis.Redis) -> int:
         return int(client.get(keys.BATCH_RUNNER_EPOCH) or 0)
@@ -109,9 +115,9 @@ class LeaseRacer(threading.Thread):
             if pid is None or pid not in pids:  # only ever one of this stack's own apis
                 continue
             os.kill(pid, signal.SIGSTOP)
-            self.say(f"SIGSTOP {pids[pid]} (the runner, epoch {before}) for {LEASE_PAUSE_S}s")
+            self.say(f"SIGSTOP {pids[pid]} (the runner, epoch {before}) for {self.pause_s}s")
             try:
-                self._halt.wait(LEASE_PAUSE_S)
+                self._halt.wait(self.pause_s)
             finally:
                 with contextlib.suppress(ProcessLookupError):  # SIGKILLed meanwhile (an api restart)
                     os.kill(pid, signal.SIGCONT)

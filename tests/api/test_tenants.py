@@ -30,6 +30,7 @@ ALICE = {"Authorization": "Bearer sk-alice"}
 BOB = {"Authorization": "Bearer sk-bob"}
 MSGS = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
 CHAT = {"model": MODEL, "messages": MSGS, "max_tokens": 3}
+RELOAD_S = 0.1  # the keys file's check interval in these apis (KVFERRY_API_KEYS_RELOAD_S, 1 s by default)
 
 
 def job(body: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -72,12 +73,15 @@ def test_settings_reach_the_api_config(tmp_path: Path) -> None:
         "KVFERRY_DEFAULT_MAX_TOKENS": "256",
         "KVFERRY_DISPATCH_HEADROOM": "3",
         "KVFERRY_FAIR_QUOTA": "5",
+        "KVFERRY_API_KEYS_RELOAD_S": "0.25",
+        "KVFERRY_BATCH_LEASE_TTL_S": "2",
     }
     config = api_config(Settings.from_env(env))
     assert config.api_keys == (("sk-a", "alice"), ("sk-b", "bob"))
     assert config.api_keys_file == tmp_path / "keys"
     assert config.tenant_max_jobs == 3
     assert (config.dispatch_headroom, config.fair_quota) == (3, 5)
+    assert (config.api_keys_reload_s, config.batch_lease_ttl_s) == (0.25, 2.0)
     assert Settings.from_env(env).engine_config().default_max_tokens == 256  # the worker applies it
 
 
@@ -102,14 +106,14 @@ def test_keys_file_is_reloaded_when_it_changes(
 ) -> None:
     path = tmp_path / "keys"
     path.write_text("sk-one one\n")
-    api = serve(api_keys_file=path)
+    api = serve(api_keys_file=path, api_keys_reload_s=RELOAD_S)
     with api.client() as c:
         assert c.get("/v1/models", headers={"Authorization": "Bearer sk-one"}).status_code == 200
         assert c.get("/v1/models", headers={"Authorization": "Bearer sk-two"}).status_code == 401
         path.write_text("# one is revoked\nsk-two two\n")
         later = time.time() + 5
         os.utime(path, (later, later))  # a new mtime even on a coarse clock
-        time.sleep(1.1)  # the file is looked at once a second at most
+        time.sleep(2 * RELOAD_S)  # the file is looked at once a RELOAD_S at most
         assert c.get("/v1/models", headers={"Authorization": "Bearer sk-two"}).status_code == 200
         assert c.get("/v1/models", headers={"Authorization": "Bearer sk-one"}).status_code == 401
 
@@ -126,7 +130,7 @@ def test_a_deleted_keys_file_revokes_and_a_same_second_replace_is_noticed(
     caplog.set_level(logging.WARNING, logger="api.tenants")
     path = tmp_path / "keys"
     path.write_text("sk-one one\n")
-    api = serve(api_keys_file=path)
+    api = serve(api_keys_file=path, api_keys_reload_s=RELOAD_S)
 
     def status(key: str) -> int:
         return c.get("/v1/models", headers={"Authorization": f"Bearer {key}"}).status_code
@@ -134,18 +138,18 @@ def test_a_deleted_keys_file_revokes_and_a_same_second_replace_is_noticed(
     with api.client() as c:
         assert status("sk-one") == 200
         path.unlink()
-        time.sleep(1.1)  # the file is looked at once a second at most
+        time.sleep(2 * RELOAD_S)  # the file is looked at once a RELOAD_S at most
         assert status("sk-one") == 401  # revoked, not kept until a restart
         assert "is gone" in caplog.text
         path.write_text("sk-one one\n")
-        time.sleep(1.1)
+        time.sleep(2 * RELOAD_S)
         assert status("sk-one") == 200  # back with the file
         stamp = path.stat()
         new = tmp_path / "keys.new"
         new.write_text("sk-two two\n")  # the same size, replaced by rename, its mtime the old one's
         os.utime(new, ns=(stamp.st_atime_ns, stamp.st_mtime_ns))
         os.replace(new, path)
-        time.sleep(1.1)
+        time.sleep(2 * RELOAD_S)
         assert status("sk-two") == 200 and status("sk-one") == 401
 
 

@@ -84,6 +84,9 @@ class ApiProcess:
             "PYTHONUNBUFFERED": "1",
             "KVFERRY_API_KEYS": KEYS,
             "KVFERRY_FILES_DIR": str(files_dir),
+            # the runner lease of a SIGKILLed api expires this soon: another api takes the batches
+            # over then (the default 5 s would only make the test wait)
+            "KVFERRY_BATCH_LEASE_TTL_S": "2",
         }
         args = [sys.executable, "-m", "ops.cli.main", "api", "--port", str(port), "--redis-url", redis_url]
         self.process = subprocess.Popen(

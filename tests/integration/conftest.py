@@ -4,26 +4,29 @@ tiny random Llama saved as a local model directory."""
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import redis
 
-from broker import keys
 from broker.celery_app import BrokerConfig, make_celery
-from broker.worker_registry import live_workers
 from kvstore.layout import KVLayout
 from ops.redis.server import RedisServer
+from tests.integration.worker_process import (
+    MODEL,
+    ROOT,
+    WorkerLaunch,
+    WorkerProcess,
+    WorkerStarter,
+    stop_all,
+    wait_for,
+)
 from workers.engine.model.precision import Precision
 
-ROOT = Path(__file__).resolve().parents[2]
-MODEL = "tiny"
+__all__ = ["MODEL", "ROOT", "WorkerProcess", "WorkerStarter", "running_api", "stop_all", "wait_for"]
 
 
 def tiny_block_bytes(block_size: int = 16) -> int:
@@ -52,126 +55,26 @@ def celery_app(redis_server: RedisServer) -> object:
     return make_celery(BrokerConfig(redis_url=redis_server.url))
 
 
-@dataclass
-class WorkerProcess:
-    name: str  # node name, name@host
-    process: subprocess.Popen[bytes]
-    log: Path
-
-    @property
-    def queue(self) -> str:
-        return keys.worker_queue(self.name)
-
-    def kill(self) -> None:
-        self.process.send_signal(signal.SIGKILL)
-        self.process.wait(10)
-
-    def stop(self) -> None:
-        stop_all([self])
-
-
-def stop_all(workers: list[WorkerProcess]) -> None:
-    """SIGTERM them all first, then wait for each: a worker's exit takes a second or two (its drain,
-    then the interpreter's), and they overlap instead of adding up."""
-    running = [w.process for w in workers if w.process.poll() is None]
-    for process in running:
-        process.terminate()
-    for process in running:
-        try:
-            process.wait(20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-
-
-def wait_for(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out waiting for {what}")
-        time.sleep(0.1)
-
-
 @pytest.fixture(scope="session")
 def start_worker(
     redis_server: RedisServer,
     tiny_model_dir: Path,
     tmp_path_factory: pytest.TempPathFactory,
     kvferry_cache_dir: Path,
-) -> Iterator[Callable[..., WorkerProcess]]:
+) -> Iterator[WorkerStarter]:
     """start_worker(name, *extra_cli_args, redis_url=None): a `kvferry worker` process serving the
-    tiny model, returned once its heartbeat says its engine is ready."""
-    logs = tmp_path_factory.mktemp("worker-logs")
+    tiny model, returned once its heartbeat says its engine is ready; start_worker.several(...)
+    starts several at once (tests/integration/worker_process.py)."""
     started: list[WorkerProcess] = []
-
-    def start(name: str, *extra: str, redis_url: str | None = None) -> WorkerProcess:
-        url = redis_url or redis_server.url
-        client = redis.Redis.from_url(url)
-        log = logs / f"{name}-{len(started)}.log"
-        env = {
-            **os.environ,
-            "PYTHONUNBUFFERED": "1",
-            "KVFERRY_CACHE_DIR": str(kvferry_cache_dir),
-            "KVFERRY_HEARTBEAT_TTL_S": "3",
-            # off unless a test asks (--warm-start-size): a worker started later would otherwise
-            # warm other tests' sessions, and their kv sources would change with the test order
-            "KVFERRY_WARM_START_SIZE": "0",
-        }
-        args = [
-            sys.executable,
-            "-m",
-            "ops.cli.main",
-            "worker",
-            "--name",
-            name,
-            "--redis-url",
-            url,
-            "--model",
-            str(tiny_model_dir),
-            "--served-model-name",
-            MODEL,
-            "--cache-size",
-            "4M",
-            "--torch-threads",
-            "1",
-            "--concurrency",
-            "16",
-            "--preload",
-            "--loglevel",
-            "INFO",
-            *extra,
-        ]
-        process = subprocess.Popen(args, cwd=ROOT, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT)
-        node = None
-
-        def ready() -> bool:
-            nonlocal node
-            if process.poll() is not None:
-                raise RuntimeError(f"worker {name} exited:\n{log.read_text()[-3000:]}")
-            for w in live_workers(client):
-                if w.name.startswith(f"{name}@") and w.engine is not None:
-                    node = w.name
-                    return True
-            return False
-
-        try:
-            wait_for(ready, 90, f"worker {name}")
-        except BaseException:  # never ready: not in `started`, so nothing else would stop it
-            process.kill()
-            process.wait(10)
-            raise
-        assert node is not None
-        worker = WorkerProcess(node, process, log)
-        started.append(worker)
-        return worker
-
-    yield start
+    logs = tmp_path_factory.mktemp("worker-logs")
+    yield WorkerStarter(WorkerLaunch(redis_server.url, tiny_model_dir, kvferry_cache_dir, logs), started)
     stop_all(started)
 
 
 @pytest.fixture(scope="session")
-def two_workers(start_worker: Callable[..., WorkerProcess]) -> tuple[WorkerProcess, WorkerProcess]:
-    return start_worker("w1"), start_worker("w2")
+def two_workers(start_worker: WorkerStarter) -> tuple[WorkerProcess, WorkerProcess]:
+    w1, w2 = start_worker.several(("w1",), ("w2",))
+    return w1, w2
 
 
 @pytest.fixture(scope="session")
@@ -244,14 +147,8 @@ def api_url(
 
 
 @pytest.fixture
-def worker_factory(start_worker: Callable[..., WorkerProcess]) -> Iterator[Callable[..., WorkerProcess]]:
+def worker_factory(start_worker: WorkerStarter) -> Iterator[WorkerStarter]:
     """Workers for one test only (stopped after it), so they never take other tests' jobs."""
     mine: list[WorkerProcess] = []
-
-    def start(name: str, *extra: str, redis_url: str | None = None) -> WorkerProcess:
-        worker = start_worker(name, *extra, redis_url=redis_url)
-        mine.append(worker)
-        return worker
-
-    yield start
+    yield start_worker.scoped(mine)
     stop_all(mine)

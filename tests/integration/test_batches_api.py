@@ -15,7 +15,7 @@ import pytest
 
 from ops.redis.server import RedisServer
 from tests.integration.batches import batch_api, client, completion_line, read_lines, upload, wait_ended
-from tests.integration.conftest import MODEL, WorkerProcess
+from tests.integration.conftest import MODEL, WorkerStarter
 
 Reference = Callable[[list[int], int], list[int]]
 
@@ -34,8 +34,8 @@ def own_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]
 
 
 @pytest.fixture(scope="module")
-def api(start_worker: Callable[..., WorkerProcess], own_redis: RedisServer, where: Path) -> Iterator[str]:
-    workers = [start_worker(name, redis_url=own_redis.url) for name in ("bw1", "bw2")]
+def api(start_worker: WorkerStarter, own_redis: RedisServer, where: Path) -> Iterator[str]:
+    workers = start_worker.several(("bw1",), ("bw2",), redis_url=own_redis.url)
     try:
         yield from batch_api(own_redis.url, where / "files", where / "api.log")
     finally:

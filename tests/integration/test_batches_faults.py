@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from ops.redis.server import RedisServer
 from tests.integration.batches import ApiProcess, client, completion_line, read_lines, upload, wait_ended
-from tests.integration.conftest import WorkerProcess, wait_for
+from tests.integration.conftest import WorkerStarter, wait_for
 
 LINES = 40
 TOKENS = 16
@@ -20,13 +19,12 @@ CHECKED = 10  # lines compared with HF generate (each costs a generate)
 
 
 def test_batch_survives_a_worker_sigkill_an_api_sigkill_and_a_redis_restart(
-    tmp_path: Path, worker_factory: Callable[..., WorkerProcess], tokenizer: Any, tiny_reference: Any
+    tmp_path: Path, worker_factory: WorkerStarter, tokenizer: Any, tiny_reference: Any
 ) -> None:
     rng = random.Random(25)
     prompts = [[rng.randrange(100, 40000) for _ in range(rng.randrange(4, 24))] for _ in range(LINES)]
     with RedisServer(tmp_path / "redis", persist=True) as server:  # AOF: a restart keeps its data
-        doomed = worker_factory("bk1", redis_url=server.url)
-        survivor = worker_factory("bk2", redis_url=server.url)
+        doomed, survivor = worker_factory.several(("bk1",), ("bk2",), redis_url=server.url)
         first = ApiProcess(server.url, tmp_path / "files", tmp_path / "api.log")
         second = None
         try:

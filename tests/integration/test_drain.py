@@ -23,7 +23,7 @@ from broker.messages import ChatMessage, GenerateJob, GenerateResult, TokenDelta
 from broker.sampling import SamplingParams
 from broker.sessions import store as session_store
 from broker.worker_registry import live_workers
-from tests.integration.conftest import MODEL, WorkerProcess, wait_for
+from tests.integration.conftest import MODEL, WorkerProcess, WorkerStarter, wait_for
 from tests.integration.jobs import BLOCK_SIZE, send, wait_settled
 
 SYSTEM = "You are a careful assistant. Answer in full sentences and explain each step. " * 3
@@ -121,11 +121,10 @@ def assert_left_clean(client: redis.Redis, w1: WorkerProcess) -> None:
 def test_sigterm_drains_streams_token_exact_and_sessions_move_cached(
     celery_app: Any,
     redis_client: redis.Redis,
-    worker_factory: Callable[..., WorkerProcess],
+    worker_factory: WorkerStarter,
     tiny_reference: Reference,
 ) -> None:
-    w1 = worker_factory("drain-a")
-    worker_factory("drain-b")  # the fleet the drained worker leaves
+    w1, _ = worker_factory.several(("drain-a",), ("drain-b",))  # drain-b: the fleet w1 leaves
     history = first_turns(celery_app, redis_client, w1)
     # long enough that every job is still running at the SIGTERM (the file's docstring)
     done = drain_under_streams(celery_app, redis_client, w1, history, max_tokens=160)
@@ -150,11 +149,11 @@ def test_sigterm_drains_streams_token_exact_and_sessions_move_cached(
 def test_past_the_drain_timeout_the_rest_are_handed_back_each_token_once(
     celery_app: Any,
     redis_client: redis.Redis,
-    worker_factory: Callable[..., WorkerProcess],
+    worker_factory: WorkerStarter,
     tiny_reference: Reference,
 ) -> None:
-    w1 = worker_factory("handback-a", "--drain-timeout", "0.5")
-    worker_factory("handback-b")  # where the handed-back jobs resume
+    # handback-b: where the handed-back jobs resume
+    w1, _ = worker_factory.several(("handback-a", "--drain-timeout", "0.5"), ("handback-b",))
     history = first_turns(celery_app, redis_client, w1)
     # 300 tokens for 8 streams take several times the 0.5 s drain timeout on the tiny model; each
     # answer is checked against HF generate (about 3.7 ms a token), so no longer than that

@@ -20,7 +20,7 @@ from broker.sampling import SamplingParams
 from kvstore.redis.client import kv_client
 from kvstore.redis.keys import PACK_PREFIX, TIER_REGISTRY, TierKeys
 from ops.redis.cluster import LocalCluster
-from tests.integration.conftest import MODEL, WorkerProcess
+from tests.integration.conftest import MODEL, WorkerProcess, WorkerStarter
 from tests.integration.jobs import send
 
 Reference = Callable[[list[int], int], list[int]]
@@ -47,13 +47,13 @@ def _turn(app: Any, worker: WorkerProcess, prompt: list[int], session: str) -> t
 
 
 def test_session_turns_stay_exact_through_kv_shard_kills(
-    worker_factory: Callable[..., WorkerProcess],
+    worker_factory: WorkerStarter,
     cluster: LocalCluster,
     celery_app: Any,
     tiny_reference: Reference,
 ) -> None:
     args = ("--kv-redis-url", cluster.url, "--redis-cache-size", "64M", "--kv-write-defer", "0")
-    workers = [worker_factory("kvc1", *args), worker_factory("kvc2", *args)]
+    workers = worker_factory.several(("kvc1", *args), ("kvc2", *args))
     kv = kv_client(cluster.url)
     rng = random.Random(26)
     session = f"cluster-{uuid.uuid4().hex[:8]}"

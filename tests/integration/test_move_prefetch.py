@@ -21,7 +21,7 @@ from broker import keys
 from broker.sessions import store as session_store
 from kvstore.redis.keys import PACK_PREFIX
 from ops.redis.server import RedisServer
-from tests.integration.conftest import MODEL, WorkerProcess, running_api, wait_for
+from tests.integration.conftest import MODEL, WorkerProcess, WorkerStarter, running_api, wait_for
 from tests.integration.hint_listeners import listeners, waiting_listeners
 from tests.integration.test_routing import _ask, _continued
 
@@ -120,7 +120,7 @@ def test_the_moved_turn_finds_its_history_warm(
 
 
 def test_the_moves_worker_killed_after_its_hint_loses_nothing(
-    worker_factory: Callable[..., WorkerProcess],
+    worker_factory: WorkerStarter,
     files_dir: Path,
     tmp_path_factory: pytest.TempPathFactory,
     tiny_reference: Reference,
@@ -136,8 +136,7 @@ def test_the_moves_worker_killed_after_its_hint_loses_nothing(
         api_url = next(api)
         workers: dict[str, WorkerProcess] = {}
         try:
-            for i in (1, 2):
-                worker = worker_factory(f"mk{i}", redis_url=server.url)
+            for worker in worker_factory.several(("mk1",), ("mk2",), redis_url=server.url):
                 workers[worker.name] = worker
             client = redis.Redis.from_url(server.url)
             session = f"move-kill-{uuid.uuid4().hex[:8]}"

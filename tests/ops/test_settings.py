@@ -74,6 +74,8 @@ DOCUMENTED = {
     "API_KEY": None,
     "API_KEYS": None,
     "API_KEYS_FILE": None,
+    "API_KEYS_RELOAD_S": 1.0,
+    "BATCH_LEASE_TTL_S": 5.0,
     "TENANT_MAX_JOBS": 0,
     "DEFAULT_MAX_TOKENS": 1024,
     "JOB_TTL_S": 86400,

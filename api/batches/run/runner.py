@@ -47,7 +47,6 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 PASS_S = 0.1  # the longest rest between passes; a watched job's end cuts it short
 WATCH_JOBS = 256  # running jobs whose end streams the rest watches (any end wakes the runner)
-LEASE_TTL_S = 5.0  # a runner that dies is replaced within this
 CANCEL_GRACE_S = 3.0  # a cancelled batch's running lines may still finish this long
 BACKOFF_S = 1.0  # a batch whose pass failed is skipped this long, doubled at each failure in a row
 BACKOFF_MAX_S = 60.0
@@ -59,7 +58,8 @@ class BatchRunner:
         self.metrics = BatchMetrics(ctx.metrics.registry)
         self.parts = Parts(ctx.files, self.metrics)
         self.collector = Collector(ctx, self.parts)
-        self.lease = RunnerLease(ctx.jobs.redis, name or api_name(), LEASE_TTL_S)
+        # a runner that dies is replaced within the lease's TTL
+        self.lease = RunnerLease(ctx.jobs.redis, name or api_name(), ctx.config.batch_lease_ttl_s)
         self.failures = FailureLog("batch runner", log)
         self._cancelled: set[str] = set()  # batches whose running jobs were cancelled
         self._backoff: dict[str, tuple[float, float]] = {}  # batch -> (skipped until, its delay)
