@@ -35,15 +35,25 @@ FP32_RUN = (TEST_PRECISION["KVFERRY_DTYPE"], TEST_PRECISION["KVFERRY_QUANTIZATIO
 
 # Files whose tests start processes (workers, apis, stacks, clusters): under pytest-xdist they go
 # first, so the many quick files fill the gaps at the end instead of one long file running alone;
-# the longest of them (`--durations`: each a minute or more of kills, restarts and chaos) lead.
+# the longest of them (`--durations`: each half a minute or more of kills, restarts and chaos, in
+# the order of their durations) lead.
 _SLOW_FIRST = (
-    "tests/ops/test_chaos",
-    "tests/integration/test_batches_faults.py",
-    "tests/integration/test_kv_cluster.py",
-    "tests/integration/test_responses_faults.py",
-    "tests/integration/test_move_prefetch.py",
+    "tests/ops/test_chaos_batch.py",
+    "tests/ops/test_chaos.py",
+    "tests/integration/test_exactly_once.py",
     "tests/integration/test_drain.py",
+    "tests/ops/test_chaos_failover.py",
+    "tests/integration/test_sessions.py",
+    "tests/integration/test_fair_dispatch.py",
+    "tests/integration/test_batches_faults.py",
+    "tests/integration/test_workers.py",
     "tests/integration/test_deferred_writes.py",
+    "tests/api/test_fuzz.py",
+    "tests/integration/test_batches_api.py",
+    "tests/integration/test_kv_cluster.py",
+    "tests/integration/test_move_prefetch.py",
+    "tests/integration/test_sentinel_failover.py",
+    "tests/integration/test_responses_faults.py",
     "tests/integration/",
     "tests/ops/",
     "tests/workers/engine/",
@@ -53,7 +63,13 @@ _SLOW_FIRST = (
 def pytest_configure(config: pytest.Config) -> None:
     """Under pytest-xdist (`make test`), each pytest process gets its share of the cores for its
     own torch work (HF references, in-process engines): a full team in every process on a small
-    machine oversubscribes it, and OpenMP teams spin on each other's time."""
+    machine oversubscribes it, and OpenMP teams spin on each other's time.
+
+    And `--dist loadfile` hands out the files in the order collected (`_SLOW_FIRST`): by default
+    pytest-xdist reorders them by their number of tests, most first, which put the long fault files
+    (a test or two each) last, running alone at the end."""
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
     if workers > 1:
         import torch
