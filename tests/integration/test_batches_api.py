@@ -15,7 +15,7 @@ import pytest
 
 from ops.redis.server import RedisServer
 from tests.integration.batches import batch_api, client, completion_line, read_lines, upload, wait_ended
-from tests.integration.conftest import MODEL, WorkerStarter
+from tests.integration.conftest import MODEL, WorkerStarter, stop_all
 
 Reference = Callable[[list[int], int], list[int]]
 
@@ -39,8 +39,7 @@ def api(start_worker: WorkerStarter, own_redis: RedisServer, where: Path) -> Ite
     try:
         yield from batch_api(own_redis.url, where / "files", where / "api.log")
     finally:
-        for worker in workers:
-            worker.stop()
+        stop_all(workers)
 
 
 def _text(tokenizer: Any, ids: list[int]) -> str:
