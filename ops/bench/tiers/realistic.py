@@ -24,6 +24,7 @@ import httpx
 from broker.redis.client import connect
 from broker.worker_registry import live_workers
 from kvstore.redis.keys import READ_CAUSES
+from ops.bench.tiers import pair_stats
 from ops.bench.tiers.chat_turn import chat_turn
 from ops.bench.tiers.multiturn import figures
 from ops.queue_client import redis_tier_report
@@ -239,5 +240,9 @@ def realistic_bench(
     ):
         ratios = [a[key] / b[key] if b[key] else float("inf") for a, b in pairs]
         out[f"{name}_pairs"] = ratios
-        out[name] = sorted(ratios)[len(ratios) // 2]
+        out[name] = pair_stats.median(ratios)
+    # how sure the p50 headline is: the pairs' spread, every turn pooled, and turn against turn
+    out["ttft_p50_ratio_ci95"] = list(pair_stats.median_interval(out["ttft_p50_ratio_pairs"]))
+    out["ttft_p50_ratio_pooled"] = pair_stats.pooled_ratio(pairs)
+    out["ttft_matched_gap_p50_s"] = pair_stats.matched_gap_s(pairs)
     return out

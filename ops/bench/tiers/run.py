@@ -162,6 +162,13 @@ def _realistic(settings: Settings, quick: bool, reps: int, run_dir: Path, load: 
         "tpot_p50_ratio",
     ):
         print(f"realistic workload, cache-aware vs round-robin: {key} {out[key]:.3f}", flush=True)
+    low, high = out["ttft_p50_ratio_ci95"]
+    print(
+        f"  ttft_p50_ratio: 95 % interval {low:.3f}–{high:.3f} over the pairs, every turn pooled "
+        f"{out['ttft_p50_ratio_pooled']:.3f}, "
+        f"turn against turn {out['ttft_matched_gap_p50_s'] * 1000:+.0f} ms",
+        flush=True,
+    )
     for r in out["runs"]:
         causes = ", ".join(f"{c} {b / 1e6:.1f}" for c, b in r["redis_tier_bytes_read_by_cause"].items())
         print(
