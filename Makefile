@@ -27,9 +27,8 @@ batch-demo: $(STAMP)
 	$(VENV)/bin/kvferry run-batch ops/examples/demo_batch.jsonl -o $(OUT)/demo_output.jsonl --stats $(OUT)/demo_stats.json
 	@$(PY) -m ops.show_batch ops/examples/demo_batch.jsonl $(OUT)/demo_output.jsonl $(OUT)/demo_stats.json
 
-# One pytest process more than the cores (pytest-xdist, tests/conftest.py; at most 4, each starts its
-# own Redis and workers), a file's tests in one process: they share its fixtures
-# (docs/operations.md#the-test-suite).
+# One pytest process per core (pytest-xdist; at most 4, each starts its own Redis and workers),
+# a file's tests in one process: they share its fixtures (docs/operations.md#the-test-suite).
 test: $(STAMP)
 	$(PY) -m pytest -q -n auto --maxprocesses 4 --dist loadfile
 

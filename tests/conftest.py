@@ -77,18 +77,6 @@ def pytest_configure(config: pytest.Config) -> None:
         torch.set_num_threads(max(1, torch.get_num_threads() // workers))
 
 
-def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
-    """`-n auto`: one pytest process more than the cores (`--maxprocesses` caps it, 4 in `make
-    test`). Much of a process's time is spent waiting on its workers, apis and Redis servers (their
-    starts, kills, leases): on 2 cores three processes kept them busier than two (wall 537 s
-    against 655 s, docs/operations.md#the-test-suite). PYTEST_XDIST_AUTO_NUM_WORKERS still decides
-    when set (pytest-xdist's own hook reads it)."""
-    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
-        return None
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return cores + 1
-
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     precision = ", ".join(f"{k}={v}" for k, v in TEST_PRECISION.items())
     for item in items:
