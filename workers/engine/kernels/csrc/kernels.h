@@ -5,10 +5,21 @@
 
 #include <ATen/core/Tensor.h>
 #include <c10/util/BFloat16.h>
+#include <c10/util/Exception.h>
 
 #include <cstdint>
 
 namespace kvferry {
+
+// An op's optional fp32 bias of `n` outputs, checked (`op` names the op in the error): its data, or
+// null when absent.
+inline const float* checked_bias(const c10::optional<at::Tensor>& bias, int64_t n, const char* op) {
+  if (!bias.has_value()) return nullptr;
+  TORCH_CHECK(bias->dim() == 1 && bias->size(0) == n && bias->is_contiguous() && bias->scalar_type() == at::kFloat &&
+                  bias->device().is_cpu(),
+              "kvferry::", op, ": bias must be a contiguous fp32 CPU [out]");
+  return bias->data_ptr<float>();
+}
 
 // One product of skinny_gemms: out[m, n] = x[m, k] w[n, k]^T (+ bias[n] when not null).
 struct Gemm {

@@ -161,13 +161,7 @@ at::Tensor skinny_bf16_linear(const at::Tensor& x, const at::Tensor& weight, con
               "kvferry::skinny_bf16_linear: weight must be a contiguous bf16 CPU [out, in]");
   const int64_t m = x.size(0), k = x.size(1), n = weight.size(0);
   TORCH_CHECK(weight.size(1) == k, "kvferry::skinny_bf16_linear: x has ", k, " features, weight ", weight.size(1));
-  const float* b = nullptr;
-  if (bias.has_value()) {
-    TORCH_CHECK(bias->dim() == 1 && bias->size(0) == n && bias->is_contiguous() && bias->scalar_type() == at::kFloat &&
-                    bias->device().is_cpu(),
-                "kvferry::skinny_bf16_linear: bias must be a contiguous fp32 CPU [out]");
-    b = bias->data_ptr<float>();
-  }
+  const float* b = kvferry::checked_bias(bias, n, "skinny_bf16_linear");
   at::Tensor out = at::empty({m, n}, x.options());
   const kvferry::Bf16Gemm gemm{weight.data_ptr<c10::BFloat16>(), n, b, out.data_ptr<float>()};
   kvferry::skinny_bf16_gemms(x.data_ptr<float>(), m, k, &gemm, 1);

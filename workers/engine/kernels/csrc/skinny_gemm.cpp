@@ -188,13 +188,7 @@ at::Tensor skinny_linear(const at::Tensor& x, const at::Tensor& weight, const c1
   TORCH_CHECK(x.scalar_type() == at::kFloat && weight.scalar_type() == at::kFloat, "kvferry::skinny_linear: fp32 only");
   const int64_t m = x.size(0), k = x.size(1), n = weight.size(0);
   TORCH_CHECK(weight.size(1) == k, "kvferry::skinny_linear: x has ", k, " features, weight ", weight.size(1));
-  const float* b = nullptr;
-  if (bias.has_value()) {
-    TORCH_CHECK(bias->dim() == 1 && bias->size(0) == n && bias->is_contiguous() && bias->scalar_type() == at::kFloat &&
-                    bias->device().is_cpu(),
-                "kvferry::skinny_linear: bias must be a contiguous fp32 CPU [out]");
-    b = bias->data_ptr<float>();
-  }
+  const float* b = kvferry::checked_bias(bias, n, "skinny_linear");
   at::Tensor out = at::empty({m, n}, x.options());
   kvferry::skinny_gemm(x.data_ptr<float>(), m, k, weight.data_ptr<float>(), n, b, out.data_ptr<float>());
   return out;
