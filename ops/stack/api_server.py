@@ -28,5 +28,6 @@ def run_api(settings: Settings) -> None:
         host=settings.api_host,
         port=settings.api_port,
         log_level="warning",
+        timeout_keep_alive=settings.api_keep_alive_s,
         timeout_graceful_shutdown=10,
     )
