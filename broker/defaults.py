@@ -127,7 +127,7 @@ class SettingsFields(BaseModel):
     # an idle client connection is kept this long: longer than clients' pools keep theirs (httpx,
     # the openai SDK: 5 s) and load balancers' idle timeouts (60 s), so the api never closes one
     # as a client reuses it (a reset request: docs/configuration.md)
-    api_keep_alive_s: float = 65.0
+    api_keep_alive_s: int = 65
     api_key: str | None = None  # when set, requests need "Authorization: Bearer <key>"
     api_keys: str | None = None  # "key:tenant,key2:tenant2": one tenant per key (api/tenants.py)
     api_keys_file: UserPath | None = None  # one "key tenant" per line, # comments; re-read on change

@@ -81,7 +81,7 @@ DOCUMENTED = {
     "JOB_TTL_S": 86400,
     "API_HOST": "127.0.0.1",
     "API_PORT": 8000,
-    "API_KEEP_ALIVE_S": 65.0,
+    "API_KEEP_ALIVE_S": 65,
     "FLOWER_PORT": 5555,
     "TOOL_CALL_PARSER": "hermes",
     "CACHE_DIR": Path.home() / ".cache" / "kvferry",
