@@ -89,3 +89,9 @@ def test_resumed_at_a_chosen_token_on_another_worker_is_hf_greedy_each_token_onc
         assert start == at, written
         at += len(tokens)
     assert at == NEW
+    # b's pool holds that answer's blocks now: a second handback there reuses them past the prompt
+    _, again = handed_back_at(celery_app, redis_client, tokenizer, prompt, streamed, b.queue)
+    hits = again.usage.pool_tokens + again.usage.warm_tokens + again.usage.redis_tokens
+    assert again.token_ids == res.token_ids and again.usage.cached_tokens == min(len(prompt), hits)
+    assert hits == (len(prompt) + k - 1) // BLOCK_SIZE * BLOCK_SIZE, again.usage
+    assert again.usage.recomputed_tokens == len(prompt) + k - hits, again.usage
