@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import statistics
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -26,6 +25,7 @@ from ops.bench.queue.stages import pct
 from ops.bench.served.serve import run_load, summarize
 from ops.redis.server import free_port
 from ops.settings import Settings
+from ops.stack.run_dir import stack_run_dir
 from ops.stack.stack import Stack
 from workers.engine.factory import build_engine
 
@@ -115,8 +115,7 @@ def bench_scaling(
 def run_queue_bench(settings: Settings, quick: bool, skip: set[str]) -> dict[str, Any]:
     results: dict[str, Any] = {"model": settings.served_model, "quick": quick}
     rows = [("measure", "queued / 2 workers", "direct / 1 worker", "difference or ratio")]
-    with tempfile.TemporaryDirectory(prefix="kvferry-bench-") as tmp:
-        run_dir = Path(tmp)
+    with stack_run_dir("kvferry-bench-", settings.cache_dir / "bench-logs") as run_dir:
         if "overhead" not in skip:
             o = bench_overhead(settings, 30 if quick else 200, run_dir / "overhead")
             results.update(o)

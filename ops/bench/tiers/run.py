@@ -15,7 +15,6 @@
 from __future__ import annotations
 
 import statistics
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +26,7 @@ from ops.bench.tiers.realistic import realistic_bench
 from ops.bench.tiers.resume import bench_resume
 from ops.bench.tiers.resume_figures import headline, headline_keys
 from ops.settings import Settings
+from ops.stack.run_dir import stack_run_dir
 from workers.engine.model.kv_layout import kv_layout
 from workers.engine.model.loader import load_model
 from workers.engine.model.precision import Precision
@@ -47,8 +47,7 @@ def run_tier_bench(
     load: str = "overload",
 ) -> dict[str, Any]:
     results: dict[str, Any] = {"model": settings.served_model, "quick": quick, "workload_kind": kind}
-    with tempfile.TemporaryDirectory(prefix="kvferry-tiers-") as tmp:
-        run_dir = Path(tmp)
+    with stack_run_dir("kvferry-tiers-", settings.cache_dir / "bench-logs") as run_dir:
         if kind == "realistic":  # the routing comparison on it alone (ops/bench/tiers/realistic.py)
             results.update(_realistic(settings, quick, workload_reps, run_dir, load))
             return results
