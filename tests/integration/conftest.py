@@ -8,6 +8,7 @@ import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -78,12 +79,19 @@ def two_workers(start_worker: WorkerStarter) -> tuple[WorkerProcess, WorkerProce
 
 
 @pytest.fixture(scope="session")
-def tiny_reference(tiny_model_dir: Path) -> Callable[[list[int], int], list[int]]:
-    """HF greedy `generate` on the same weights the workers load: the ground truth."""
-    import torch
+def tiny_hf(tiny_model_dir: Path) -> Any:
+    """The HF model of the same weights the workers load (tests/integration/near_tie.py takes it)."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+    return AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+
+
+@pytest.fixture(scope="session")
+def tiny_reference(tiny_hf: Any) -> Callable[[list[int], int], list[int]]:
+    """HF greedy `generate` on the same weights the workers load: the ground truth."""
+    import torch
+
+    model = tiny_hf
 
     def greedy(prompt: list[int], new_tokens: int) -> list[int]:
         ids = torch.tensor([prompt])

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -23,12 +22,12 @@ from broker.messages import ChatMessage, GenerateJob, GenerateResult, TokenDelta
 from broker.sampling import SamplingParams
 from broker.sessions import store as session_store
 from broker.worker_registry import live_workers
+from tests.integration import near_tie
 from tests.integration.conftest import MODEL, WorkerProcess, WorkerStarter, wait_for
 from tests.integration.jobs import BLOCK_SIZE, send, wait_settled
 
 SYSTEM = "You are a careful assistant. Answer in full sentences and explain each step. " * 3
 TURNS = 8
-Reference = Callable[[list[int], int], list[int]]
 History = dict[str, tuple[ChatMessage, ...]]  # session -> its conversation so far (no system prompt)
 
 
@@ -98,17 +97,21 @@ def assert_each_token_once(client: redis.Redis, job_id: str, result: GenerateRes
 
 
 def assert_exact(
-    client: redis.Redis, history: History, done: list[tuple[str, GenerateResult]], hf: Reference
+    client: redis.Redis, history: History, done: list[tuple[str, GenerateResult]], hf: Any
 ) -> None:
     """Each answer: its length, each token once, and equal to HF greedy `generate` on the exact
-    prompt its session recorded (a session's next turn reuses those ids, not a re-tokenised history)."""
+    prompt its session recorded (a session's next turn reuses those ids, not a re-tokenised history),
+    up to near ties (tests/integration/near_tie.py: 8 answers of up to 300 tokens meet one now and
+    then, where the engine's rounding may pick HF's second token)."""
     for s, (job_id, res) in zip(history, done, strict=True):
         n, p = res.usage.completion_tokens, res.usage.prompt_tokens
         assert len(res.token_ids) == n
         assert_each_token_once(client, job_id, res)
         record = session_store.load(client, "", s)
         assert record is not None and record.token_ids[p:] == res.token_ids, s
-        assert hf(list(record.token_ids[:p]), n) == list(res.token_ids), s
+        ties = near_tie.check(hf, record.token_ids[:p], res.token_ids, s)
+        if ties:
+            print(f"\n{s} ({res.worker}): near ties taken the other way (token, HF's gap): {ties}")
 
 
 def assert_left_clean(client: redis.Redis, w1: WorkerProcess) -> None:
@@ -122,7 +125,7 @@ def test_sigterm_drains_streams_token_exact_and_sessions_move_cached(
     celery_app: Any,
     redis_client: redis.Redis,
     worker_factory: WorkerStarter,
-    tiny_reference: Reference,
+    tiny_hf: Any,
 ) -> None:
     w1, _ = worker_factory.several(("drain-a",), ("drain-b",))  # drain-b: the fleet w1 leaves
     history = first_turns(celery_app, redis_client, w1)
@@ -132,7 +135,7 @@ def test_sigterm_drains_streams_token_exact_and_sessions_move_cached(
     assert_left_clean(redis_client, w1)
     for s in history:
         wait_settled(redis_client, "", s)
-    assert_exact(redis_client, history, done, tiny_reference)
+    assert_exact(redis_client, history, done, tiny_hf)
     short = []
     for (s, h), (job_id, res) in zip(history.items(), done, strict=True):
         reply = ChatMessage("assistant", streamed_text(redis_client, job_id))
@@ -150,7 +153,7 @@ def test_past_the_drain_timeout_the_rest_are_handed_back_each_token_once(
     celery_app: Any,
     redis_client: redis.Redis,
     worker_factory: WorkerStarter,
-    tiny_reference: Reference,
+    tiny_hf: Any,
 ) -> None:
     # handback-b: where the handed-back jobs resume
     w1, _ = worker_factory.several(("handback-a", "--drain-timeout", "0.5"), ("handback-b",))
@@ -164,4 +167,4 @@ def test_past_the_drain_timeout_the_rest_are_handed_back_each_token_once(
     assert_left_clean(redis_client, w1)
     for s in history:
         wait_settled(redis_client, "", s)
-    assert_exact(redis_client, history, done, tiny_reference)
+    assert_exact(redis_client, history, done, tiny_hf)

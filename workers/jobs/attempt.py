@@ -166,11 +166,11 @@ class JobAttempt:
             raise JobTimeLimitError(message)
         submitted = job.submitted_at or self.started
         # A redelivery: what the blocks that survived (pool, warm tier, Redis) did not cover; none
-        # when the stream already held the whole answer (it finished without a step).
+        # when the stream already held the whole answer (it finished without a step). Not
+        # cached_tokens: that counts prompt tokens only, and the hits may reach into the output.
+        reused = final.pool_tokens + final.warm_tokens + final.redis_tokens
         recomputed = (
-            max(0, len(ids) + resumed - final.cached_tokens)
-            if self.epoch > 1 and final.completion_tokens > resumed
-            else 0
+            max(0, len(ids) + resumed - reused) if self.epoch > 1 and final.completion_tokens > resumed else 0
         )
         result = GenerateResult(
             job_id=job_id,
