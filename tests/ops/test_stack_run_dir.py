@@ -18,10 +18,9 @@ def _fill(run_dir: Path) -> None:
 
 def test_a_failed_benchmark_keeps_its_stacks_logs_and_says_where(tmp_path: Path) -> None:
     keep = tmp_path / "bench-logs"
-    with pytest.raises(ConnectionError) as failed:
-        with stack_run_dir("kvferry-t-", keep) as run_dir:
-            _fill(run_dir)
-            raise ConnectionError("the api dropped the stream")
+    with pytest.raises(ConnectionError) as failed, stack_run_dir("kvferry-t-", keep) as run_dir:
+        _fill(run_dir)
+        raise ConnectionError("the api dropped the stream")
     assert not run_dir.exists()
     (kept,) = keep.iterdir()
     assert (kept / "cache-aware-0" / "api.log").read_text() == "Traceback: the api\n"
