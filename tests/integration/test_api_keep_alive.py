@@ -5,24 +5,12 @@ is closing is reset, and the client sees a read error (uvicorn's own default kee
 from __future__ import annotations
 
 import http.client
-import os
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
 
-from ops.redis.server import RedisServer
-from tests.integration.conftest import MODEL, running_api
-
 CLIENT_POOL_EXPIRY_S = 5.0  # httpx's keepalive_expiry, the openai SDK's too
-
-
-@pytest.fixture
-def api_url(redis_server: RedisServer, tmp_path: Path) -> Iterator[str]:
-    env = {**os.environ}
-    yield from running_api(["--redis-url", redis_server.url, "--model", MODEL], env, tmp_path / "api.log")
 
 
 def _healthz(conn: http.client.HTTPConnection) -> int:
@@ -33,7 +21,7 @@ def _healthz(conn: http.client.HTTPConnection) -> int:
     return response.status
 
 
-def test_an_idle_connection_outlives_a_clients_pool_expiry(api_url: str) -> None:
+def test_an_idle_connection_outlives_a_clients_pool_expiry(api_url: str) -> None:  # conftest's api
     url = urlsplit(api_url)
     assert url.hostname is not None and url.port is not None
     conn = http.client.HTTPConnection(url.hostname, url.port, timeout=5)
