@@ -84,6 +84,7 @@ class KVWriter:
             ("blocks_staged", "blocks_written", "batches", "writes_dropped", "blocks_dropped", "put_errors"),
             0,
         )
+        self.ready = threading.Event()  # set once the writer thread has set up and takes writes
         self._thread = BackgroundThread("kvferry-kv-writer", self._run)
         self._thread.start()  # assigned first: its body reads it
 
@@ -223,6 +224,7 @@ class KVWriter:
     def _run(self) -> None:
         confine_to_this_thread()  # packing lossy tiers runs torch ops: no second OpenMP pool
         self._arena.touch()  # page faults here, not in the engine thread's first copy
+        self.ready.set()
         while True:
             with self._cond:
                 self._cond.wait_for(lambda: bool(self._queue) or self._thread.stopped)

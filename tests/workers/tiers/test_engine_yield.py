@@ -31,6 +31,7 @@ def _busy_writer(client: redis.Redis, defer_s: float, queue_blocks: int = 64) ->
     tier = RedisTier(client, FMT, 10**9)
     writer = KVWriter(tier, max_queued_bytes=queue_blocks * BLOCK, defer_s=defer_s)
     writer.yielding.idle = IdleEvent()  # clear: the engine is stepping
+    assert writer.ready.wait(30)  # timings below count from a writer that takes writes at once
     return writer, tier
 
 
@@ -180,6 +181,7 @@ def test_a_turn_written_while_the_engine_is_busy_resumes_exactly(
     tier = RedisTier(redis_client, engine.served.kv_format, 10**9)
     writer = KVWriter(tier, defer_s=30)
     engine.tiers.attach(writer)
+    assert writer.ready.wait(30)  # a writer thread still setting up would take turn 1 only after slow
     with EngineLoop(engine) as loop:
         writer.yielding.idle = loop.idle
         slow = loop.submit(
@@ -187,9 +189,13 @@ def test_a_turn_written_while_the_engine_is_busy_resumes_exactly(
         )
         out = loop.submit(GenerationRequest.new(history, params)).result(60)
         assert_tokens(out.token_ids, tiny.expected(history, 8), "turn 1")
+        taken = time.monotonic() + 30  # the writer holds turn 1's blocks, waiting for the engine
+        while writer.stats().queued_writes and time.monotonic() < taken:
+            time.sleep(0.01)
         time.sleep(0.1)
         assert not slow.done(), "the slow request must outlast the check"
-        assert writer.stats().blocks_staged == 4 and tier.stats().blocks_written == 0  # waiting
+        stats = writer.stats()
+        assert stats.blocks_staged == 4 and stats.queued_writes == 0 and tier.stats().blocks_written == 0
         slow.result(120)
         assert loop.idle.wait(5)
         assert writer.flush(30)
