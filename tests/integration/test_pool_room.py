@@ -28,12 +28,13 @@ def test_a_pool_bound_worker_asks_for_another(
 ) -> None:
     # 12 blocks of 16 tokens; 6 jobs of 40-token prompts (3 blocks) and 60 tokens more (7 blocks in
     # all): the pool holds at most 4 of them at once, the seats 8. Prefill steps are slowed, so the
-    # recomputes after preemptions keep the pressure on for a few heartbeats. 6: under 0.8 of the 8
-    # seats however many are in flight when a heartbeat is read (with 8, a loaded machine caught all
-    # 8 at once, and the seats alone asked for two).
+    # recomputes after preemptions keep the pressure on for a few heartbeats (1 s: at 0.5 s, a
+    # loaded machine's heartbeats, 0.75 s apart, once caught no step with some running and some
+    # waiting). 6: under 0.8 of the 8 seats however many are in flight when a heartbeat is read
+    # (with 8, a loaded machine caught all 8 at once, and the seats alone asked for two).
     worker = worker_factory(
         "poolroom", "--cache-size", str(12 * tiny_block_bytes()), "--max-num-seqs", "8",
-        "--debug-slow-step-s", "0.5",
+        "--debug-slow-step-s", "1.0",
     )  # fmt: skip
     handles = [send(celery_app, token_job(random_prompt(430 + i), 60), worker.queue) for i in range(JOBS)]
     seen: list[FleetLoad] = []
