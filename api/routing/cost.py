@@ -33,6 +33,11 @@ from the CPU figures in docs/benchmarks.md:
 - The backlog's jobs routed since the worker's heartbeat carry the prefill this router expected
   of them there (the heartbeat shows neither them nor their prompts yet); those this api routed
   before the heartbeat and saw end (or prefill) since are taken off it (it still counts them).
+- THINKING_ROW per session living on a worker between turns (api/routing/homed.py), for a session
+  settling on a worker (a new one, or one whose worker is not ready): it will live where it lands,
+  and so do they; a session whose turn has just ended is back within a think time to share that
+  worker's steps for a turn, a row to come (less as its silence grows: homed.py). The job's own
+  first token does not wait for them, so a session staying with its worker does not count them.
 - MOVE_MARGIN: the loads the router sees are up to a heartbeat old, so one job's difference is
   noise; and a move spends the cache it leaves behind.
 - SESSION_MOVE_MARGIN: leaving a session's own worker reads its whole history from the Redis tier
@@ -49,7 +54,7 @@ from the CPU figures in docs/benchmarks.md:
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from api.routing.recent import Routed
@@ -62,6 +67,7 @@ DECODE_ROW = 16  # token equivalents per sequence running on a worker
 SEAT_WAIT = 16 * DECODE_ROW  # per sequence waiting there: a seat's turnover
 LOAD_FIXED = 16  # a Redis tier fetch's round trip, in token equivalents
 LOAD_SHARE = 1 / 32  # a loaded token against a computed one
+THINKING_ROW = DECODE_ROW  # per session just ended on a worker, for a new session's placement
 MOVE_MARGIN = DECODE_ROW  # what leaving the worker that holds the prompt's prefix must save
 SESSION_MOVE_MARGIN = SEAT_WAIT  # what leaving a session's own worker (its history) must save
 
@@ -157,6 +163,12 @@ def destinations(
     """The workers a job held by `home` may go to, with their costs: any; for a session on its own
     worker (`own_worker`), that one and those with room (none waiting: SESSION_MOVE_MARGIN)."""
     return {n: c for n, c in cost.items() if not own_worker or n == home or backlogs[n].waiting == 0}
+
+
+def rows_to_come(thinking: Mapping[str, float], workers: Iterable[str]) -> dict[str, float]:
+    """Per worker, a new session's share of the turns to come from its sessions between turns
+    (`thinking`: HomedSessions.thinking())."""
+    return {n: THINKING_ROW * thinking.get(n, 0.0) for n in workers}
 
 
 def move_margin(own_worker: bool) -> float:

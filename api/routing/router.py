@@ -102,6 +102,7 @@ async def choose_queue(
     route, record = await _choose(client, job, memory, routing, max_waiting, cache, move, redis_tier)
     if route.worker is not None:
         memory.routes.add(route.worker, route.prefill_tokens, route_cost.session_key(job), job_id)
+        memory.homes.routed(route_cost.session_key(job), route.worker, job_id)
     if prefetch_hints and record is not None and route.worker and route.worker != record.last_worker:
         await route_hints.hint(client, route.worker, job)
     return route
@@ -189,14 +190,34 @@ def _first_turn(
         choice = _Choice(memory, job, ready, routed, record, None, unit, len(digests))
         route = choice.route(move, redis_tier, ", routed there lately" + note, force=False)
     else:
-        backlogs = {n: _backlog(memory, w, route_cost.session_key(job)).cost for n, w in ready.items()}
+        to_come = _rows_to_come(memory, job, ready, None)
+        backlogs = {
+            n: _backlog(memory, w, route_cost.session_key(job)).cost + to_come[n] for n, w in ready.items()
+        }
         name = min(backlogs, key=lambda n: (backlogs[n], random.random()))
         then = route_hints.move_target(job, record, move, name, backlogs)
-        reason = f"least loaded: {name}, no worker holds this prefix{note}"
+        reason = f"least loaded: {name}, no worker holds this prefix{_between(to_come)}{note}"
         route = _to(name, reason, then, sum(route_cost.prompt_tokens(job)))
     if route.worker is not None:
         memory.prefixes.add(route.worker, digests)
     return route
+
+
+def _rows_to_come(
+    memory: RoutingMemory, job: GenerateJob, ready: dict[str, WorkerStatus], home_worker: str | None
+) -> dict[str, float]:
+    """For a session settling on a worker (a new one, or one whose worker is not ready): the rows
+    the sessions between turns on each will bring back (api/routing/homed.py); else none."""
+    if not job.session_id or home_worker is not None:
+        return dict.fromkeys(ready, 0.0)
+    thinking = memory.homes.thinking(exclude=route_cost.session_key(job))
+    return route_cost.rows_to_come(thinking, ready)
+
+
+def _between(to_come: dict[str, float]) -> str:
+    if not any(to_come.values()):
+        return ""
+    return "; rows to come " + ", ".join(f"{n} {r:.0f}" for n, r in sorted(to_come.items()))
 
 
 @dataclass(slots=True)
@@ -234,7 +255,8 @@ class _Choice:
             backlogs[home_worker] = backlogs[home_worker].less_one_ended(
                 record.last_used, self.ready[home_worker]
             )
-        cost = {n: prefill[n] + backlogs[n].cost for n in self.ready}
+        to_come = _rows_to_come(self.memory, self.job, self.ready, home_worker)
+        cost = {n: prefill[n] + backlogs[n].cost + to_come[n] for n in self.ready}
         tiebreak = {n: random.random() for n in self.ready}
         home = min(self.ready, key=lambda n: (prefill[n], n != home_worker, backlogs[n].cost, tiebreak[n]))
         if force and record is not None and move.due(record.turns):
@@ -256,6 +278,8 @@ class _Choice:
         jobs = f"{home} has {backlogs[home].sequences} jobs, {name} {backlogs[name].sequences}"
         if backlogs[home].waiting or backlogs[name].waiting:
             jobs += f"; {backlogs[home].waiting} and {backlogs[name].waiting} waiting"
+        if to_come[home] or to_come[name]:
+            jobs += f"; rows to come {to_come[home]:.0f} and {to_come[name]:.0f}"
         return _to(
             name,
             f"load balance: {name} ({jobs}), expected cost {cost[home]:.0f} vs {cost[name]:.0f} "
