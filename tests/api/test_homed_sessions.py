@@ -117,6 +117,12 @@ def _new_session(redis_url: str, memory: RoutingMemory, sid: str, shared: bool) 
     return asyncio.run(go())
 
 
+def _two_workers(rds: redis.Redis) -> None:
+    """Heartbeats of a and b, a sequence running on each."""
+    _beat(rds, "a", running=1)
+    _beat(rds, "b", running=1)
+
+
 def _memory() -> RoutingMemory:
     """With think times of 360 s: a session ended a second ago still weighs 1.0."""
     return RoutingMemory(homes=HomedSessions(horizon_s=3600))
@@ -134,15 +140,13 @@ def test_a_new_session_goes_where_fewer_sessions_think(rds: redis.Redis, redis_u
     once b has more."""
     rds.flushall()
     memory = _memory()
-    _beat(rds, "a", running=1)
-    _beat(rds, "b", running=1)
+    _two_workers(rds)
     _thinking(memory, "a", 2)
     route = _new_session(redis_url, memory, "new1", shared=False)
     assert route.worker == "b" and route.reason.startswith("least loaded: b"), route
     memory.ended("job-new1")
     _thinking(memory, "b", 2)
-    _beat(rds, "a", running=1)  # fresh heartbeats: new1 no longer counts as routed since
-    _beat(rds, "b", running=1)
+    _two_workers(rds)  # fresh heartbeats: new1 no longer counts as routed since
     assert memory.homes.thinking() == pytest.approx({"a": 2, "b": 3}, rel=1e-3)  # ended just now
     assert _new_session(redis_url, memory, "new2", shared=False).worker == "a"
 
@@ -154,14 +158,12 @@ def test_a_new_session_leaves_its_prompts_holder_for_enough_sessions_thinking_th
     cached); with three of a's sessions just ended (three rows to come) it goes to b, loading the
     prompt from the Redis tier."""
     rds.flushall()
-    _beat(rds, "a", running=1)
-    _beat(rds, "b", running=1)
+    _two_workers(rds)
     _advertise(rds, "a", (SYSTEM,))
     kept = _new_session(redis_url, RoutingMemory(), "kept", shared=True)
     assert kept.reason.startswith("prefix match: 1/2"), kept
     memory = _memory()
-    _beat(rds, "a", running=1)
-    _beat(rds, "b", running=1)
+    _two_workers(rds)
     _thinking(memory, "a", 3)
     route = _new_session(redis_url, memory, "moved", shared=True)
     assert route.worker == "b" and route.reason.startswith("load balance: b"), route
