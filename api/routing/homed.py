@@ -79,7 +79,7 @@ class HomedSessions:
         turn = self._running.pop(job_id, None)
         if turn is None or self._latest.get(turn.session) != job_id:
             return
-        self._forget_turn(job_id, turn)
+        del self._latest[turn.session]
         now = self.clock()
         self._ended.pop(turn.session, None)
         self._ended[turn.session] = _Ended(turn.worker, now)
